@@ -1,0 +1,305 @@
+//! Running one sub-topology for one sub-task: the processor instances of that sub-task, record
+//! delivery through the graph, and punctuation schedules.
+//!
+//! Delivery is depth-first and in order: a node's outputs reach its children in the order they
+//! were forwarded, so the outputs of one input record keep their order at every sink.
+
+use std::sync::Arc;
+
+use crate::graph::{NodeKind, Topic, Topology};
+use crate::processor::{
+    ErasedProcessor, ErasedRecord, ProcessError, ProcessorHost, PunctuationType, RecordMeta,
+};
+use crate::record::RawRecord;
+use crate::serdes::SerdeError;
+use crate::store::{KeyValueBytes, StoreError};
+
+/// What the engine provides to a running sub-task: its stores and where sink records go.
+pub trait TaskEnv {
+    /// The sub-task's view of store `name`.
+    fn store(&mut self, name: &str) -> Result<&mut dyn KeyValueBytes, StoreError>;
+    /// Takes a record a sink wrote to `topic`.
+    fn emit(&mut self, topic: &Topic, record: RawRecord);
+    /// Counts a record a node dropped on purpose.
+    fn dropped(&mut self, reason: &'static str);
+}
+
+/// Why a sub-task could not process an input record.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    /// The record is not for this sub-topology.
+    #[error("topic {0} is not a source of this sub-topology")]
+    UnknownTopic(Topic),
+    /// Key or value did not deserialize.
+    #[error("deserialization failed: {0}")]
+    Deserialize(#[source] SerdeError),
+    /// A sink could not serialize its output.
+    #[error("sink to {topic} could not serialize: {source}")]
+    Serialize {
+        /// The sink's topic.
+        topic: Topic,
+        /// The serde failure.
+        #[source]
+        source: SerdeError,
+    },
+    /// A processor failed.
+    #[error("node {node}: {source}")]
+    Process {
+        /// The failing node.
+        node: String,
+        /// What failed.
+        #[source]
+        source: ProcessError,
+    },
+}
+
+struct Schedule {
+    node: usize,
+    interval_ms: u64,
+    kind: PunctuationType,
+    next: Option<i64>,
+}
+
+/// The processors of one sub-task, ready to take records of its sub-topology.
+pub struct TaskInstance {
+    topology: Arc<Topology>,
+    sub_topology: usize,
+    /// Processor instances, indexed like `Topology::nodes`; `None` for sources, sinks and nodes
+    /// of other sub-topologies.
+    processors: Vec<Option<Box<dyn ErasedProcessor>>>,
+    schedules: Vec<Schedule>,
+    stream_time: Option<i64>,
+}
+
+struct Host<'a> {
+    env: &'a mut dyn TaskEnv,
+    out: Vec<ErasedRecord>,
+    meta: &'a RecordMeta,
+    stores: &'a [String],
+    requested: Vec<(u64, PunctuationType)>,
+}
+
+impl ProcessorHost for Host<'_> {
+    fn forward(&mut self, record: ErasedRecord) {
+        self.out.push(record);
+    }
+    fn store(&mut self, name: &str) -> Result<&mut dyn KeyValueBytes, StoreError> {
+        if !self.stores.iter().any(|s| s == name) {
+            return Err(StoreError::UnknownStore(name.to_string()));
+        }
+        self.env.store(name)
+    }
+    fn schedule(&mut self, interval_ms: u64, kind: PunctuationType) {
+        self.requested.push((interval_ms.max(1), kind));
+    }
+    fn record_dropped(&mut self, reason: &'static str) {
+        self.env.dropped(reason);
+    }
+    fn meta(&self) -> &RecordMeta {
+        self.meta
+    }
+}
+
+impl TaskInstance {
+    /// Creates the processors of sub-topology `sub_topology` and runs their `init`.
+    pub fn new(
+        topology: Arc<Topology>,
+        sub_topology: usize,
+        env: &mut dyn TaskEnv,
+    ) -> Result<Self, TaskError> {
+        let sub = topology.sub_topologies[sub_topology].clone();
+        let mut processors: Vec<Option<Box<dyn ErasedProcessor>>> =
+            (0..topology.nodes.len()).map(|_| None).collect();
+        let mut schedules = Vec::new();
+        let meta = RecordMeta::default();
+        for &n in &sub.nodes {
+            if let NodeKind::Processor { supplier, stores } = &topology.nodes[n].kind {
+                let mut p = supplier();
+                let mut host = Host {
+                    env: &mut *env,
+                    out: Vec::new(),
+                    meta: &meta,
+                    stores,
+                    requested: Vec::new(),
+                };
+                p.init(&mut host).map_err(|source| TaskError::Process {
+                    node: topology.nodes[n].name.clone(),
+                    source,
+                })?;
+                schedules.extend(host.requested.into_iter().map(|(interval_ms, kind)| {
+                    Schedule {
+                        node: n,
+                        interval_ms,
+                        kind,
+                        next: None,
+                    }
+                }));
+                processors[n] = Some(p);
+            }
+        }
+        Ok(TaskInstance {
+            topology,
+            sub_topology,
+            processors,
+            schedules,
+            stream_time: None,
+        })
+    }
+
+    /// The sub-topology this instance runs.
+    pub fn sub_topology(&self) -> usize {
+        self.sub_topology
+    }
+
+    /// The largest record timestamp seen so far.
+    pub fn stream_time(&self) -> Option<i64> {
+        self.stream_time
+    }
+
+    /// Deserializes `raw` as read from `topic`.
+    pub fn decode(&self, topic: &Topic, raw: &RawRecord) -> Result<ErasedRecord, TaskError> {
+        let node = self.source_node(topic)?;
+        match &self.topology.nodes[node].kind {
+            NodeKind::Source { decode, .. } => decode(raw).map_err(TaskError::Deserialize),
+            _ => Err(TaskError::UnknownTopic(topic.clone())),
+        }
+    }
+
+    fn source_node(&self, topic: &Topic) -> Result<usize, TaskError> {
+        self.topology.sub_topologies[self.sub_topology]
+            .sources
+            .iter()
+            .find(|(t, _)| t == topic)
+            .map(|(_, n)| *n)
+            .ok_or_else(|| TaskError::UnknownTopic(topic.clone()))
+    }
+
+    /// Runs a decoded record from `topic` through the graph, then any stream-time punctuation due.
+    pub fn process(
+        &mut self,
+        topic: &Topic,
+        record: ErasedRecord,
+        meta: &RecordMeta,
+        env: &mut dyn TaskEnv,
+    ) -> Result<(), TaskError> {
+        let source = self.source_node(topic)?;
+        let ts = record.timestamp;
+        self.deliver_to_children(source, record, meta, env)?;
+        if self.stream_time.is_none_or(|t| ts > t) {
+            self.stream_time = Some(ts);
+            self.punctuate(PunctuationType::StreamTime, ts, env)?;
+        }
+        Ok(())
+    }
+
+    /// Fires every punctuation of `kind` that is due at `now`.
+    pub fn punctuate(
+        &mut self,
+        kind: PunctuationType,
+        now: i64,
+        env: &mut dyn TaskEnv,
+    ) -> Result<(), TaskError> {
+        let meta = RecordMeta::default();
+        for i in 0..self.schedules.len() {
+            let s = &mut self.schedules[i];
+            if s.kind != kind {
+                continue;
+            }
+            let next = *s.next.get_or_insert(now.saturating_add(s.interval_ms as i64));
+            if now < next {
+                continue;
+            }
+            // Skip missed intervals rather than firing a burst (as Kafka Streams does).
+            let missed = (now - next) / s.interval_ms as i64 + 1;
+            s.next = Some(next + missed * s.interval_ms as i64);
+            let node = s.node;
+            self.run_node(node, &meta, env, |p, host| p.punctuate(kind, now, host))?;
+        }
+        Ok(())
+    }
+
+    fn deliver_to_children(
+        &mut self,
+        node: usize,
+        record: ErasedRecord,
+        meta: &RecordMeta,
+        env: &mut dyn TaskEnv,
+    ) -> Result<(), TaskError> {
+        let children = self.topology.nodes[node].children.clone();
+        let last = children.len().saturating_sub(1);
+        let mut record = Some(record);
+        for (i, child) in children.into_iter().enumerate() {
+            let r = if i == last {
+                record.take()
+            } else {
+                record.clone()
+            };
+            if let Some(r) = r {
+                self.deliver(child, r, meta, env)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn deliver(
+        &mut self,
+        node: usize,
+        record: ErasedRecord,
+        meta: &RecordMeta,
+        env: &mut dyn TaskEnv,
+    ) -> Result<(), TaskError> {
+        let topology = Arc::clone(&self.topology);
+        match &topology.nodes[node].kind {
+            NodeKind::Sink { topic, encode } => {
+                let raw = encode(&record).map_err(|source| TaskError::Serialize {
+                    topic: topic.clone(),
+                    source,
+                })?;
+                env.emit(topic, raw);
+                Ok(())
+            }
+            NodeKind::Processor { .. } => {
+                self.run_node(node, meta, env, |p, host| p.process(record, host))
+            }
+            NodeKind::Source { .. } => self.deliver_to_children(node, record, meta, env),
+        }
+    }
+
+    fn run_node(
+        &mut self,
+        node: usize,
+        meta: &RecordMeta,
+        env: &mut dyn TaskEnv,
+        f: impl FnOnce(&mut dyn ErasedProcessor, &mut dyn ProcessorHost) -> Result<(), ProcessError>,
+    ) -> Result<(), TaskError> {
+        let topology = Arc::clone(&self.topology);
+        let n = &topology.nodes[node];
+        let NodeKind::Processor { stores, .. } = &n.kind else {
+            return Ok(());
+        };
+        let outputs = {
+            let Some(p) = self.processors[node].as_mut() else {
+                return Err(TaskError::Process {
+                    node: n.name.clone(),
+                    source: ProcessError::Internal("processor not instantiated".into()),
+                });
+            };
+            let mut host = Host {
+                env: &mut *env,
+                out: Vec::new(),
+                meta,
+                stores,
+                requested: Vec::new(),
+            };
+            f(p.as_mut(), &mut host).map_err(|source| TaskError::Process {
+                node: n.name.clone(),
+                source,
+            })?;
+            host.out
+        };
+        for out in outputs {
+            self.deliver_to_children(node, out, meta, env)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,206 @@
+//! The processor graph a [`crate::StreamsBuilder`] builds: nodes, sub-topologies and stores.
+//!
+//! A *sub-topology* is a connected part of the graph that starts at source topics; a key-changing
+//! `group_by` ends one sub-topology in a sink to a repartition topic and starts the next one from
+//! it, as in Kafka Streams. The engine runs one task per (sub-topology, input partition).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::processor::{ErasedProcessor, ErasedRecord};
+use crate::record::RawRecord;
+use crate::serdes::SerdeError;
+
+/// A topic a node reads or writes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Topic {
+    /// A user topic, named as given.
+    External(String),
+    /// A topic owned by the application (repartition): the runtime prefixes it with
+    /// `<application.id>-`.
+    Internal(String),
+}
+
+impl Topic {
+    /// The topic's name on the broker for `application_id`.
+    pub fn resolve(&self, application_id: &str) -> String {
+        match self {
+            Topic::External(name) => name.clone(),
+            Topic::Internal(suffix) => format!("{application_id}-{suffix}"),
+        }
+    }
+
+    /// Whether the application owns (and creates) the topic.
+    pub fn is_internal(&self) -> bool {
+        matches!(self, Topic::Internal(_))
+    }
+}
+
+impl fmt::Display for Topic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Topic::External(name) => f.write_str(name),
+            Topic::Internal(suffix) => write!(f, "<application.id>-{suffix}"),
+        }
+    }
+}
+
+/// Deserializes a raw input record into an erased one.
+pub type Decoder = Arc<dyn Fn(&RawRecord) -> Result<ErasedRecord, SerdeError> + Send + Sync>;
+/// Serializes an erased record for a sink topic.
+pub type Encoder = Arc<dyn Fn(&ErasedRecord) -> Result<RawRecord, SerdeError> + Send + Sync>;
+/// Creates one processor instance per sub-task.
+pub type Supplier = Arc<dyn Fn() -> Box<dyn ErasedProcessor> + Send + Sync>;
+
+/// What a node does.
+#[derive(Clone)]
+pub enum NodeKind {
+    /// Reads and deserializes records of a topic.
+    Source {
+        /// The topic read.
+        topic: Topic,
+        /// Deserializer for key and value.
+        decode: Decoder,
+    },
+    /// Runs a processor.
+    Processor {
+        /// Creates the processor of each sub-task.
+        supplier: Supplier,
+        /// Stores the processor uses.
+        stores: Vec<String>,
+    },
+    /// Serializes and writes records to a topic.
+    Sink {
+        /// The topic written.
+        topic: Topic,
+        /// Serializer for key and value.
+        encode: Encoder,
+    },
+}
+
+/// A node of the processor graph.
+#[derive(Clone)]
+pub struct Node {
+    /// Unique name (generated as `<operation>-<n>` unless given).
+    pub name: String,
+    /// What the node does.
+    pub kind: NodeKind,
+    /// Nodes that receive this node's output, in order.
+    pub children: Vec<usize>,
+}
+
+/// A connected part of the graph with its own source topics and stores.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubTopology {
+    /// Position in [`Topology::sub_topologies`].
+    pub id: usize,
+    /// Source topics and the node that reads each.
+    pub sources: Vec<(Topic, usize)>,
+    /// Topics written by this sub-topology's sinks.
+    pub sinks: Vec<Topic>,
+    /// Names of the stores its processors use.
+    pub stores: Vec<String>,
+    /// Its nodes, by index into [`Topology::nodes`].
+    pub nodes: Vec<usize>,
+}
+
+impl SubTopology {
+    /// Whether any processor keeps state (its sub-tasks then commit a WriteBatch).
+    pub fn is_stateful(&self) -> bool {
+        !self.stores.is_empty()
+    }
+}
+
+/// A validated topology, ready to run.
+#[derive(Clone)]
+pub struct Topology {
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) sub_topologies: Vec<SubTopology>,
+}
+
+impl Topology {
+    /// All nodes.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// The sub-topologies, in the order their first source was declared.
+    pub fn sub_topologies(&self) -> &[SubTopology] {
+        &self.sub_topologies
+    }
+
+    /// The sub-topology that reads `topic`, if any.
+    pub fn sub_topology_of(&self, topic: &Topic) -> Option<&SubTopology> {
+        self.sub_topologies
+            .iter()
+            .find(|s| s.sources.iter().any(|(t, _)| t == topic))
+    }
+
+    /// Every topic a source reads.
+    pub fn source_topics(&self) -> Vec<Topic> {
+        self.sub_topologies
+            .iter()
+            .flat_map(|s| s.sources.iter().map(|(t, _)| t.clone()))
+            .collect()
+    }
+
+    /// Every internal (repartition) topic, with the sub-topology that writes it.
+    pub fn internal_topics(&self) -> BTreeMap<Topic, usize> {
+        self.sub_topologies
+            .iter()
+            .flat_map(|s| {
+                s.sinks
+                    .iter()
+                    .filter(|t| t.is_internal())
+                    .map(move |t| (t.clone(), s.id))
+            })
+            .collect()
+    }
+
+    /// Every store name.
+    pub fn stores(&self) -> Vec<String> {
+        self.sub_topologies
+            .iter()
+            .flat_map(|s| s.stores.iter().cloned())
+            .collect()
+    }
+
+    /// A text description, like Kafka Streams' `Topology.describe()`.
+    pub fn describe(&self) -> String {
+        let mut out = String::new();
+        for s in &self.sub_topologies {
+            out.push_str(&format!("Sub-topology: {}\n", s.id));
+            for &n in &s.nodes {
+                let node = &self.nodes[n];
+                let what = match &node.kind {
+                    NodeKind::Source { topic, .. } => format!("Source (topic: {topic})"),
+                    NodeKind::Processor { stores, .. } if stores.is_empty() => {
+                        "Processor".to_string()
+                    }
+                    NodeKind::Processor { stores, .. } => {
+                        format!("Processor (stores: {})", stores.join(", "))
+                    }
+                    NodeKind::Sink { topic, .. } => format!("Sink (topic: {topic})"),
+                };
+                let children: Vec<&str> = node
+                    .children
+                    .iter()
+                    .map(|&c| self.nodes[c].name.as_str())
+                    .collect();
+                out.push_str(&format!("  {}: {what}", node.name));
+                if !children.is_empty() {
+                    out.push_str(&format!(" --> {}", children.join(", ")));
+                }
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+impl fmt::Debug for Topology {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe())
+    }
+}

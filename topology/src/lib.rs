@@ -1,0 +1,39 @@
+//! rill-topology: what a rill application is made of, with no I/O.
+//!
+//! - [`keyrange`]: the stable key hash and the split of the hash space into key ranges, which
+//!   decides the sub-task of every record;
+//! - [`serdes`]: how keys and values become bytes (Kafka-compatible layouts);
+//! - [`dsl`]: `StreamsBuilder`, `KStream`, `KGroupedStream`, `KTable`, named as in Kafka Streams;
+//! - [`processor`]: the Processor API for custom logic, state access and punctuation;
+//! - [`graph`] and [`exec`]: the processor graph and how one sub-task runs it.
+//!
+//! The engine that feeds records and owns state lives in `rill-runtime`; stores live in
+//! `rill-state`.
+
+pub mod dsl;
+pub mod exec;
+pub mod graph;
+pub mod keyrange;
+pub mod processor;
+pub mod record;
+pub mod serdes;
+pub mod store;
+
+pub use dsl::{KGroupedStream, KStream, KTable, Split, StreamsBuilder, TopologyError};
+pub use graph::{Topic, Topology};
+pub use keyrange::{key_hash, range_of, ranges, KeyRange, HASH_ID};
+pub use processor::{Processor, ProcessorContext, PunctuationType};
+pub use record::{Headers, RawRecord, Record};
+
+/// The names most applications need.
+pub mod prelude {
+    pub use crate::dsl::{KGroupedStream, KStream, KTable, StreamsBuilder, TopologyError};
+    pub use crate::graph::Topology;
+    pub use crate::processor::{ProcessError, Processor, ProcessorContext, PunctuationType};
+    pub use crate::record::{Headers, Record};
+    pub use crate::serdes::{
+        BytesSerde, I32Serde, I64Serde, JsonSerde, ProtobufSerde, Serde, SerdeError, StringSerde,
+        U64Serde,
+    };
+    pub use crate::store::{KeyValueBytes, KeyValueStore, StoreError};
+}

@@ -1,0 +1,268 @@
+//! The Processor API: user processors, the context they run in, and punctuation.
+//!
+//! Processors are typed for users ([`Processor`]) and type-erased inside the graph
+//! ([`ErasedProcessor`]); values travel between nodes as [`Datum`] boxes, and the typed DSL
+//! guarantees that every node receives the types it was built for.
+
+use std::any::Any;
+use std::marker::PhantomData;
+
+use crate::record::Record;
+use crate::serdes::{Serde, SerdeError};
+use crate::store::{KeyValueBytes, KeyValueStore, StoreError};
+
+/// A value that can travel through a topology: any cloneable `Send` type.
+pub trait Datum: Any + Send {
+    /// Clones into a new box (fan-out to several children).
+    fn clone_datum(&self) -> Box<dyn Datum>;
+    /// Converts into `Box<dyn Any>` for downcasting by value.
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
+    /// Borrows as `&dyn Any` for downcasting by reference.
+    fn as_any(&self) -> &dyn Any;
+}
+
+impl<T: Any + Send + Clone> Datum for T {
+    fn clone_datum(&self) -> Box<dyn Datum> {
+        Box::new(self.clone())
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Clone for Box<dyn Datum> {
+    fn clone(&self) -> Self {
+        (**self).clone_datum()
+    }
+}
+
+/// A record whose key and value types are erased.
+pub type ErasedRecord = Record<Box<dyn Datum>, Box<dyn Datum>>;
+
+/// Turns a typed record into an erased one.
+pub fn erase<K: Datum, V: Datum>(r: Record<K, V>) -> ErasedRecord {
+    Record {
+        key: r.key.map(|k| Box::new(k) as Box<dyn Datum>),
+        value: Box::new(r.value),
+        timestamp: r.timestamp,
+        headers: r.headers,
+    }
+}
+
+/// Turns an erased record back into a typed one; fails only if the graph was wired wrongly.
+pub fn unerase<K: 'static, V: 'static>(r: ErasedRecord) -> Result<Record<K, V>, ProcessError> {
+    let key = match r.key {
+        Some(k) => Some(*k.into_any().downcast::<K>().map_err(|_| {
+            ProcessError::Internal(format!("key is not a {}", std::any::type_name::<K>()))
+        })?),
+        None => None,
+    };
+    let value = *r.value.into_any().downcast::<V>().map_err(|_| {
+        ProcessError::Internal(format!("value is not a {}", std::any::type_name::<V>()))
+    })?;
+    Ok(Record {
+        key,
+        value,
+        timestamp: r.timestamp,
+        headers: r.headers,
+    })
+}
+
+/// Why a processor failed on a record.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// A store operation failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A value could not be (de)serialized inside the topology.
+    #[error(transparent)]
+    Serde(#[from] SerdeError),
+    /// The user's processor reported an error.
+    #[error("processor failed: {0}")]
+    User(String),
+    /// The topology was wired inconsistently (a bug in rill; please report it).
+    #[error("internal error (please report): {0}")]
+    Internal(String),
+}
+
+/// The clock a punctuation follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PunctuationType {
+    /// The largest record timestamp the sub-task has seen.
+    StreamTime,
+    /// The system clock (the TestDriver's mocked clock in tests).
+    WallClockTime,
+}
+
+/// Where the record being processed was read from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecordMeta {
+    /// Topic of the input record (resolved name).
+    pub topic: String,
+    /// Partition of the input record.
+    pub partition: u32,
+    /// Offset of the input record.
+    pub offset: u64,
+}
+
+/// What the engine offers a processor node while it runs.
+pub trait ProcessorHost {
+    /// Sends a record to the node's children.
+    fn forward(&mut self, record: ErasedRecord);
+    /// Byte-level access to a store connected to the node.
+    fn store(&mut self, name: &str) -> Result<&mut dyn KeyValueBytes, StoreError>;
+    /// Registers a punctuation every `interval_ms` (only honoured during `init`).
+    fn schedule(&mut self, interval_ms: u64, kind: PunctuationType);
+    /// Counts a record the node dropped on purpose (for example a null key).
+    fn record_dropped(&mut self, reason: &'static str);
+    /// The input record being processed (default values during punctuation).
+    fn meta(&self) -> &RecordMeta;
+}
+
+/// The context handed to a typed [`Processor`].
+pub struct ProcessorContext<'a, KOut, VOut> {
+    host: &'a mut dyn ProcessorHost,
+    _types: PhantomData<fn(KOut, VOut)>,
+}
+
+impl<'a, KOut: Datum, VOut: Datum> ProcessorContext<'a, KOut, VOut> {
+    /// Wraps an engine host.
+    pub fn new(host: &'a mut dyn ProcessorHost) -> Self {
+        ProcessorContext {
+            host,
+            _types: PhantomData,
+        }
+    }
+
+    /// Sends `record` to every child node.
+    pub fn forward(&mut self, record: Record<KOut, VOut>) {
+        self.host.forward(erase(record));
+    }
+
+    /// Byte-level access to a connected store.
+    pub fn store(&mut self, name: &str) -> Result<&mut dyn KeyValueBytes, StoreError> {
+        self.host.store(name)
+    }
+
+    /// A typed view of a connected store.
+    pub fn key_value_store<'s, K: 'static, V: 'static>(
+        &'s mut self,
+        name: &str,
+        key_serde: &'s dyn Serde<K>,
+        value_serde: &'s dyn Serde<V>,
+    ) -> Result<KeyValueStore<'s, K, V>, StoreError> {
+        Ok(KeyValueStore::new(
+            self.host.store(name)?,
+            key_serde,
+            value_serde,
+        ))
+    }
+
+    /// Asks for `punctuate` every `interval_ms` of the given clock; call it from `init`.
+    pub fn schedule(&mut self, interval_ms: u64, kind: PunctuationType) {
+        self.host.schedule(interval_ms, kind);
+    }
+
+    /// Counts a record dropped on purpose, under `reason` (a metric label).
+    pub fn record_dropped(&mut self, reason: &'static str) {
+        self.host.record_dropped(reason);
+    }
+
+    /// Topic, partition and offset of the input record.
+    pub fn record_meta(&self) -> &RecordMeta {
+        self.host.meta()
+    }
+}
+
+/// A user processor, the counterpart of Kafka Streams' `api.Processor`.
+pub trait Processor<KIn, VIn, KOut, VOut>: Send {
+    /// Called once per sub-task before the first record; schedule punctuations here.
+    fn init(&mut self, _ctx: &mut ProcessorContext<'_, KOut, VOut>) -> Result<(), ProcessError> {
+        Ok(())
+    }
+    /// Processes one record.
+    fn process(
+        &mut self,
+        record: Record<KIn, VIn>,
+        ctx: &mut ProcessorContext<'_, KOut, VOut>,
+    ) -> Result<(), ProcessError>;
+    /// Called when a scheduled punctuation is due, with the clock's current time.
+    fn punctuate(
+        &mut self,
+        _kind: PunctuationType,
+        _timestamp: i64,
+        _ctx: &mut ProcessorContext<'_, KOut, VOut>,
+    ) -> Result<(), ProcessError> {
+        Ok(())
+    }
+}
+
+/// A processor whose record types are erased, as the graph runs it.
+pub trait ErasedProcessor: Send {
+    /// See [`Processor::init`].
+    fn init(&mut self, host: &mut dyn ProcessorHost) -> Result<(), ProcessError>;
+    /// See [`Processor::process`].
+    fn process(
+        &mut self,
+        record: ErasedRecord,
+        host: &mut dyn ProcessorHost,
+    ) -> Result<(), ProcessError>;
+    /// See [`Processor::punctuate`].
+    fn punctuate(
+        &mut self,
+        kind: PunctuationType,
+        timestamp: i64,
+        host: &mut dyn ProcessorHost,
+    ) -> Result<(), ProcessError>;
+}
+
+/// Adapts a typed [`Processor`] to [`ErasedProcessor`].
+pub struct Typed<P, KIn, VIn, KOut, VOut> {
+    inner: P,
+    _types: PhantomData<fn(KIn, VIn, KOut, VOut)>,
+}
+
+impl<P, KIn, VIn, KOut, VOut> Typed<P, KIn, VIn, KOut, VOut> {
+    /// Wraps `inner`.
+    pub fn new(inner: P) -> Self {
+        Typed {
+            inner,
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<P, KIn, VIn, KOut, VOut> ErasedProcessor for Typed<P, KIn, VIn, KOut, VOut>
+where
+    P: Processor<KIn, VIn, KOut, VOut>,
+    KIn: 'static,
+    VIn: 'static,
+    KOut: Datum,
+    VOut: Datum,
+{
+    fn init(&mut self, host: &mut dyn ProcessorHost) -> Result<(), ProcessError> {
+        self.inner.init(&mut ProcessorContext::new(host))
+    }
+
+    fn process(
+        &mut self,
+        record: ErasedRecord,
+        host: &mut dyn ProcessorHost,
+    ) -> Result<(), ProcessError> {
+        let record = unerase::<KIn, VIn>(record)?;
+        self.inner.process(record, &mut ProcessorContext::new(host))
+    }
+
+    fn punctuate(
+        &mut self,
+        kind: PunctuationType,
+        timestamp: i64,
+        host: &mut dyn ProcessorHost,
+    ) -> Result<(), ProcessError> {
+        self.inner
+            .punctuate(kind, timestamp, &mut ProcessorContext::new(host))
+    }
+}

@@ -1,0 +1,212 @@
+//! Serdes: how keys and values become bytes and back.
+//!
+//! The fixed-width integer serdes use the big-endian layout of Kafka's `IntegerSerializer` and
+//! `LongSerializer`, so rill reads and writes the same bytes as Java clients.
+
+use std::marker::PhantomData;
+
+/// Why bytes could not become a value, or a value bytes.
+#[derive(Debug, thiserror::Error)]
+#[error("{serde}: {reason}")]
+pub struct SerdeError {
+    /// The serde that failed.
+    pub serde: &'static str,
+    /// What was wrong with the input.
+    pub reason: String,
+}
+
+impl SerdeError {
+    /// A new error from `serde` with `reason`.
+    pub fn new(serde: &'static str, reason: impl Into<String>) -> Self {
+        SerdeError {
+            serde,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Converts values of `T` to bytes and back.
+pub trait Serde<T>: Send + Sync + 'static {
+    /// Serializes `value`.
+    fn serialize(&self, value: &T) -> Result<Vec<u8>, SerdeError>;
+    /// Deserializes `bytes`.
+    fn deserialize(&self, bytes: &[u8]) -> Result<T, SerdeError>;
+}
+
+/// UTF-8 strings.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StringSerde;
+
+impl Serde<String> for StringSerde {
+    fn serialize(&self, value: &String) -> Result<Vec<u8>, SerdeError> {
+        Ok(value.as_bytes().to_vec())
+    }
+    fn deserialize(&self, bytes: &[u8]) -> Result<String, SerdeError> {
+        String::from_utf8(bytes.to_vec())
+            .map_err(|e| SerdeError::new("StringSerde", format!("invalid UTF-8: {e}")))
+    }
+}
+
+/// Raw bytes, passed through unchanged.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BytesSerde;
+
+impl Serde<Vec<u8>> for BytesSerde {
+    fn serialize(&self, value: &Vec<u8>) -> Result<Vec<u8>, SerdeError> {
+        Ok(value.clone())
+    }
+    fn deserialize(&self, bytes: &[u8]) -> Result<Vec<u8>, SerdeError> {
+        Ok(bytes.to_vec())
+    }
+}
+
+macro_rules! big_endian_serde {
+    ($(#[$doc:meta])* $name:ident, $ty:ty, $width:expr) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, Default)]
+        pub struct $name;
+
+        impl Serde<$ty> for $name {
+            fn serialize(&self, value: &$ty) -> Result<Vec<u8>, SerdeError> {
+                Ok(value.to_be_bytes().to_vec())
+            }
+            fn deserialize(&self, bytes: &[u8]) -> Result<$ty, SerdeError> {
+                let arr: [u8; $width] = bytes.try_into().map_err(|_| {
+                    SerdeError::new(
+                        stringify!($name),
+                        format!("expected {} bytes, got {}", $width, bytes.len()),
+                    )
+                })?;
+                Ok(<$ty>::from_be_bytes(arr))
+            }
+        }
+    };
+}
+
+big_endian_serde!(
+    /// 32-bit signed integers, big-endian (Kafka's `IntegerSerializer`).
+    I32Serde, i32, 4
+);
+big_endian_serde!(
+    /// 64-bit signed integers, big-endian (Kafka's `LongSerializer`).
+    I64Serde, i64, 8
+);
+big_endian_serde!(
+    /// 64-bit unsigned integers, big-endian.
+    U64Serde, u64, 8
+);
+
+/// JSON for any serde type (serde_json).
+pub struct JsonSerde<T>(PhantomData<fn() -> T>);
+
+impl<T> JsonSerde<T> {
+    /// A JSON serde for `T`.
+    pub fn new() -> Self {
+        JsonSerde(PhantomData)
+    }
+}
+
+impl<T> Default for JsonSerde<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> Clone for JsonSerde<T> {
+    fn clone(&self) -> Self {
+        Self::new()
+    }
+}
+
+impl<T> Serde<T> for JsonSerde<T>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + 'static,
+{
+    fn serialize(&self, value: &T) -> Result<Vec<u8>, SerdeError> {
+        serde_json::to_vec(value).map_err(|e| SerdeError::new("JsonSerde", e.to_string()))
+    }
+    fn deserialize(&self, bytes: &[u8]) -> Result<T, SerdeError> {
+        serde_json::from_slice(bytes).map_err(|e| SerdeError::new("JsonSerde", e.to_string()))
+    }
+}
+
+/// Protocol Buffers for any `prost::Message`.
+pub struct ProtobufSerde<T>(PhantomData<fn() -> T>);
+
+impl<T> ProtobufSerde<T> {
+    /// A protobuf serde for `T`.
+    pub fn new() -> Self {
+        ProtobufSerde(PhantomData)
+    }
+}
+
+impl<T> Default for ProtobufSerde<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> Clone for ProtobufSerde<T> {
+    fn clone(&self) -> Self {
+        Self::new()
+    }
+}
+
+impl<T> Serde<T> for ProtobufSerde<T>
+where
+    T: prost::Message + Default + 'static,
+{
+    fn serialize(&self, value: &T) -> Result<Vec<u8>, SerdeError> {
+        Ok(value.encode_to_vec())
+    }
+    fn deserialize(&self, bytes: &[u8]) -> Result<T, SerdeError> {
+        T::decode(bytes).map_err(|e| SerdeError::new("ProtobufSerde", e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_serde_matches_kafka_long_serializer_layout() {
+        assert_eq!(I64Serde.serialize(&1).unwrap(), vec![0, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(I64Serde.serialize(&-2).unwrap(), vec![0xff; 7].into_iter().chain([0xfe]).collect::<Vec<_>>());
+        assert_eq!(I32Serde.serialize(&258).unwrap(), vec![0, 0, 1, 2]);
+    }
+
+    #[test]
+    fn integer_serdes_round_trip_and_reject_wrong_widths() {
+        assert_eq!(I64Serde.deserialize(&I64Serde.serialize(&i64::MIN).unwrap()).unwrap(), i64::MIN);
+        assert_eq!(U64Serde.deserialize(&U64Serde.serialize(&u64::MAX).unwrap()).unwrap(), u64::MAX);
+        let err = I32Serde.deserialize(&[1, 2, 3]).unwrap_err();
+        assert!(err.to_string().contains("expected 4 bytes, got 3"), "{err}");
+    }
+
+    #[test]
+    fn string_serde_rejects_invalid_utf8() {
+        assert!(StringSerde.deserialize(&[0xff, 0xfe]).is_err());
+        assert_eq!(StringSerde.deserialize(b"ok").unwrap(), "ok");
+    }
+
+    #[test]
+    fn json_and_protobuf_serdes_round_trip() {
+        #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+        struct Order {
+            id: u32,
+            customer: String,
+        }
+        let s = JsonSerde::<Order>::new();
+        let o = Order { id: 7, customer: "c".into() };
+        assert_eq!(s.deserialize(&s.serialize(&o).unwrap()).unwrap(), o);
+        assert!(s.deserialize(b"{not json").is_err());
+
+        #[derive(Clone, PartialEq, prost::Message)]
+        struct Point {
+            #[prost(int64, tag = "1")]
+            x: i64,
+        }
+        let p = ProtobufSerde::<Point>::new();
+        assert_eq!(p.deserialize(&p.serialize(&Point { x: -5 }).unwrap()).unwrap(), Point { x: -5 });
+    }
+}

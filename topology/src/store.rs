@@ -1,0 +1,114 @@
+//! Key-value stores as processors see them: byte-level access to the sub-task's own key range,
+//! and a typed view over it through serdes.
+//!
+//! The topology crate only defines the interface; `rill-state` implements it over RocksDB with a
+//! write cache, so a processor's reads see its own uncommitted writes.
+
+use crate::serdes::{Serde, SerdeError};
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The processor asked for a store it was not connected to.
+    #[error("store `{0}` is not connected to this processor; list it in the processor's stores")]
+    UnknownStore(String),
+    /// A key or value could not be (de)serialized.
+    #[error("store `{store}`: {source}")]
+    Serde {
+        /// The store.
+        store: String,
+        /// The serde failure.
+        #[source]
+        source: SerdeError,
+    },
+    /// The storage engine failed.
+    #[error("store `{store}`: {message}")]
+    Backend {
+        /// The store.
+        store: String,
+        /// What the engine reported.
+        message: String,
+    },
+}
+
+/// Byte-level key-value access to one store, limited to the calling sub-task's key range.
+pub trait KeyValueBytes: Send {
+    /// The store's name.
+    fn name(&self) -> &str;
+    /// The value of `key`, seeing this sub-task's uncommitted writes.
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Sets `key` to `value`.
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError>;
+    /// Removes `key`.
+    fn delete(&mut self, key: &[u8]) -> Result<(), StoreError>;
+    /// Every (key, value) of this sub-task's range, in key-byte order, uncommitted writes included.
+    fn all(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError>;
+}
+
+/// A typed view of a key-value store, as `ctx.store(name)` hands it to processors.
+pub struct KeyValueStore<'a, K, V> {
+    inner: &'a mut dyn KeyValueBytes,
+    key_serde: &'a dyn Serde<K>,
+    value_serde: &'a dyn Serde<V>,
+}
+
+impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
+    /// A typed view of `inner`.
+    pub fn new(
+        inner: &'a mut dyn KeyValueBytes,
+        key_serde: &'a dyn Serde<K>,
+        value_serde: &'a dyn Serde<V>,
+    ) -> Self {
+        KeyValueStore {
+            inner,
+            key_serde,
+            value_serde,
+        }
+    }
+
+    fn serde_err(&self, source: SerdeError) -> StoreError {
+        StoreError::Serde {
+            store: self.inner.name().to_string(),
+            source,
+        }
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &K) -> Result<Option<V>, StoreError> {
+        let k = self.key_serde.serialize(key).map_err(|e| self.serde_err(e))?;
+        match self.inner.get(&k)? {
+            Some(v) => self
+                .value_serde
+                .deserialize(&v)
+                .map(Some)
+                .map_err(|e| self.serde_err(e)),
+            None => Ok(None),
+        }
+    }
+
+    /// Sets `key` to `value`.
+    pub fn put(&mut self, key: &K, value: &V) -> Result<(), StoreError> {
+        let k = self.key_serde.serialize(key).map_err(|e| self.serde_err(e))?;
+        let v = self.value_serde.serialize(value).map_err(|e| self.serde_err(e))?;
+        self.inner.put(&k, &v)
+    }
+
+    /// Removes `key`.
+    pub fn delete(&mut self, key: &K) -> Result<(), StoreError> {
+        let k = self.key_serde.serialize(key).map_err(|e| self.serde_err(e))?;
+        self.inner.delete(&k)
+    }
+
+    /// Every entry of this sub-task's range, in key-byte order.
+    pub fn all(&self) -> Result<Vec<(K, V)>, StoreError> {
+        self.inner
+            .all()?
+            .into_iter()
+            .map(|(k, v)| {
+                let k = self.key_serde.deserialize(&k).map_err(|e| self.serde_err(e))?;
+                let v = self.value_serde.deserialize(&v).map_err(|e| self.serde_err(e))?;
+                Ok((k, v))
+            })
+            .collect()
+    }
+}
