@@ -33,8 +33,8 @@ use std::sync::Arc;
 
 use crate::graph::{Decoder, Encoder, Node, NodeKind, SubTopology, Supplier, Topic, Topology};
 use crate::processor::{
-    erase, unerase, Datum, ErasedProcessor, ErasedRecord, ProcessError, Processor,
-    ProcessorHost, PunctuationType, Typed,
+    erase, unerase, Datum, ErasedProcessor, ErasedRecord, ProcessError, Processor, ProcessorHost,
+    PunctuationType, Typed,
 };
 use crate::record::{RawRecord, Record};
 use crate::serdes::{I64Serde, Serde, SerdeError};
@@ -99,7 +99,8 @@ struct GraphBuilder {
 impl GraphBuilder {
     fn claim_name(&mut self, name: &str) {
         if !valid_name(name) {
-            self.errors.push(TopologyError::InvalidName(name.to_string()));
+            self.errors
+                .push(TopologyError::InvalidName(name.to_string()));
         }
         if !self.names.insert(name.to_string()) {
             self.errors
@@ -313,7 +314,12 @@ fn decoder<K: Datum, V: Datum>(key: Arc<dyn Serde<K>>, value: Arc<dyn Serde<V>>)
         };
         let v = match &raw.value {
             Some(bytes) => value.deserialize(bytes)?,
-            None => return Err(SerdeError::new("source", "null value (tombstone) in a stream")),
+            None => {
+                return Err(SerdeError::new(
+                    "source",
+                    "null value (tombstone) in a stream",
+                ))
+            }
         };
         Ok(erase(Record {
             key: k,
@@ -330,13 +336,21 @@ fn encoder<K: Datum, V: Datum + Clone>(
 ) -> Encoder {
     Arc::new(move |rec: &ErasedRecord| {
         let k = match &rec.key {
-            Some(k) => Some(key.serialize(k.as_any().downcast_ref::<K>().ok_or_else(|| {
-                SerdeError::new("sink", format!("key is not a {}", std::any::type_name::<K>()))
-            })?)?),
+            Some(k) => Some(key.serialize((**k).as_any().downcast_ref::<K>().ok_or_else(
+                || {
+                    SerdeError::new(
+                        "sink",
+                        format!("key is not a {}", std::any::type_name::<K>()),
+                    )
+                },
+            )?)?),
             None => None,
         };
-        let v = rec.value.as_any().downcast_ref::<V>().ok_or_else(|| {
-            SerdeError::new("sink", format!("value is not a {}", std::any::type_name::<V>()))
+        let v = (*rec.value).as_any().downcast_ref::<V>().ok_or_else(|| {
+            SerdeError::new(
+                "sink",
+                format!("value is not a {}", std::any::type_name::<V>()),
+            )
         })?;
         Ok(RawRecord {
             key: k,
@@ -347,7 +361,8 @@ fn encoder<K: Datum, V: Datum + Clone>(
     })
 }
 
-type StatelessFn = dyn Fn(ErasedRecord, &mut dyn ProcessorHost) -> Result<(), ProcessError> + Send + Sync;
+type StatelessFn =
+    dyn Fn(ErasedRecord, &mut dyn ProcessorHost) -> Result<(), ProcessError> + Send + Sync;
 
 /// A processor made of one shared closure: stateless operations.
 struct FnProcessor(Arc<StatelessFn>);
@@ -471,8 +486,18 @@ where
         f: impl Fn(V) -> V2 + Send + Sync + 'static,
     ) -> KStream<K, V2> {
         let next = self.stateless("map-values", false, move |r, out| {
-            let Record { key, value, timestamp, headers } = r;
-            out(Record { key, value: f(value), timestamp, headers })
+            let Record {
+                key,
+                value,
+                timestamp,
+                headers,
+            } = r;
+            out(Record {
+                key,
+                value: f(value),
+                timestamp,
+                headers,
+            })
         });
         Self::with_serdes(next, self.key_serde.clone(), None)
     }
@@ -483,8 +508,18 @@ where
         f: impl Fn(V) -> I + Send + Sync + 'static,
     ) -> KStream<K, V2> {
         let next = self.stateless("flat-map-values", false, move |r, out| {
-            let Record { key, value, timestamp, headers } = r;
-            let r = Record { key, value: (), timestamp, headers };
+            let Record {
+                key,
+                value,
+                timestamp,
+                headers,
+            } = r;
+            let r = Record {
+                key,
+                value: (),
+                timestamp,
+                headers,
+            };
             for v in f(value) {
                 out(Record {
                     key: r.key.clone(),
@@ -503,9 +538,19 @@ where
         f: impl Fn(Option<K>, V) -> (K2, V2) + Send + Sync + 'static,
     ) -> KStream<K2, V2> {
         self.stateless("map", true, move |r, out| {
-            let Record { key, value, timestamp, headers } = r;
+            let Record {
+                key,
+                value,
+                timestamp,
+                headers,
+            } = r;
             let (k, v) = f(key, value);
-            out(Record { key: Some(k), value: v, timestamp, headers })
+            out(Record {
+                key: Some(k),
+                value: v,
+                timestamp,
+                headers,
+            })
         })
     }
 
@@ -515,7 +560,12 @@ where
         f: impl Fn(Option<K>, V) -> I + Send + Sync + 'static,
     ) -> KStream<K2, V2> {
         self.stateless("flat-map", true, move |r, out| {
-            let Record { key, value, timestamp, headers } = r;
+            let Record {
+                key,
+                value,
+                timestamp,
+                headers,
+            } = r;
             for (k, v) in f(key, value) {
                 out(Record {
                     key: Some(k),
@@ -610,7 +660,11 @@ where
         let (Some(k), Some(v)) = (self.key_serde.clone(), self.value_serde.clone()) else {
             let mut g = self.builder.inner.borrow_mut();
             let node = g.nodes[self.node].name.clone();
-            let what = if self.key_serde.is_none() { "key" } else { "value" };
+            let what = if self.key_serde.is_none() {
+                "key"
+            } else {
+                "value"
+            };
             g.errors.push(TopologyError::MissingSerde {
                 node,
                 what,
@@ -741,10 +795,7 @@ impl<K: Datum + Clone, V: Datum + Clone> Split<K, V> {
     /// Finishes; records no predicate matched are dropped.
     pub fn no_default_branch(self) -> BTreeMap<String, KStream<K, V>> {
         let (names, preds): (Vec<String>, Vec<Pred<K, V>>) = self.branches.into_iter().unzip();
-        names
-            .into_iter()
-            .zip(self.stream.branch(preds))
-            .collect()
+        names.into_iter().zip(self.stream.branch(preds)).collect()
     }
 }
 
@@ -840,7 +891,8 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
     fn missing_serde(&self, what: &'static str, hint: &'static str) {
         let mut g = self.stream.builder.inner.borrow_mut();
         let node = g.nodes[self.stream.node].name.clone();
-        g.errors.push(TopologyError::MissingSerde { node, what, hint });
+        g.errors
+            .push(TopologyError::MissingSerde { node, what, hint });
     }
 
     fn aggregate_with<A: Datum + Clone>(
@@ -911,7 +963,11 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
     }
 
     /// A table that build() will reject (an error was recorded), so chaining can go on.
-    fn dangling_table<A: Datum + Clone>(&self, store: &str, agg: Arc<dyn Serde<A>>) -> KTable<K, A> {
+    fn dangling_table<A: Datum + Clone>(
+        &self,
+        store: &str,
+        agg: Arc<dyn Serde<A>>,
+    ) -> KTable<K, A> {
         KTable {
             stream: KStream {
                 builder: self.stream.builder.clone(),
@@ -964,4 +1020,3 @@ impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
         &self.store
     }
 }
-

@@ -126,14 +126,16 @@ impl TaskInstance {
                     node: topology.nodes[n].name.clone(),
                     source,
                 })?;
-                schedules.extend(host.requested.into_iter().map(|(interval_ms, kind)| {
-                    Schedule {
-                        node: n,
-                        interval_ms,
-                        kind,
-                        next: None,
-                    }
-                }));
+                schedules.extend(
+                    host.requested
+                        .into_iter()
+                        .map(|(interval_ms, kind)| Schedule {
+                            node: n,
+                            interval_ms,
+                            kind,
+                            next: None,
+                        }),
+                );
                 processors[n] = Some(p);
             }
         }
@@ -205,7 +207,9 @@ impl TaskInstance {
             if s.kind != kind {
                 continue;
             }
-            let next = *s.next.get_or_insert(now.saturating_add(s.interval_ms as i64));
+            let next = *s
+                .next
+                .get_or_insert(now.saturating_add(s.interval_ms as i64));
             if now < next {
                 continue;
             }

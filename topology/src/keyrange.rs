@@ -53,7 +53,7 @@ impl KeyRange {
     pub fn nth(index: usize, p: usize) -> KeyRange {
         assert!(p > 0 && index < p, "range {index} of {p} does not exist");
         // Range i holds every h with i * 2^64 <= h * p < (i + 1) * 2^64.
-        let bound = |i: u128| -> u128 { ((i << 64) + p as u128 - 1) / p as u128 };
+        let bound = |i: u128| -> u128 { (i << 64).div_ceil(p as u128) };
         let start = bound(index as u128);
         let end = bound(index as u128 + 1) - 1;
         KeyRange {

@@ -33,6 +33,8 @@ impl<T: Any + Send + Clone> Datum for T {
     }
 }
 
+// Careful: `Box<dyn Datum>` is itself a `Datum` through the blanket impl, so call `as_any` on
+// `**boxed` (the inner value), never on the box.
 impl Clone for Box<dyn Datum> {
     fn clone(&self) -> Self {
         (**self).clone_datum()
@@ -264,5 +266,21 @@ where
     ) -> Result<(), ProcessError> {
         self.inner
             .punctuate(kind, timestamp, &mut ProcessorContext::new(host))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn erased_records_downcast_to_their_own_types() {
+        let r = erase(Record::new("k".to_string(), 7i64));
+        let boxed = r.key.clone().unwrap();
+        assert!((*boxed).as_any().downcast_ref::<String>().is_some());
+        let back = unerase::<String, i64>(r).unwrap();
+        assert_eq!(back.key.as_deref(), Some("k"));
+        assert_eq!(back.value, 7);
+        assert!(unerase::<i64, i64>(erase(Record::new("k".to_string(), 1i64))).is_err());
     }
 }

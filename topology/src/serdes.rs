@@ -170,15 +170,31 @@ mod tests {
 
     #[test]
     fn long_serde_matches_kafka_long_serializer_layout() {
-        assert_eq!(I64Serde.serialize(&1).unwrap(), vec![0, 0, 0, 0, 0, 0, 0, 1]);
-        assert_eq!(I64Serde.serialize(&-2).unwrap(), vec![0xff; 7].into_iter().chain([0xfe]).collect::<Vec<_>>());
+        assert_eq!(
+            I64Serde.serialize(&1).unwrap(),
+            vec![0, 0, 0, 0, 0, 0, 0, 1]
+        );
+        assert_eq!(
+            I64Serde.serialize(&-2).unwrap(),
+            vec![0xff; 7].into_iter().chain([0xfe]).collect::<Vec<_>>()
+        );
         assert_eq!(I32Serde.serialize(&258).unwrap(), vec![0, 0, 1, 2]);
     }
 
     #[test]
     fn integer_serdes_round_trip_and_reject_wrong_widths() {
-        assert_eq!(I64Serde.deserialize(&I64Serde.serialize(&i64::MIN).unwrap()).unwrap(), i64::MIN);
-        assert_eq!(U64Serde.deserialize(&U64Serde.serialize(&u64::MAX).unwrap()).unwrap(), u64::MAX);
+        assert_eq!(
+            I64Serde
+                .deserialize(&I64Serde.serialize(&i64::MIN).unwrap())
+                .unwrap(),
+            i64::MIN
+        );
+        assert_eq!(
+            U64Serde
+                .deserialize(&U64Serde.serialize(&u64::MAX).unwrap())
+                .unwrap(),
+            u64::MAX
+        );
         let err = I32Serde.deserialize(&[1, 2, 3]).unwrap_err();
         assert!(err.to_string().contains("expected 4 bytes, got 3"), "{err}");
     }
@@ -197,7 +213,10 @@ mod tests {
             customer: String,
         }
         let s = JsonSerde::<Order>::new();
-        let o = Order { id: 7, customer: "c".into() };
+        let o = Order {
+            id: 7,
+            customer: "c".into(),
+        };
         assert_eq!(s.deserialize(&s.serialize(&o).unwrap()).unwrap(), o);
         assert!(s.deserialize(b"{not json").is_err());
 
@@ -207,6 +226,10 @@ mod tests {
             x: i64,
         }
         let p = ProtobufSerde::<Point>::new();
-        assert_eq!(p.deserialize(&p.serialize(&Point { x: -5 }).unwrap()).unwrap(), Point { x: -5 });
+        assert_eq!(
+            p.deserialize(&p.serialize(&Point { x: -5 }).unwrap())
+                .unwrap(),
+            Point { x: -5 }
+        );
     }
 }

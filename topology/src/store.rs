@@ -31,6 +31,9 @@ pub enum StoreError {
     },
 }
 
+/// Serialized (key, value) pairs in key-byte order.
+pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// Byte-level key-value access to one store, limited to the calling sub-task's key range.
 pub trait KeyValueBytes: Send {
     /// The store's name.
@@ -42,7 +45,7 @@ pub trait KeyValueBytes: Send {
     /// Removes `key`.
     fn delete(&mut self, key: &[u8]) -> Result<(), StoreError>;
     /// Every (key, value) of this sub-task's range, in key-byte order, uncommitted writes included.
-    fn all(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError>;
+    fn all(&self) -> Result<Entries, StoreError>;
 }
 
 /// A typed view of a key-value store, as `ctx.store(name)` hands it to processors.
@@ -75,7 +78,10 @@ impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
 
     /// The value of `key`.
     pub fn get(&self, key: &K) -> Result<Option<V>, StoreError> {
-        let k = self.key_serde.serialize(key).map_err(|e| self.serde_err(e))?;
+        let k = self
+            .key_serde
+            .serialize(key)
+            .map_err(|e| self.serde_err(e))?;
         match self.inner.get(&k)? {
             Some(v) => self
                 .value_serde
@@ -88,14 +94,23 @@ impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
 
     /// Sets `key` to `value`.
     pub fn put(&mut self, key: &K, value: &V) -> Result<(), StoreError> {
-        let k = self.key_serde.serialize(key).map_err(|e| self.serde_err(e))?;
-        let v = self.value_serde.serialize(value).map_err(|e| self.serde_err(e))?;
+        let k = self
+            .key_serde
+            .serialize(key)
+            .map_err(|e| self.serde_err(e))?;
+        let v = self
+            .value_serde
+            .serialize(value)
+            .map_err(|e| self.serde_err(e))?;
         self.inner.put(&k, &v)
     }
 
     /// Removes `key`.
     pub fn delete(&mut self, key: &K) -> Result<(), StoreError> {
-        let k = self.key_serde.serialize(key).map_err(|e| self.serde_err(e))?;
+        let k = self
+            .key_serde
+            .serialize(key)
+            .map_err(|e| self.serde_err(e))?;
         self.inner.delete(&k)
     }
 
@@ -105,8 +120,14 @@ impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
             .all()?
             .into_iter()
             .map(|(k, v)| {
-                let k = self.key_serde.deserialize(&k).map_err(|e| self.serde_err(e))?;
-                let v = self.value_serde.deserialize(&v).map_err(|e| self.serde_err(e))?;
+                let k = self
+                    .key_serde
+                    .deserialize(&k)
+                    .map_err(|e| self.serde_err(e))?;
+                let v = self
+                    .value_serde
+                    .deserialize(&v)
+                    .map_err(|e| self.serde_err(e))?;
                 Ok((k, v))
             })
             .collect()

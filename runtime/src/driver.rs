@@ -1,0 +1,606 @@
+//! `TestDriver`: runs a topology on the real engine and real state, without Kafka; the
+//! counterpart of Kafka Streams' `TopologyTestDriver`.
+//!
+//! ```
+//! use rill_runtime::driver::TestDriver;
+//! use rill_topology::prelude::*;
+//!
+//! let builder = StreamsBuilder::new();
+//! builder
+//!     .stream("words", StringSerde, StringSerde)
+//!     .group_by_key()
+//!     .count("counts")
+//!     .to_stream()
+//!     .to("counts-out");
+//! let driver = TestDriver::builder(builder.build().unwrap())
+//!     .parallelising_factor(4)
+//!     .build()
+//!     .unwrap();
+//! let input = driver.input_topic("words", StringSerde, StringSerde);
+//! let output = driver.output_topic("counts-out", StringSerde, I64Serde);
+//! input.pipe_input("a".to_string(), "x".to_string());
+//! input.pipe_input("a".to_string(), "y".to_string());
+//! assert_eq!(output.read_key_values(), vec![("a".to_string(), 1), ("a".to_string(), 2)]);
+//! let store = driver.key_value_store("counts", StringSerde, I64Serde);
+//! assert_eq!(store.get(&"a".to_string()), Some(2));
+//! ```
+//!
+//! `pipe_input` returns once the record and everything it caused (repartition steps included)
+//! has been processed. Internal topics live in memory with the partition count of the topics
+//! that feed them.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rill_state::{StateConfig, StateDb};
+use rill_topology::serdes::Serde;
+use rill_topology::{key_hash, Headers, RawRecord, Topic, Topology};
+
+use crate::engine::{
+    DeserializationHandler, Dispatch, Engine, EngineConfig, EngineError, EngineStats,
+};
+use crate::sink::{MemorySink, RecordSink};
+
+/// How long the driver waits for the engine to go idle before reporting a hang.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// File in the state dir where the driver keeps its in-memory topics' end offsets.
+const OFFSETS_FILE: &str = "test-driver-offsets";
+
+/// Why the driver could not start or go on.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    /// The engine failed.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// State could not be opened.
+    #[error(transparent)]
+    State(#[from] rill_state::StateError),
+    /// The temporary or given state dir could not be used.
+    #[error("state dir {path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Processing did not finish in time.
+    #[error("processing did not finish within {0:?}; a processor may be blocked")]
+    Hung(Duration),
+}
+
+/// Configures a [`TestDriver`].
+pub struct TestDriverBuilder {
+    topology: Topology,
+    config: EngineConfig,
+    partitions: HashMap<String, u32>,
+    state_dir: Option<PathBuf>,
+    memory_bytes: usize,
+}
+
+impl TestDriverBuilder {
+    /// Sub-tasks per input partition (default 1).
+    pub fn parallelising_factor(mut self, p: usize) -> Self {
+        self.config.parallelising_factor = p;
+        self
+    }
+
+    /// Worker threads (default: the machine's cores).
+    pub fn worker_threads(mut self, n: usize) -> Self {
+        self.config.worker_threads = n;
+        self
+    }
+
+    /// Partition count of input topic `topic` (default 1).
+    pub fn partitions(mut self, topic: &str, n: u32) -> Self {
+        self.partitions.insert(topic.to_string(), n.max(1));
+        self
+    }
+
+    /// Keeps state in `dir` (default: a temporary dir removed on drop); reopening a driver on the
+    /// same dir brings the state back.
+    pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.state_dir = Some(dir.into());
+        self
+    }
+
+    /// Handling of records that do not deserialize (default: fail).
+    pub fn deserialization_handler(mut self, h: DeserializationHandler) -> Self {
+        self.config.deserialization_handler = h;
+        self
+    }
+
+    /// Application id (prefix of internal topics; default `rill`).
+    pub fn application_id(mut self, id: &str) -> Self {
+        self.config.application_id = id.to_string();
+        self
+    }
+
+    /// Starts the driver: opens state and assigns every partition of every source topic.
+    pub fn build(self) -> Result<TestDriver, DriverError> {
+        let topology = Arc::new(self.topology);
+        let app = self.config.application_id.clone();
+        let (dir, temp) = match self.state_dir {
+            Some(d) => (d, None),
+            None => {
+                let t = tempfile::Builder::new()
+                    .prefix("rill-test-driver-")
+                    .tempdir()
+                    .map_err(|source| DriverError::Io {
+                        path: std::env::temp_dir(),
+                        source,
+                    })?;
+                (t.path().to_path_buf(), Some(t))
+            }
+        };
+        let stateful = topology.sub_topologies().iter().any(|s| s.is_stateful());
+        let db = if stateful {
+            Some(StateDb::open(&StateConfig {
+                dir: dir.clone(),
+                memory_bytes: self.memory_bytes,
+            })?)
+        } else {
+            None
+        };
+        // Partition counts: user topics as configured; internal topics like their writers' input.
+        let mut partitions: BTreeMap<String, u32> = BTreeMap::new();
+        let mut internal: HashMap<Topic, u32> = HashMap::new();
+        for s in topology.sub_topologies() {
+            for (t, _) in &s.sources {
+                if let Topic::External(name) = t {
+                    partitions.insert(name.clone(), *self.partitions.get(name).unwrap_or(&1));
+                }
+            }
+        }
+        // Internal topics can feed further internal topics: resolve until nothing changes.
+        loop {
+            let mut changed = false;
+            for (t, writer) in topology.internal_topics() {
+                let n = topology.sub_topologies()[writer]
+                    .sources
+                    .iter()
+                    .map(|(s, _)| *partitions.get(&s.resolve(&app)).unwrap_or(&1))
+                    .max()
+                    .unwrap_or(1);
+                if partitions.insert(t.resolve(&app), n) != Some(n) {
+                    changed = true;
+                }
+                internal.insert(t, n);
+            }
+            if !changed {
+                break;
+            }
+        }
+        let sink = Arc::new(MemorySink::new());
+        let mut engine = Engine::new(
+            topology.clone(),
+            self.config,
+            db,
+            sink.clone() as Arc<dyn RecordSink>,
+            internal,
+        )?;
+        let ends = read_offsets(&dir)?;
+        for (topic, &n) in &partitions {
+            for p in 0..n {
+                engine.assign(topic, p, &HashMap::new())?;
+            }
+        }
+        let inner = Inner {
+            engine,
+            sink,
+            partitions,
+            ends,
+            outputs: HashMap::new(),
+            dir,
+            wall_clock: 0,
+        };
+        Ok(TestDriver {
+            inner: Arc::new(Mutex::new(inner)),
+            _temp: temp,
+        })
+    }
+}
+
+struct Inner {
+    engine: Engine,
+    sink: Arc<MemorySink>,
+    /// Partition count per resolved topic (inputs and internal topics).
+    partitions: BTreeMap<String, u32>,
+    /// Next offset per (topic, partition) of the in-memory input logs.
+    ends: BTreeMap<(String, u32), u64>,
+    /// Records written to output topics, not yet read.
+    outputs: HashMap<String, VecDeque<RawRecord>>,
+    dir: PathBuf,
+    wall_clock: i64,
+}
+
+impl Inner {
+    fn append(&mut self, topic: &str, partition: u32, raw: RawRecord) -> Result<(), DriverError> {
+        let end = self.ends.entry((topic.to_string(), partition)).or_insert(0);
+        let offset = *end;
+        *end += 1;
+        loop {
+            match self
+                .engine
+                .dispatch(topic, partition, offset, raw.clone())?
+            {
+                Dispatch::Queued | Dispatch::Skipped => return Ok(()),
+                // Backpressure: let the sub-task drain, then offer the record again.
+                Dispatch::Full => self.wait_idle()?,
+            }
+        }
+    }
+
+    fn pipe(
+        &mut self,
+        topic: &str,
+        partition: Option<u32>,
+        raw: RawRecord,
+    ) -> Result<(), DriverError> {
+        let n = *self.partitions.get(topic).unwrap_or(&1);
+        let p = partition.unwrap_or_else(|| default_partition(&raw, n));
+        self.append(topic, p, raw)?;
+        self.settle()
+    }
+
+    fn wait_idle(&mut self) -> Result<(), DriverError> {
+        if !self.engine.wait_idle(IDLE_TIMEOUT) {
+            return Err(DriverError::Hung(IDLE_TIMEOUT));
+        }
+        if let Some(e) = self.engine.failure() {
+            return Err(DriverError::Engine(EngineError::Pool(e.to_string())));
+        }
+        Ok(())
+    }
+
+    /// Processes until no record is in flight and every repartition record has been consumed.
+    fn settle(&mut self) -> Result<(), DriverError> {
+        loop {
+            self.wait_idle()?;
+            let mut moved = false;
+            for topic in self.sink.topics() {
+                let records = self.sink.take(&topic);
+                if let Some(&n) = self.partitions.get(&topic) {
+                    for (p, raw) in records {
+                        let p = p.unwrap_or_else(|| default_partition(&raw, n));
+                        self.append(&topic, p, raw)?;
+                        moved = true;
+                    }
+                } else {
+                    self.outputs
+                        .entry(topic)
+                        .or_default()
+                        .extend(records.into_iter().map(|(_, r)| r));
+                }
+            }
+            if !moved {
+                return Ok(());
+            }
+        }
+    }
+
+    fn commit(&mut self) -> Result<(), DriverError> {
+        self.settle()?;
+        self.engine.commit();
+        self.settle()?;
+        self.engine.progress();
+        write_offsets(&self.dir, &self.ends)
+    }
+}
+
+/// Partition for a record written without one: by key hash, like a keyed producer.
+fn default_partition(raw: &RawRecord, n: u32) -> u32 {
+    (raw.key.as_deref().map_or(0, key_hash) % n as u64) as u32
+}
+
+fn read_offsets(dir: &Path) -> Result<BTreeMap<(String, u32), u64>, DriverError> {
+    let path = dir.join(OFFSETS_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(source) => return Err(DriverError::Io { path, source }),
+    };
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let mut parts = line.rsplitn(3, ' ');
+        let (Some(end), Some(p), Some(topic)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        if let (Ok(p), Ok(end)) = (p.parse(), end.parse()) {
+            out.insert((topic.to_string(), p), end);
+        }
+    }
+    Ok(out)
+}
+
+fn write_offsets(dir: &Path, ends: &BTreeMap<(String, u32), u64>) -> Result<(), DriverError> {
+    let text: String = ends
+        .iter()
+        .map(|((t, p), e)| format!("{t} {p} {e}\n"))
+        .collect();
+    std::fs::create_dir_all(dir).map_err(|source| DriverError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let path = dir.join(OFFSETS_FILE);
+    std::fs::write(&path, text).map_err(|source| DriverError::Io { path, source })
+}
+
+/// Runs a topology without Kafka. See the [module docs](self).
+pub struct TestDriver {
+    inner: Arc<Mutex<Inner>>,
+    _temp: Option<tempfile::TempDir>,
+}
+
+impl TestDriver {
+    /// Starts configuring a driver for `topology`.
+    pub fn builder(topology: Topology) -> TestDriverBuilder {
+        TestDriverBuilder {
+            topology,
+            config: EngineConfig::default(),
+            partitions: HashMap::new(),
+            state_dir: None,
+            memory_bytes: 64 << 20,
+        }
+    }
+
+    /// A driver with default settings (P = 1, one partition per topic, temporary state).
+    pub fn new(topology: Topology) -> Result<TestDriver, DriverError> {
+        Self::builder(topology).build()
+    }
+
+    /// A typed handle to pipe records into input topic `topic`.
+    pub fn input_topic<K, V>(
+        &self,
+        topic: &str,
+        key_serde: impl Serde<K>,
+        value_serde: impl Serde<V>,
+    ) -> TestInputTopic<K, V> {
+        TestInputTopic {
+            inner: self.inner.clone(),
+            topic: topic.to_string(),
+            key_serde: Box::new(key_serde),
+            value_serde: Box::new(value_serde),
+            timestamp: Mutex::new(0),
+        }
+    }
+
+    /// A typed handle to read records written to output topic `topic`.
+    pub fn output_topic<K, V>(
+        &self,
+        topic: &str,
+        key_serde: impl Serde<K>,
+        value_serde: impl Serde<V>,
+    ) -> TestOutputTopic<K, V> {
+        TestOutputTopic {
+            inner: self.inner.clone(),
+            topic: topic.to_string(),
+            key_serde: Box::new(key_serde),
+            value_serde: Box::new(value_serde),
+        }
+    }
+
+    /// A typed read view of store `store` over every partition and range.
+    pub fn key_value_store<K, V>(
+        &self,
+        store: &str,
+        key_serde: impl Serde<K>,
+        value_serde: impl Serde<V>,
+    ) -> TestStore<K, V> {
+        TestStore {
+            inner: self.inner.clone(),
+            store: store.to_string(),
+            key_serde: Box::new(key_serde),
+            value_serde: Box::new(value_serde),
+        }
+    }
+
+    /// Pipes a raw record into `topic` (partition chosen by key hash unless given).
+    pub fn pipe_raw(
+        &self,
+        topic: &str,
+        partition: Option<u32>,
+        record: RawRecord,
+    ) -> Result<(), DriverError> {
+        self.inner.lock().pipe(topic, partition, record)
+    }
+
+    /// Range-commits every sub-task (state and progress become durable).
+    pub fn commit(&self) -> Result<(), DriverError> {
+        self.inner.lock().commit()
+    }
+
+    /// Advances the mocked wall clock by `by` and fires due wall-clock punctuations.
+    pub fn advance_wall_clock_time(&self, by: Duration) -> Result<(), DriverError> {
+        let mut inner = self.inner.lock();
+        inner.wall_clock += by.as_millis() as i64;
+        let now = inner.wall_clock;
+        inner.engine.punctuate_wall_clock(now);
+        inner.settle()
+    }
+
+    /// Counters of the engine (processed, skipped, discarded records).
+    pub fn with_stats<R>(&self, f: impl FnOnce(&EngineStats) -> R) -> R {
+        f(self.inner.lock().engine.stats())
+    }
+
+    /// Commits and closes the driver; state stays in the state dir (unless it was temporary).
+    pub fn close(self) -> Result<(), DriverError> {
+        self.commit()
+    }
+}
+
+/// Pipes typed records into one input topic; the counterpart of `TestInputTopic`.
+pub struct TestInputTopic<K, V> {
+    inner: Arc<Mutex<Inner>>,
+    topic: String,
+    key_serde: Box<dyn Serde<K>>,
+    value_serde: Box<dyn Serde<V>>,
+    /// Timestamp given to the next record without one; advances by 1 ms per record.
+    timestamp: Mutex<i64>,
+}
+
+impl<K: 'static, V: 'static> TestInputTopic<K, V> {
+    fn raw(&self, key: Option<&K>, value: &V, timestamp: Option<i64>) -> RawRecord {
+        let ts = {
+            let mut t = self.timestamp.lock();
+            let ts = timestamp.unwrap_or(*t);
+            *t = ts + 1;
+            ts
+        };
+        RawRecord {
+            key: key.map(|k| {
+                self.key_serde
+                    .serialize(k)
+                    .expect("test input key serializes")
+            }),
+            value: Some(
+                self.value_serde
+                    .serialize(value)
+                    .expect("test input value serializes"),
+            ),
+            timestamp: ts,
+            headers: Headers::new(),
+        }
+    }
+
+    fn pipe(&self, raw: RawRecord) {
+        if let Err(e) = self.inner.lock().pipe(&self.topic, None, raw) {
+            panic!("piping into `{}` failed: {e}", self.topic);
+        }
+    }
+
+    /// Pipes one keyed record and processes it (panics if processing fails; see `try_pipe`).
+    pub fn pipe_input(&self, key: K, value: V) {
+        self.pipe(self.raw(Some(&key), &value, None));
+    }
+
+    /// Pipes one keyed record with a timestamp.
+    pub fn pipe_input_at(&self, key: K, value: V, timestamp: i64) {
+        self.pipe(self.raw(Some(&key), &value, Some(timestamp)));
+    }
+
+    /// Pipes one record without a key.
+    pub fn pipe_value(&self, value: V) {
+        self.pipe(self.raw(None, &value, None));
+    }
+
+    /// Pipes records in order.
+    pub fn pipe_key_values(&self, records: impl IntoIterator<Item = (K, V)>) {
+        for (k, v) in records {
+            self.pipe_input(k, v);
+        }
+    }
+
+    /// Pipes one keyed record and returns the processing error instead of panicking.
+    pub fn try_pipe_input(&self, key: K, value: V) -> Result<(), DriverError> {
+        let raw = self.raw(Some(&key), &value, None);
+        self.inner.lock().pipe(&self.topic, None, raw)
+    }
+}
+
+/// Reads typed records from one output topic; the counterpart of `TestOutputTopic`.
+pub struct TestOutputTopic<K, V> {
+    inner: Arc<Mutex<Inner>>,
+    topic: String,
+    key_serde: Box<dyn Serde<K>>,
+    value_serde: Box<dyn Serde<V>>,
+}
+
+impl<K: 'static, V: 'static> TestOutputTopic<K, V> {
+    /// Removes and returns the next record, if any.
+    pub fn read_record(&self) -> Option<(Option<K>, V)> {
+        let raw = self
+            .inner
+            .lock()
+            .outputs
+            .get_mut(&self.topic)
+            .and_then(VecDeque::pop_front)?;
+        let key = raw.key.map(|k| {
+            self.key_serde
+                .deserialize(&k)
+                .unwrap_or_else(|e| panic!("output key on `{}`: {e}", self.topic))
+        });
+        let value = self
+            .value_serde
+            .deserialize(raw.value.as_deref().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("output value on `{}`: {e}", self.topic));
+        Some((key, value))
+    }
+
+    /// Removes and returns every keyed record as (key, value), in output order.
+    pub fn read_key_values(&self) -> Vec<(K, V)> {
+        std::iter::from_fn(|| self.read_record())
+            .filter_map(|(k, v)| k.map(|k| (k, v)))
+            .collect()
+    }
+
+    /// Removes and returns every value, in output order.
+    pub fn read_values(&self) -> Vec<V> {
+        std::iter::from_fn(|| self.read_record())
+            .map(|(_, v)| v)
+            .collect()
+    }
+
+    /// Whether no record is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.inner
+            .lock()
+            .outputs
+            .get(&self.topic)
+            .is_none_or(VecDeque::is_empty)
+    }
+}
+
+/// A typed read view of one store; the counterpart of `getKeyValueStore`.
+pub struct TestStore<K, V> {
+    inner: Arc<Mutex<Inner>>,
+    store: String,
+    key_serde: Box<dyn Serde<K>>,
+    value_serde: Box<dyn Serde<V>>,
+}
+
+impl<K: Ord + 'static, V: 'static> TestStore<K, V> {
+    /// The value of `key`.
+    pub fn get(&self, key: &K) -> Option<V> {
+        let k = self.key_serde.serialize(key).expect("store key serializes");
+        let v = self
+            .inner
+            .lock()
+            .engine
+            .store_get(&self.store, &k)
+            .unwrap_or_else(|e| panic!("reading store `{}`: {e}", self.store))?;
+        Some(
+            self.value_serde
+                .deserialize(&v)
+                .expect("store value deserializes"),
+        )
+    }
+
+    /// Every entry, sorted by key.
+    pub fn all(&self) -> BTreeMap<K, V> {
+        let entries = self
+            .inner
+            .lock()
+            .engine
+            .store_entries(&self.store)
+            .unwrap_or_else(|e| panic!("reading store `{}`: {e}", self.store));
+        entries
+            .into_iter()
+            .map(|(k, v)| {
+                (
+                    self.key_serde
+                        .deserialize(&k)
+                        .expect("store key deserializes"),
+                    self.value_serde
+                        .deserialize(&v)
+                        .expect("store value deserializes"),
+                )
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,674 @@
+//! The engine: dispatch of input records to sub-tasks by key range, sub-tasks on a worker pool,
+//! and the range commit protocol. It knows nothing of Kafka: records come in through
+//! [`Engine::dispatch`] and leave through a [`RecordSink`], so the TestDriver and the Kafka runtime
+//! run the same engine.
+//!
+//! # The range commit protocol (individual commit)
+//!
+//! 1. [`Engine::commit`] puts a commit item in every sub-task's mailbox; each sub-task reaches it
+//!    after the records dispatched before it, on its own time.
+//! 2. The sub-task flushes the sink (its outputs are durable), then applies its write cache and its
+//!    progress record (next offset per source topic, repartition origins) in one WriteBatch.
+//! 3. It reports the committed offsets; the partition's [`ProgressTracker`] then moves the low
+//!    watermark, which the caller commits to Kafka together with every range's offset.
+//!
+//! On assignment a task resumes at the committed offset and skips each record whose range already
+//! applied it ([`Engine::assign`] takes those range offsets).
+
+mod origin;
+pub mod progress;
+mod subtask;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::{Condvar, Mutex};
+use rill_state::{StateDb, StateError, SubTaskState};
+use rill_topology::exec::TaskError;
+use rill_topology::keyrange::null_key_hash;
+use rill_topology::{key_hash, range_of, ranges, KeyRange, RawRecord, Topic, Topology};
+
+pub use origin::{Origin, ORIGIN_HEADER};
+pub use progress::ProgressTracker;
+pub use subtask::SubTaskId;
+use subtask::{CommitReport, Input, SubTask, Work};
+
+use crate::sink::{RecordSink, SinkError};
+
+/// What to do with a record whose key or value does not deserialize.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum DeserializationHandler {
+    /// Stop with an error naming topic, partition and offset; nothing is committed past it.
+    #[default]
+    Fail,
+    /// Skip it, log it and count it in `rill_discarded_records_total{reason="deserialization"}`.
+    LogAndContinue,
+    /// Send the raw record with error headers to this topic, then continue.
+    DeadLetter(String),
+}
+
+impl std::str::FromStr for DeserializationHandler {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fail" => Ok(Self::Fail),
+            "log_and_continue" => Ok(Self::LogAndContinue),
+            _ => match s.strip_prefix("dead_letter:") {
+                Some(t) if !t.is_empty() => Ok(Self::DeadLetter(t.to_string())),
+                _ => Err(format!(
+                    "`{s}` is not a handler: expected fail, log_and_continue or dead_letter:<topic>"
+                )),
+            },
+        }
+    }
+}
+
+/// How the engine runs.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Prefix of internal topic names.
+    pub application_id: String,
+    /// Sub-tasks (key ranges) per input partition.
+    pub parallelising_factor: usize,
+    /// Worker threads of the pool.
+    pub worker_threads: usize,
+    /// Records a sub-task may hold before its partition is paused.
+    pub mailbox_capacity: usize,
+    /// Handling of records that do not deserialize.
+    pub deserialization_handler: DeserializationHandler,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            application_id: "rill".into(),
+            parallelising_factor: 1,
+            worker_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            mailbox_capacity: 1000,
+            deserialization_handler: DeserializationHandler::Fail,
+        }
+    }
+}
+
+/// Why the engine stopped or refused a call.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// A bad engine setting.
+    #[error("invalid setting `{key}`: {message}")]
+    Config {
+        /// The setting.
+        key: &'static str,
+        /// What is expected.
+        message: String,
+    },
+    /// A record did not deserialize under the `fail` handler.
+    #[error("record at {topic}-{partition} offset {offset} does not deserialize: {message} (deserialization.error.handler=fail; use log_and_continue or dead_letter:<topic> to skip such records)")]
+    Deserialization {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: u32,
+        /// Offset.
+        offset: u64,
+        /// The serde error.
+        message: String,
+    },
+    /// A processor or sink failed.
+    #[error("{what}: {source}")]
+    Task {
+        /// Where.
+        what: String,
+        /// What failed.
+        #[source]
+        source: TaskError,
+    },
+    /// State could not be read or written.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// Output could not be written.
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    /// A store read failed.
+    #[error(transparent)]
+    Store(#[from] rill_topology::store::StoreError),
+    /// A record came for a topic no source reads.
+    #[error("no source reads topic `{0}`")]
+    UnknownTopic(String),
+    /// A record came for a partition not assigned to this engine.
+    #[error("partition {partition} of `{topic}` is not assigned")]
+    NotAssigned {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: u32,
+    },
+    /// The worker pool could not start.
+    #[error("worker pool: {0}")]
+    Pool(String),
+}
+
+/// Counters of what the engine did (also exported as metrics by the service).
+#[derive(Default, Debug)]
+pub struct EngineStats {
+    processed: AtomicU64,
+    produced: AtomicU64,
+    skipped: AtomicU64,
+    duplicates: AtomicU64,
+    /// Discarded records by reason.
+    discarded: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl EngineStats {
+    fn count_processed(&self) {
+        self.processed.fetch_add(1, Ordering::Relaxed);
+    }
+    fn count_produced(&self) {
+        self.produced.fetch_add(1, Ordering::Relaxed);
+    }
+    fn count_skipped_duplicate(&self) {
+        self.duplicates.fetch_add(1, Ordering::Relaxed);
+    }
+    fn count_discarded(&self, reason: &'static str) {
+        *self.discarded.lock().entry(reason).or_default() += 1;
+    }
+    /// Records run through the topology.
+    pub fn processed(&self) -> u64 {
+        self.processed.load(Ordering::Relaxed)
+    }
+    /// Records written to sinks and repartition topics.
+    pub fn produced(&self) -> u64 {
+        self.produced.load(Ordering::Relaxed)
+    }
+    /// Input records skipped because their range had already applied them.
+    pub fn skipped(&self) -> u64 {
+        self.skipped.load(Ordering::Relaxed)
+    }
+    /// Repartitioned records skipped as replays (their origin was already applied).
+    pub fn duplicates(&self) -> u64 {
+        self.duplicates.load(Ordering::Relaxed)
+    }
+    /// Records discarded for `reason` (`deserialization`, `null_key`).
+    pub fn discarded(&self, reason: &str) -> u64 {
+        self.discarded.lock().get(reason).copied().unwrap_or(0)
+    }
+}
+
+/// What the worker jobs share with the engine.
+pub(crate) struct Shared {
+    topology: Arc<Topology>,
+    config: EngineConfig,
+    sink: Arc<dyn RecordSink>,
+    pool: rayon::ThreadPool,
+    /// Partition count of each internal topic (for choosing the partition of a repartition write).
+    internal_partitions: HashMap<Topic, u32>,
+    /// Work items queued or running, with a condvar for `wait_idle`.
+    /// Invariant: incremented before an item is queued, decremented after it is processed.
+    in_flight: Mutex<usize>,
+    idle: Condvar,
+    /// Sub-task jobs spawned and not yet finished; the engine drops its sub-tasks (and so
+    /// closes their state) only once this is zero.
+    jobs: std::sync::atomic::AtomicUsize,
+    /// The first failure; once set, the engine refuses new work.
+    failure: Mutex<Option<Arc<EngineError>>>,
+    reports: Sender<CommitReport>,
+    stats: EngineStats,
+}
+
+impl Shared {
+    fn resolve(&self, topic: &Topic) -> String {
+        topic.resolve(&self.config.application_id)
+    }
+
+    fn topic_names(&self, sub: usize) -> Vec<String> {
+        self.topology.sub_topologies()[sub]
+            .sources
+            .iter()
+            .map(|(t, _)| self.resolve(t))
+            .collect()
+    }
+
+    fn partitions_of(&self, topic: &Topic) -> u32 {
+        self.internal_partitions.get(topic).copied().unwrap_or(1)
+    }
+
+    fn work_added(&self, n: usize) {
+        *self.in_flight.lock() += n;
+    }
+
+    fn work_done(&self, n: usize) {
+        let mut f = self.in_flight.lock();
+        *f -= n;
+        if *f == 0 {
+            self.idle.notify_all();
+        }
+    }
+
+    fn fail(&self, e: EngineError) {
+        tracing::error!(error = %e, "processing stopped");
+        let mut f = self.failure.lock();
+        if f.is_none() {
+            *f = Some(Arc::new(e));
+        }
+    }
+
+    fn report(&self, r: CommitReport) {
+        // The receiver lives as long as the engine; a send after it is gone has nobody to tell.
+        let _ = self.reports.send(r);
+    }
+}
+
+/// Outcome of [`Engine::dispatch`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dispatch {
+    /// Queued for its sub-task.
+    Queued,
+    /// Its range had already applied it.
+    Skipped,
+    /// Its sub-task's mailbox is full: pause the partition and offer it again later.
+    Full,
+}
+
+/// Committed progress of one input (topic, partition), for the Kafka offset commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionProgress {
+    /// Resolved topic name.
+    pub topic: String,
+    /// Partition.
+    pub partition: u32,
+    /// Low watermark: every record below it is committed by its range.
+    pub low_watermark: u64,
+    /// Each range with the offset below which all its records are committed.
+    pub ranges: Vec<(KeyRange, u64)>,
+}
+
+struct Task {
+    subtasks: Vec<Arc<SubTask>>,
+    /// One tracker per source topic of the sub-topology.
+    trackers: Vec<ProgressTracker>,
+    /// Per source topic, ranges (possibly of another factor) and the offset each had applied.
+    resume: Vec<Vec<(KeyRange, u64)>>,
+}
+
+/// The engine of one process: its assigned tasks and their sub-tasks.
+pub struct Engine {
+    shared: Arc<Shared>,
+    db: Option<Arc<StateDb>>,
+    /// Assigned tasks by (sub-topology, partition).
+    tasks: BTreeMap<(usize, u32), Task>,
+    /// Resolved source topic name -> (sub-topology, topic index, topic).
+    sources: HashMap<String, (usize, usize, Topic)>,
+    reports: Receiver<CommitReport>,
+}
+
+impl Engine {
+    /// An engine for `topology`; `db` is required when the topology has stores.
+    pub fn new(
+        topology: Arc<Topology>,
+        config: EngineConfig,
+        db: Option<Arc<StateDb>>,
+        sink: Arc<dyn RecordSink>,
+        internal_partitions: HashMap<Topic, u32>,
+    ) -> Result<Self, EngineError> {
+        if config.parallelising_factor == 0 {
+            return Err(EngineError::Config {
+                key: "parallelising.factor",
+                message: "must be at least 1".into(),
+            });
+        }
+        if config.worker_threads == 0 {
+            return Err(EngineError::Config {
+                key: "worker.threads",
+                message: "must be at least 1".into(),
+            });
+        }
+        if db.is_none() && topology.sub_topologies().iter().any(|s| s.is_stateful()) {
+            return Err(EngineError::Config {
+                key: "state.dir",
+                message: "the topology has stores, so it needs a state directory".into(),
+            });
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(config.worker_threads)
+            .thread_name(|i| format!("rill-worker-{i}"))
+            .build()
+            .map_err(|e| EngineError::Pool(e.to_string()))?;
+        let mut sources = HashMap::new();
+        for s in topology.sub_topologies() {
+            for (i, (t, _)) in s.sources.iter().enumerate() {
+                sources.insert(t.resolve(&config.application_id), (s.id, i, t.clone()));
+            }
+        }
+        let (tx, rx) = crossbeam_channel::unbounded();
+        Ok(Engine {
+            shared: Arc::new(Shared {
+                topology,
+                config,
+                sink,
+                pool,
+                internal_partitions,
+                in_flight: Mutex::new(0),
+                idle: Condvar::new(),
+                jobs: std::sync::atomic::AtomicUsize::new(0),
+                failure: Mutex::new(None),
+                reports: tx,
+                stats: EngineStats::default(),
+            }),
+            db,
+            tasks: BTreeMap::new(),
+            sources,
+            reports: rx,
+        })
+    }
+
+    /// The topology being run.
+    pub fn topology(&self) -> &Arc<Topology> {
+        &self.shared.topology
+    }
+
+    /// What the engine has done so far.
+    pub fn stats(&self) -> &EngineStats {
+        &self.shared.stats
+    }
+
+    /// The first error that stopped processing, if any.
+    pub fn failure(&self) -> Option<Arc<EngineError>> {
+        self.shared.failure.lock().clone()
+    }
+
+    /// The (sub-topology, topic index) reading resolved topic `topic`.
+    fn source(&self, topic: &str) -> Result<&(usize, usize, Topic), EngineError> {
+        self.sources
+            .get(topic)
+            .ok_or_else(|| EngineError::UnknownTopic(topic.to_string()))
+    }
+
+    /// Opens the sub-tasks of the task (sub-topology of `topic`, `partition`).
+    ///
+    /// `resume` holds range offsets from elsewhere (the Kafka commit metadata), per resolved
+    /// source topic; local progress in the state store is merged in, the larger offset winning.
+    pub fn assign(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        resume: &HashMap<String, Vec<(KeyRange, u64)>>,
+    ) -> Result<(), EngineError> {
+        let sub = self.source(topic)?.0;
+        if self.tasks.contains_key(&(sub, partition)) {
+            return Ok(());
+        }
+        let st = &self.shared.topology.sub_topologies()[sub];
+        let names = self.shared.topic_names(sub);
+        let p = self.shared.config.parallelising_factor;
+        if let (Some(db), true) = (&self.db, st.is_stateful()) {
+            let current = ranges(p);
+            if let Some(cf) = db.column_families().into_iter().find(|cf| {
+                cf.partition == partition
+                    && st.stores.contains(&cf.store)
+                    && !current.contains(&cf.range)
+            }) {
+                return Err(EngineError::Config {
+                    key: "parallelising.factor",
+                    message: format!(
+                        "state dir {} holds store `{}` partition {} in key range {} of another factor; \
+                         run with the factor the state was written with, or move the state dir away \
+                         to rebuild it",
+                        db.dir().display(),
+                        cf.store,
+                        partition,
+                        cf.range
+                    ),
+                });
+            }
+        }
+        let mut subtasks = Vec::with_capacity(p);
+        let mut resume_ranges: Vec<Vec<(KeyRange, u64)>> = names
+            .iter()
+            .map(|n| resume.get(n).cloned().unwrap_or_default())
+            .collect();
+        for (index, range) in ranges(p).into_iter().enumerate() {
+            let id = SubTaskId {
+                sub_topology: sub,
+                partition,
+                index,
+                range,
+            };
+            let state = match (&self.db, st.is_stateful()) {
+                (Some(db), true) => Some(SubTaskState::open(
+                    db.clone(),
+                    &st.stores,
+                    partition,
+                    range,
+                )?),
+                _ => None,
+            };
+            let (subtask, local) = SubTask::open(id, &self.shared, state, names.len())?;
+            for (i, next) in local {
+                resume_ranges[i].push((range, next));
+            }
+            subtasks.push(subtask);
+        }
+        let trackers = names
+            .iter()
+            .map(|_| ProgressTracker::new(ranges(p)))
+            .collect();
+        self.tasks.insert(
+            (sub, partition),
+            Task {
+                subtasks,
+                trackers,
+                resume: resume_ranges,
+            },
+        );
+        Ok(())
+    }
+
+    /// Whether records of `topic`/`partition` are accepted.
+    pub fn is_assigned(&self, topic: &str, partition: u32) -> bool {
+        self.source(topic)
+            .is_ok_and(|&(sub, _, _)| self.tasks.contains_key(&(sub, partition)))
+    }
+
+    /// The smallest offset some range still needs, from local progress and `resume`, if known.
+    pub fn resume_offset(&self, topic: &str, partition: u32) -> Option<u64> {
+        let &(sub, i, _) = self.source(topic).ok()?;
+        let task = self.tasks.get(&(sub, partition))?;
+        let p = self.shared.config.parallelising_factor;
+        // Every current range must be covered, or some range needs the committed offset.
+        ranges(p)
+            .iter()
+            .map(|r| {
+                task.resume[i]
+                    .iter()
+                    .filter(|(old, _)| old.overlaps(r))
+                    .map(|&(_, n)| n)
+                    .min()
+            })
+            .collect::<Option<Vec<u64>>>()
+            .and_then(|v| v.into_iter().min())
+    }
+
+    /// Hands one input record to its sub-task.
+    pub fn dispatch(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        raw: RawRecord,
+    ) -> Result<Dispatch, EngineError> {
+        if let Some(e) = self.failure() {
+            return Err(EngineError::Pool(format!("processing stopped: {e}")));
+        }
+        let (sub, topic_index, t) = self.source(topic)?.clone();
+        let task =
+            self.tasks
+                .get_mut(&(sub, partition))
+                .ok_or_else(|| EngineError::NotAssigned {
+                    topic: topic.to_string(),
+                    partition,
+                })?;
+        let hash = match &raw.key {
+            Some(k) => key_hash(k),
+            None => null_key_hash(offset),
+        };
+        let tracker = &mut task.trackers[topic_index];
+        // Skip when the range that held this hash (under any past factor) already applied it.
+        let applied = task.resume[topic_index]
+            .iter()
+            .any(|(r, next)| r.contains(hash) && offset < *next);
+        if applied {
+            tracker.skipped(offset);
+            self.shared.stats.skipped.fetch_add(1, Ordering::Relaxed);
+            return Ok(Dispatch::Skipped);
+        }
+        let index = range_of(hash, task.subtasks.len());
+        let subtask = &task.subtasks[index];
+        if subtask.depth.load(Ordering::SeqCst) >= self.shared.config.mailbox_capacity {
+            return Ok(Dispatch::Full);
+        }
+        tracker.dispatched(index, offset);
+        subtask.push(
+            Work::Record(Input {
+                topic: t,
+                topic_index,
+                offset,
+                raw,
+            }),
+            &self.shared,
+        );
+        Ok(Dispatch::Queued)
+    }
+
+    /// Whether the sub-task that would take a record with `key` at `offset` has room.
+    pub fn mailbox_depth(&self, topic: &str, partition: u32) -> Vec<usize> {
+        let Ok(&(sub, _, _)) = self.source(topic) else {
+            return Vec::new();
+        };
+        self.tasks
+            .get(&(sub, partition))
+            .map(|t| {
+                t.subtasks
+                    .iter()
+                    .map(|s| s.depth.load(Ordering::SeqCst))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Asks every sub-task to range-commit after the records dispatched so far.
+    pub fn commit(&mut self) {
+        for task in self.tasks.values() {
+            for s in &task.subtasks {
+                s.push(Work::Commit, &self.shared);
+            }
+        }
+    }
+
+    /// Fires wall-clock punctuations due at `now_ms` in every sub-task.
+    pub fn punctuate_wall_clock(&mut self, now_ms: i64) {
+        for task in self.tasks.values() {
+            for s in &task.subtasks {
+                s.push(Work::Punctuate(now_ms), &self.shared);
+            }
+        }
+    }
+
+    /// Blocks until every queued item is processed, or `timeout` passes; true when idle.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut f = self.shared.in_flight.lock();
+        while *f > 0 {
+            if self.shared.idle.wait_until(&mut f, deadline).timed_out() {
+                return *f == 0;
+            }
+        }
+        true
+    }
+
+    /// Applies the range commits reported so far and returns each partition's progress.
+    pub fn progress(&mut self) -> Vec<PartitionProgress> {
+        for r in self.reports.try_iter() {
+            if let Some(task) = self.tasks.get_mut(&(r.id.sub_topology, r.id.partition)) {
+                for (i, next) in r.next {
+                    task.trackers[i].committed(r.id.index, next);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for (&(sub, partition), task) in &self.tasks {
+            let names = self.shared.topic_names(sub);
+            for (i, t) in task.trackers.iter().enumerate() {
+                if let Some(lw) = t.low_watermark() {
+                    out.push(PartitionProgress {
+                        topic: names[i].clone(),
+                        partition,
+                        low_watermark: lw,
+                        ranges: t.range_offsets(),
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Records dispatched but not yet committed, over all tasks.
+    pub fn uncommitted(&self) -> usize {
+        self.tasks
+            .values()
+            .flat_map(|t| t.trackers.iter())
+            .map(ProgressTracker::uncommitted)
+            .sum()
+    }
+
+    /// Closes the task of `topic`/`partition` after its sub-tasks drained and committed.
+    pub fn revoke(&mut self, topic: &str, partition: u32, timeout: Duration) -> bool {
+        let Ok(&(sub, _, _)) = self.source(topic) else {
+            return true;
+        };
+        if !self.tasks.contains_key(&(sub, partition)) {
+            return true;
+        }
+        self.commit();
+        let idle = self.wait_idle(timeout);
+        self.progress();
+        self.tasks.remove(&(sub, partition));
+        idle
+    }
+
+    /// Every entry of `store` over all assigned sub-tasks, in no particular order.
+    pub fn store_entries(&self, store: &str) -> Result<rill_topology::store::Entries, EngineError> {
+        let mut out = Vec::new();
+        for task in self.tasks.values() {
+            for s in &task.subtasks {
+                out.extend(s.core.lock().store_entries(store)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The value of serialized `key` in `store`, looked up in every partition's range of its hash.
+    pub fn store_get(&self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
+        let hash = key_hash(key);
+        for task in self.tasks.values() {
+            let s = &task.subtasks[range_of(hash, task.subtasks.len())];
+            let v = s.core.lock().store_get(store, key)?;
+            if v.is_some() {
+                return Ok(v);
+            }
+        }
+        Ok(None)
+    }
+}
+
+impl Drop for Engine {
+    /// Waits (bounded) for running sub-task jobs, so their state is closed when this returns.
+    fn drop(&mut self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while self.shared.jobs.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.tasks.clear();
+    }
+}

@@ -1,0 +1,664 @@
+//! The commit metadata codec: every key range's next offset, carried in a Kafka offset commit.
+//!
+//! When rill commits a partition's low watermark `base` to Kafka, the commit's metadata string
+//! carries, for every key range `r` of the partition, `next[r]`: every record of range `r` below
+//! `next[r]` has been processed (see "The range commit protocol" in DESIGN.md). On assignment a
+//! task resumes at `base` and skips the records whose range already processed them.
+//!
+//! # Wire format, version 1 (the on-the-wire contract)
+//!
+//! The metadata string is ASCII text:
+//!
+//! ```text
+//! rill:<base64>
+//! ```
+//!
+//! - `rill:` is a literal prefix ([`PREFIX`]); text without it (including the empty string) is
+//!   somebody else's metadata and decodes to [`MetadataError::NotRill`].
+//! - `<base64>` is the standard alphabet of RFC 4648 (`A–Z a–z 0–9 + /`) with `=` padding, no
+//!   line breaks, no whitespace. Decoding is strict (non-canonical padding is rejected).
+//! - The whole text, prefix included, is at most [`MAX_METADATA_BYTES`] (4096) bytes, the broker
+//!   default of `offset.metadata.max.bytes`; a broker rejects longer metadata with
+//!   `OFFSET_METADATA_TOO_LARGE`.
+//!
+//! The base64 decodes to one protobuf (proto3) message, written here without a `.proto` file:
+//!
+//! ```text
+//! message CommitMetadata {
+//!   uint32 version = 1;                      // 1
+//!   uint32 hash_id = 2;                      // rill_topology::HASH_ID of the key hash (1 = XXH3-64)
+//!   repeated fixed64 range_starts = 3;       // packed; start of each key range, in hash order
+//!   repeated uint64 next_offset_deltas = 4;  // packed varints; next[r] - base, same order
+//! }
+//! ```
+//!
+//! - **Version.** A decoder first reads field 1 alone (ignoring every other field) and rejects any
+//!   version other than 1 with [`MetadataError::UnknownVersion`]; a missing (or zero) version is
+//!   [`MetadataError::Malformed`].
+//!   A later version keeps field 1 as `uint32 version` and may change everything else.
+//! - **Hash id.** The id of the key-hash function that assigned records to ranges; a decoder
+//!   rejects an id other than its own [`HASH_ID`] with [`MetadataError::WrongHashId`].
+//! - **Ranges.** There is one range per entry of `range_starts` (at least one). The ranges are the
+//!   closed intervals `[start_i, start_{i+1} - 1]`, the last one ending at `u64::MAX`: they are
+//!   contiguous and cover the whole 64-bit hash space, so the starts alone give explicit bounds
+//!   that do not depend on the parallelising factor. `range_starts[0]` must be 0 and the starts
+//!   must be strictly increasing; anything else is [`MetadataError::Malformed`].
+//! - **Next offsets.** `next_offset_deltas` has exactly one entry per range:
+//!   `next[r] = base + next_offset_deltas[r]`, where `base` is the offset committed in the same
+//!   commit (the partition's low watermark, which is never above any `next[r]`). A sum that
+//!   overflows `u64` is malformed.
+//! - **Other fields** are ignored, as protobuf decoding does, so a writer may add fields without a
+//!   new version as long as version-1 readers may ignore them. [`encode`] writes fields 1–4 in
+//!   order, each once, the repeated ones packed (proto3 encoding: a field holding 0 is omitted).
+//!
+//! Size: each range costs 8 bytes for its start plus 1–10 bytes for its delta (1 byte below 128,
+//! 2 below 16384, 9 for any delta below 2^63), then base64 adds a third. At most 339 ranges fit
+//! in 4096 bytes (all deltas below 128), 305 with deltas below 16384, and 179 for any Kafka
+//! offsets (see the `max_ranges_that_fit` test). When the ranges of a partition do not fit,
+//! [`encode`] returns [`MetadataError::TooLarge`] and the committer commits the low watermark
+//! alone.
+//!
+//! Because the bounds are explicit, metadata written under one parallelising factor is still
+//! usable after the factor changes: [`RangeOffsets::next_for`] looks up a hash in the old ranges.
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use prost::Message as _;
+use rill_topology::{KeyRange, HASH_ID};
+
+/// The largest metadata text a broker accepts by default (`offset.metadata.max.bytes`).
+pub const MAX_METADATA_BYTES: usize = 4096;
+
+/// The text prefix that marks rill commit metadata.
+pub const PREFIX: &str = "rill:";
+
+/// The format version written by [`encode`] and the only one [`decode`] accepts.
+pub const VERSION: u32 = 1;
+
+/// The next offset of every key range of one partition, as carried in commit metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeOffsets {
+    /// Id of the key-hash function the ranges refer to ([`HASH_ID`]).
+    pub hash_id: u32,
+    /// Each key range, in hash order, with its next offset (`next[r]`).
+    pub ranges: Vec<(KeyRange, u64)>,
+}
+
+impl RangeOffsets {
+    /// The next offset of the range containing `hash`, or `None` if no range contains it.
+    ///
+    /// Expects `ranges` in hash order, as [`decode`] returns them and [`encode`] requires.
+    #[must_use]
+    pub fn next_for(&self, hash: u64) -> Option<u64> {
+        let after = self.ranges.partition_point(|(r, _)| r.start <= hash);
+        let (range, next) = self.ranges.get(after.checked_sub(1)?)?;
+        range.contains(hash).then_some(*next)
+    }
+}
+
+/// Why commit metadata could not be encoded or decoded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MetadataError {
+    /// The text is empty or is not rill metadata (no `rill:` prefix).
+    #[error("not rill commit metadata")]
+    NotRill,
+    /// The text has the rill prefix but does not decode to valid metadata.
+    #[error("malformed rill commit metadata: {0}")]
+    Malformed(String),
+    /// The metadata was written in a format version this build does not read.
+    #[error("unknown rill commit metadata version {0} (this build reads version {VERSION})")]
+    UnknownVersion(u32),
+    /// The ranges refer to a different key-hash function.
+    #[error("commit metadata uses key hash id {found}, this build uses {expected}")]
+    WrongHashId {
+        /// Hash id found in the metadata.
+        found: u32,
+        /// Hash id of this build ([`HASH_ID`]).
+        expected: u32,
+    },
+    /// The encoded text would exceed what the broker accepts.
+    #[error("commit metadata of {bytes} bytes exceeds the limit of {limit} bytes")]
+    TooLarge {
+        /// Length of the encoded text.
+        bytes: usize,
+        /// The limit ([`MAX_METADATA_BYTES`]).
+        limit: usize,
+    },
+    /// A range's next offset is below the committed offset, which the protocol never produces.
+    #[error("next offset {next} of range {range} is below the committed offset {base}")]
+    OffsetBelowBase {
+        /// The offending range.
+        range: KeyRange,
+        /// Its next offset.
+        next: u64,
+        /// The committed offset.
+        base: u64,
+    },
+    /// The ranges to encode are empty, unsorted, or not a contiguous cover of the hash space.
+    #[error("ranges cannot be encoded: {0}")]
+    InvalidRanges(String),
+}
+
+/// Field 1 alone: read first, so that a later version is reported as such.
+#[derive(Clone, PartialEq, prost::Message)]
+struct VersionProbe {
+    #[prost(uint32, tag = "1")]
+    version: u32,
+}
+
+/// Version 1 of the message (see the module documentation).
+#[derive(Clone, PartialEq, prost::Message)]
+struct CommitMetadataV1 {
+    #[prost(uint32, tag = "1")]
+    version: u32,
+    #[prost(uint32, tag = "2")]
+    hash_id: u32,
+    #[prost(fixed64, repeated, packed = "true", tag = "3")]
+    range_starts: Vec<u64>,
+    #[prost(uint64, repeated, packed = "true", tag = "4")]
+    next_offset_deltas: Vec<u64>,
+}
+
+/// Encodes `offsets` as commit metadata text for a commit of offset `base`.
+///
+/// The ranges must be in hash order, contiguous and cover the whole hash space, and every next
+/// offset must be at least `base`. `hash_id` is written as given.
+///
+/// # Errors
+/// [`MetadataError::InvalidRanges`] when the ranges are not a sorted contiguous cover of the hash
+/// space, [`MetadataError::OffsetBelowBase`] when a next offset is below `base`, and
+/// [`MetadataError::TooLarge`] when the text would exceed [`MAX_METADATA_BYTES`] (commit `base`
+/// without metadata then).
+pub fn encode(offsets: &RangeOffsets, base: u64) -> Result<String, MetadataError> {
+    let ranges = &offsets.ranges;
+    let (Some((first, _)), Some((last, _))) = (ranges.first(), ranges.last()) else {
+        return Err(MetadataError::InvalidRanges("no ranges".into()));
+    };
+    if first.start != 0 {
+        return Err(MetadataError::InvalidRanges(format!(
+            "the first range {first} does not start at 0"
+        )));
+    }
+    if last.end != u64::MAX {
+        return Err(MetadataError::InvalidRanges(format!(
+            "the last range {last} does not end at ffffffffffffffff"
+        )));
+    }
+    for (range, _) in ranges {
+        if range.start > range.end {
+            return Err(MetadataError::InvalidRanges(format!(
+                "range {range} is empty"
+            )));
+        }
+    }
+    for pair in ranges.windows(2) {
+        let (a, b) = (pair[0].0, pair[1].0);
+        if a.end.checked_add(1) != Some(b.start) {
+            return Err(MetadataError::InvalidRanges(format!(
+                "range {b} does not follow range {a}"
+            )));
+        }
+    }
+    let mut deltas = Vec::with_capacity(ranges.len());
+    for &(range, next) in ranges {
+        match next.checked_sub(base) {
+            Some(delta) => deltas.push(delta),
+            None => return Err(MetadataError::OffsetBelowBase { range, next, base }),
+        }
+    }
+    let message = CommitMetadataV1 {
+        version: VERSION,
+        hash_id: offsets.hash_id,
+        range_starts: ranges.iter().map(|(r, _)| r.start).collect(),
+        next_offset_deltas: deltas,
+    };
+    let bytes = message.encode_to_vec();
+    let text_len = PREFIX.len() + bytes.len().div_ceil(3) * 4;
+    if text_len > MAX_METADATA_BYTES {
+        return Err(MetadataError::TooLarge {
+            bytes: text_len,
+            limit: MAX_METADATA_BYTES,
+        });
+    }
+    let mut text = String::with_capacity(text_len);
+    text.push_str(PREFIX);
+    STANDARD.encode_string(&bytes, &mut text);
+    debug_assert_eq!(text.len(), text_len);
+    Ok(text)
+}
+
+/// Decodes commit metadata text that was committed together with offset `base`.
+///
+/// # Errors
+/// [`MetadataError::NotRill`] for empty or foreign metadata (no range has progress beyond
+/// `base`), [`MetadataError::UnknownVersion`], [`MetadataError::WrongHashId`], and
+/// [`MetadataError::Malformed`] for anything else that is not valid version 1 metadata.
+pub fn decode(text: &str, base: u64) -> Result<RangeOffsets, MetadataError> {
+    let body = text.strip_prefix(PREFIX).ok_or(MetadataError::NotRill)?;
+    let bytes = STANDARD
+        .decode(body)
+        .map_err(|e| MetadataError::Malformed(format!("base64: {e}")))?;
+    let probe = VersionProbe::decode(bytes.as_slice())
+        .map_err(|e| MetadataError::Malformed(format!("protobuf: {e}")))?;
+    match probe.version {
+        VERSION => {}
+        0 => return Err(MetadataError::Malformed("no version".into())),
+        other => return Err(MetadataError::UnknownVersion(other)),
+    }
+    let message = CommitMetadataV1::decode(bytes.as_slice())
+        .map_err(|e| MetadataError::Malformed(format!("protobuf: {e}")))?;
+    if message.hash_id != HASH_ID {
+        return Err(MetadataError::WrongHashId {
+            found: message.hash_id,
+            expected: HASH_ID,
+        });
+    }
+    let starts = &message.range_starts;
+    let deltas = &message.next_offset_deltas;
+    if starts.is_empty() {
+        return Err(MetadataError::Malformed("no ranges".into()));
+    }
+    if starts.len() != deltas.len() {
+        return Err(MetadataError::Malformed(format!(
+            "{} range starts but {} next offsets",
+            starts.len(),
+            deltas.len()
+        )));
+    }
+    if starts[0] != 0 {
+        return Err(MetadataError::Malformed(format!(
+            "the first range starts at {:016x}, not 0",
+            starts[0]
+        )));
+    }
+    if let Some(pair) = starts.windows(2).find(|pair| pair[0] >= pair[1]) {
+        return Err(MetadataError::Malformed(format!(
+            "range starts {:016x} and {:016x} are not strictly increasing",
+            pair[0], pair[1]
+        )));
+    }
+    let mut ranges = Vec::with_capacity(starts.len());
+    for (i, (&start, &delta)) in starts.iter().zip(deltas).enumerate() {
+        // Strictly increasing starts: the next start is >= 1, so `- 1` cannot underflow.
+        let end = starts.get(i + 1).map_or(u64::MAX, |next| next - 1);
+        let next = base.checked_add(delta).ok_or_else(|| {
+            MetadataError::Malformed(format!("next offset {base} + {delta} overflows"))
+        })?;
+        ranges.push((KeyRange { start, end }, next));
+    }
+    Ok(RangeOffsets {
+        hash_id: message.hash_id,
+        ranges,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use rill_topology::{range_of, ranges};
+
+    /// `p` equal ranges with next offsets `base + deltas[i]`.
+    fn offsets(p: usize, base: u64, delta: impl Fn(usize) -> u64) -> RangeOffsets {
+        RangeOffsets {
+            hash_id: HASH_ID,
+            ranges: ranges(p)
+                .into_iter()
+                .enumerate()
+                .map(|(i, r)| (r, base + delta(i)))
+                .collect(),
+        }
+    }
+
+    /// Builds text from a raw message, bypassing the encoder's checks.
+    fn raw(message: &CommitMetadataV1) -> String {
+        format!("{PREFIX}{}", STANDARD.encode(message.encode_to_vec()))
+    }
+
+    /// Ranges that always fit, whatever their offsets (deltas below 2^63, 9-byte varints).
+    const MAX_P_WORST_CASE: usize = 179;
+
+    fn valid_message() -> CommitMetadataV1 {
+        CommitMetadataV1 {
+            version: VERSION,
+            hash_id: HASH_ID,
+            range_starts: vec![0, 1 << 63],
+            next_offset_deltas: vec![0, 5],
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn round_trips(
+            p in 1usize..=300,
+            base in 0u64..(1 << 62),
+            seeds in proptest::collection::vec(any::<u64>(), 300),
+            shift in 0u32..64,
+        ) {
+            // Deltas of every magnitude, from 1-byte varints to ones close to 2^62.
+            let o = offsets(p, base, |i| (seeds[i] >> shift) & ((1 << 62) - 1));
+            match encode(&o, base) {
+                Ok(text) => {
+                    prop_assert!(text.len() <= MAX_METADATA_BYTES);
+                    prop_assert!(text.starts_with(PREFIX));
+                    prop_assert_eq!(decode(&text, base).unwrap(), o);
+                }
+                // Only many ranges with large deltas can exceed the limit.
+                Err(MetadataError::TooLarge { bytes, limit }) => {
+                    prop_assert!(p > MAX_P_WORST_CASE && bytes > limit, "p {} bytes {}", p, bytes);
+                }
+                Err(e) => prop_assert!(false, "{}", e),
+            }
+        }
+
+        #[test]
+        fn round_trips_unequal_ranges(
+            cuts in proptest::collection::btree_set(1u64.., 0..200),
+            base in any::<u64>(),
+        ) {
+            // Arbitrary contiguous ranges (not an equal split), offsets at base and up to u64::MAX.
+            let mut starts = vec![0];
+            starts.extend(cuts);
+            let ranges: Vec<_> = starts
+                .iter()
+                .enumerate()
+                .map(|(i, &start)| {
+                    let end = starts.get(i + 1).map_or(u64::MAX, |s| s - 1);
+                    let next = if i % 2 == 0 { base } else { u64::MAX };
+                    (KeyRange { start, end }, next)
+                })
+                .collect();
+            let o = RangeOffsets { hash_id: HASH_ID, ranges };
+            let text = encode(&o, base).unwrap();
+            prop_assert_eq!(decode(&text, base).unwrap(), o);
+        }
+
+        #[test]
+        fn next_for_finds_the_range_of_every_hash(p in 1usize..=300, h in any::<u64>()) {
+            let o = offsets(p, 1000, |i| i as u64);
+            prop_assert_eq!(o.next_for(h), Some(1000 + range_of(h, p) as u64));
+        }
+    }
+
+    #[test]
+    fn encodes_text_in_the_documented_format() {
+        // Pins the wire format: P = 2, base 100, next = [100, 105].
+        let o = offsets(2, 100, |i| 5 * i as u64);
+        let text = encode(&o, 100).unwrap();
+        // 08 01 | 10 01 | 1a 10 <0 as fixed64 LE> <2^63 as fixed64 LE> | 22 02 00 05
+        let expected = [
+            &[0x08, 0x01, 0x10, 0x01, 0x1a, 0x10][..],
+            &0u64.to_le_bytes(),
+            &(1u64 << 63).to_le_bytes(),
+            &[0x22, 0x02, 0x00, 0x05],
+        ]
+        .concat();
+        assert_eq!(text, format!("rill:{}", STANDARD.encode(&expected)));
+        assert_eq!(text, "rill:CAEQARoQAAAAAAAAAAAAAAAAAAAAgCICAAU=");
+    }
+
+    /// The largest factor whose metadata fits, for next offsets `base + delta(i)`.
+    fn max_p_that_fits(delta: impl Fn(usize) -> u64 + Copy) -> usize {
+        let mut p = 1;
+        while encode(&offsets(p + 1, 7, delta), 7).is_ok() {
+            p += 1;
+        }
+        p
+    }
+
+    #[test]
+    fn max_ranges_that_fit() {
+        // Every range caught up with the watermark, or behind it by < 128 (1-byte deltas).
+        let p = max_p_that_fits(|i| (i % 128) as u64);
+        assert_eq!(p, 339);
+        assert!(encode(&offsets(p, 7, |_| 127), 7).unwrap().len() <= MAX_METADATA_BYTES);
+        match encode(&offsets(p + 1, 7, |_| 0), 7) {
+            Err(MetadataError::TooLarge { bytes, limit }) => {
+                assert!(bytes > MAX_METADATA_BYTES);
+                assert_eq!(limit, MAX_METADATA_BYTES);
+            }
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
+        // Deltas below 16384 (2-byte varints), below 2^63 (any Kafka offset: 9-byte varints)
+        // and of u64::MAX (10-byte varints).
+        assert_eq!(max_p_that_fits(|_| 16383), 305);
+        assert_eq!(max_p_that_fits(|_| i64::MAX as u64 - 7), MAX_P_WORST_CASE);
+        assert_eq!(max_p_that_fits(|_| u64::MAX - 7), 169);
+    }
+
+    #[test]
+    fn too_many_ranges_are_too_large() {
+        let err = encode(&offsets(1000, 0, |_| 0), 0).unwrap_err();
+        assert!(
+            matches!(err, MetadataError::TooLarge { limit: 4096, .. }),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn decodes_after_a_factor_change() {
+        // Written with P = 4; the new factor is 6 (or 3) and looks up by hash.
+        let before = offsets(4, 500, |i| [3, 0, 42, 7][i]);
+        let text = encode(&before, 500).unwrap();
+        let decoded = decode(&text, 500).unwrap();
+        assert_eq!(decoded, before);
+        let old = ranges(4);
+        for new_p in [1, 3, 6, 64] {
+            for new_range in ranges(new_p) {
+                for h in [
+                    new_range.start,
+                    new_range.end,
+                    new_range.start / 2 + new_range.end / 2,
+                ] {
+                    let expected = 500 + [3, 0, 42, 7][range_of(h, 4)];
+                    assert!(old[range_of(h, 4)].contains(h));
+                    assert_eq!(decoded.next_for(h), Some(expected), "hash {h:016x}");
+                }
+            }
+        }
+        assert_eq!(decoded.next_for(0), Some(503));
+        assert_eq!(decoded.next_for(u64::MAX / 4), Some(503));
+        assert_eq!(decoded.next_for(u64::MAX / 4 + 1), Some(500));
+        assert_eq!(decoded.next_for(u64::MAX), Some(507));
+    }
+
+    #[test]
+    fn next_for_outside_any_range_is_none() {
+        let o = RangeOffsets {
+            hash_id: HASH_ID,
+            ranges: vec![(KeyRange { start: 10, end: 20 }, 1)],
+        };
+        assert_eq!(o.next_for(9), None);
+        assert_eq!(o.next_for(10), Some(1));
+        assert_eq!(o.next_for(20), Some(1));
+        assert_eq!(o.next_for(21), None);
+        let empty = RangeOffsets {
+            hash_id: HASH_ID,
+            ranges: vec![],
+        };
+        assert_eq!(empty.next_for(0), None);
+    }
+
+    #[test]
+    fn foreign_metadata_is_not_rill() {
+        for text in [
+            "",
+            "rill",
+            "RILL:CAE=",
+            "{\"app\":\"x\"}",
+            " rill:CAE=",
+            "CAEQAQ==",
+        ] {
+            assert_eq!(decode(text, 0), Err(MetadataError::NotRill), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn malformed_text_is_rejected() {
+        let good = encode(&offsets(3, 0, |_| 0), 0).unwrap();
+        let cases = [
+            "rill:".to_string(),                // no message at all
+            "rill:EAE=".to_string(),            // hash id alone, no version
+            "rill:!!!!".to_string(),            // not base64
+            "rill:CAE".to_string(),             // missing padding
+            format!("{good} "),                 // trailing whitespace
+            format!("{good}\n"),                // trailing newline
+            "rill:CAEQARoD".to_string(),        // truncated packed field
+            good[..good.len() - 4].to_string(), // truncated
+        ];
+        for text in &cases {
+            let err = decode(text, 0).unwrap_err();
+            assert!(
+                matches!(err, MetadataError::Malformed(_)),
+                "{text:?}: {err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn invalid_ranges_are_rejected_on_decode() {
+        let bad = |f: fn(&mut CommitMetadataV1)| {
+            let mut m = valid_message();
+            f(&mut m);
+            decode(&raw(&m), 0)
+        };
+        assert!(decode(&raw(&valid_message()), 0).is_ok());
+        let malformed = [
+            bad(|m| m.range_starts = vec![]),
+            bad(|m| {
+                m.range_starts = vec![];
+                m.next_offset_deltas = vec![];
+            }),
+            bad(|m| m.range_starts = vec![1, 1 << 63]), // does not start at 0
+            bad(|m| m.range_starts = vec![1 << 63, 0]), // unsorted
+            bad(|m| m.range_starts = vec![0, 0]),       // duplicate start: an empty range
+            bad(|m| m.next_offset_deltas = vec![0]),    // fewer offsets than ranges
+            bad(|m| m.next_offset_deltas = vec![0, 1, 2]),
+        ];
+        for (i, result) in malformed.iter().enumerate() {
+            assert!(
+                matches!(result, Err(MetadataError::Malformed(_))),
+                "case {i}: {result:?}"
+            );
+        }
+        // base + delta must not overflow (the valid message's largest delta is 5).
+        assert!(decode(&raw(&valid_message()), u64::MAX - 5).is_ok());
+        assert!(matches!(
+            decode(&raw(&valid_message()), u64::MAX - 4),
+            Err(MetadataError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn unknown_versions_and_hash_ids_are_rejected() {
+        let mut m = valid_message();
+        m.version = 2;
+        assert_eq!(decode(&raw(&m), 0), Err(MetadataError::UnknownVersion(2)));
+        // A later version may change the other fields' types: still reported as its version.
+        let v2 = [0x08, 0x02, 0x12, 0x03, b'a', b'b', b'c'];
+        assert_eq!(
+            decode(&format!("rill:{}", STANDARD.encode(v2)), 0),
+            Err(MetadataError::UnknownVersion(2))
+        );
+        let mut m = valid_message();
+        m.hash_id = 2;
+        assert_eq!(
+            decode(&raw(&m), 0),
+            Err(MetadataError::WrongHashId {
+                found: 2,
+                expected: HASH_ID
+            })
+        );
+        // The encoder writes the hash id it is given; the decoder checks it.
+        let mut o = offsets(2, 0, |_| 0);
+        o.hash_id = 9;
+        assert_eq!(
+            decode(&encode(&o, 0).unwrap(), 0),
+            Err(MetadataError::WrongHashId {
+                found: 9,
+                expected: HASH_ID
+            })
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored() {
+        // A v1 writer of the future may add fields; this reader skips them.
+        let mut bytes = valid_message().encode_to_vec();
+        bytes.extend([0x28, 0x07]); // field 5, varint 7
+        let text = format!("rill:{}", STANDARD.encode(bytes));
+        assert_eq!(decode(&text, 0), decode(&raw(&valid_message()), 0));
+    }
+
+    #[test]
+    fn encode_rejects_offsets_below_base() {
+        let o = offsets(4, 100, |i| if i == 2 { 0 } else { 5 });
+        assert!(encode(&o, 100).is_ok());
+        let err = encode(&o, 101).unwrap_err();
+        assert_eq!(
+            err,
+            MetadataError::OffsetBelowBase {
+                range: ranges(4)[2],
+                next: 100,
+                base: 101
+            }
+        );
+    }
+
+    #[test]
+    fn encode_rejects_ranges_that_do_not_cover_the_space() {
+        let full = |p| offsets(p, 0, |_| 0);
+        let cases: Vec<(&str, RangeOffsets)> = vec![
+            (
+                "empty",
+                RangeOffsets {
+                    hash_id: HASH_ID,
+                    ranges: vec![],
+                },
+            ),
+            ("gap", {
+                let mut o = full(3);
+                o.ranges.remove(1);
+                o
+            }),
+            ("unsorted", {
+                let mut o = full(3);
+                o.ranges.swap(0, 1);
+                o
+            }),
+            ("overlap", {
+                let mut o = full(2);
+                o.ranges[1].0.start -= 1;
+                o
+            }),
+            ("short start", {
+                let mut o = full(2);
+                o.ranges.remove(0);
+                o
+            }),
+            ("short end", {
+                let mut o = full(2);
+                o.ranges.pop();
+                o
+            }),
+            ("empty range", {
+                // Contiguous bounds, but the middle range is empty: [0,4] [5,3] [4,MAX].
+                let mut o = full(3);
+                o.ranges[0].0 = KeyRange { start: 0, end: 4 };
+                o.ranges[1].0 = KeyRange { start: 5, end: 3 };
+                o.ranges[2].0 = KeyRange {
+                    start: 4,
+                    end: u64::MAX,
+                };
+                o
+            }),
+        ];
+        for (name, o) in cases {
+            assert!(
+                matches!(encode(&o, 0), Err(MetadataError::InvalidRanges(_))),
+                "{name}: {:?}",
+                encode(&o, 0)
+            );
+        }
+    }
+}

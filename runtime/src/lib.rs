@@ -1,0 +1,14 @@
+//! rill-runtime: runs rill topologies.
+//!
+//! - [`engine`]: dispatch by key range, sub-tasks on a worker pool, the range commit protocol;
+//! - [`driver`]: the broker-free `TestDriver` for unit tests of topologies;
+//! - [`sink`]: where outputs go (the Kafka producer, or memory in tests).
+
+pub mod config;
+pub mod driver;
+pub mod engine;
+pub mod kafka;
+pub mod sink;
+
+pub use driver::{TestDriver, TestDriverBuilder, TestInputTopic, TestOutputTopic, TestStore};
+pub use engine::{DeserializationHandler, Engine, EngineConfig, EngineError};

@@ -1,0 +1,37 @@
+//! rill: Kafka-Streams-style stream processing whose parallelism is not capped by the number of
+//! input partitions.
+//!
+//! Each input-partition task is split into sub-tasks by key-hash range (the *parallelising
+//! factor*); sub-tasks run on a thread pool over one shared RocksDB with a column family per key
+//! range, and each sub-task commits its own progress, so per-key order holds and state is applied
+//! exactly once across restarts.
+//!
+//! ```
+//! use rill::prelude::*;
+//!
+//! let builder = StreamsBuilder::new();
+//! builder
+//!     .stream("orders", StringSerde, I64Serde)
+//!     .group_by_key()
+//!     .count("orders-per-customer")
+//!     .to_stream()
+//!     .to("order-counts");
+//! let driver = TestDriver::builder(builder.build()?).parallelising_factor(8).build()?;
+//! let input = driver.input_topic("orders", StringSerde, I64Serde);
+//! input.pipe_input("alice".to_string(), 10);
+//! input.pipe_input("alice".to_string(), 20);
+//! let output = driver.output_topic("order-counts", StringSerde, I64Serde);
+//! assert_eq!(output.read_key_values(), vec![("alice".into(), 1), ("alice".into(), 2)]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub use rill_runtime as runtime;
+pub use rill_state as state;
+pub use rill_topology as topology;
+
+/// The names most applications need.
+pub mod prelude {
+    pub use rill_runtime::driver::{TestDriver, TestInputTopic, TestOutputTopic, TestStore};
+    pub use rill_runtime::engine::DeserializationHandler;
+    pub use rill_topology::prelude::*;
+}

@@ -1,0 +1,447 @@
+//! The process-wide RocksDB: opening, the FORMAT file, column families and the memory budget.
+
+use std::collections::{BTreeSet, HashSet};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rill_topology::keyrange::HASH_ID;
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, ErrorKind, Options,
+    WriteBufferManager,
+};
+
+use crate::cf::{validate_store_name, ColumnFamilyId};
+use crate::error::StateError;
+
+/// The RocksDB flavour rill uses: column families created and dropped through `&self`.
+pub(crate) type Db = rocksdb::DBWithThreadMode<rocksdb::MultiThreaded>;
+
+/// Version of the state directory layout, written to `FORMAT`.
+pub const FORMAT_VERSION: u32 = 1;
+/// Name of the format file in the state directory.
+pub const FORMAT_FILE: &str = "FORMAT";
+/// Name of the RocksDB directory inside the state directory.
+pub const ROCKSDB_DIR: &str = "rocksdb";
+/// The smallest accepted memory budget (4 MiB).
+pub const MIN_MEMORY_BYTES: usize = 4 << 20;
+
+/// Smallest per-column-family memtable.
+const MIN_WRITE_BUFFER: usize = 1 << 20;
+/// Largest per-column-family memtable (RocksDB's default).
+const MAX_WRITE_BUFFER: usize = 64 << 20;
+
+/// Where the state lives and how much memory RocksDB may use.
+#[derive(Clone, Debug)]
+pub struct StateConfig {
+    /// The state directory (`state.dir`); RocksDB lives in its `rocksdb/` subdirectory.
+    pub dir: PathBuf,
+    /// One budget for the block cache and all memtables together (`rocksdb.memory.bytes`).
+    pub memory_bytes: usize,
+}
+
+/// Memory RocksDB currently uses, as charged to the shared budget.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// Usage of the shared block cache. Memtables are charged to this cache too (through the
+    /// write-buffer manager), so this is the process total held against the budget.
+    pub block_cache_bytes: usize,
+    /// Memory of all memtables (mutable and immutable) of all column families.
+    pub memtable_bytes: usize,
+}
+
+/// How the memory budget is split (see [`StateDb::open`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MemoryPlan {
+    /// Capacity of the shared LRU cache: the whole budget.
+    pub cache_bytes: usize,
+    /// Limit of the write-buffer manager (charged to the cache): half the budget.
+    pub memtable_bytes: usize,
+    /// `write_buffer_size` of every column family.
+    pub write_buffer_size: usize,
+    /// `arena_block_size` of every column family.
+    pub arena_block_size: usize,
+    /// `max_total_wal_size` of the database.
+    pub max_total_wal_size: u64,
+}
+
+impl MemoryPlan {
+    /// Splits `memory_bytes`.
+    ///
+    /// - The LRU cache gets the whole budget as capacity, and the write-buffer manager charges
+    ///   every memtable to that cache, so blocks + memtables stay under one limit (the scheme of
+    ///   RocksDB's "cost write buffer to cache", also used by Kafka Streams' bounded-memory
+    ///   config). Memtables may take up to half of it; blocks get the rest.
+    /// - Per column family, `write_buffer_size = memtables / 8`, clamped to 1..=64 MiB: a hot
+    ///   column family fills at most an eighth of the memtable budget before it is flushed, so
+    ///   several ranges can be hot at once, while with hundreds of column families the
+    ///   write-buffer manager (which flushes the largest memtable when the total is reached)
+    ///   bounds the total whatever the count. `arena_block_size = write_buffer_size / 16`
+    ///   (64 KiB..=1 MiB) keeps the minimum footprint of a touched memtable small, so hundreds
+    ///   of lightly written column families do not reserve a large block each.
+    /// - `max_total_wal_size = 4 x memtables` (at least 64 MiB): a rarely written column family
+    ///   would otherwise pin old WAL files forever; past this size RocksDB flushes the column
+    ///   families that hold the oldest WAL.
+    pub fn new(memory_bytes: usize) -> Self {
+        let memtable_bytes = memory_bytes / 2;
+        let write_buffer_size = (memtable_bytes / 8).clamp(MIN_WRITE_BUFFER, MAX_WRITE_BUFFER);
+        let arena_block_size = (write_buffer_size / 16).clamp(64 << 10, 1 << 20);
+        let max_total_wal_size = (memtable_bytes as u64).saturating_mul(4).max(64 << 20);
+        MemoryPlan {
+            cache_bytes: memory_bytes,
+            memtable_bytes,
+            write_buffer_size,
+            arena_block_size,
+            max_total_wal_size,
+        }
+    }
+}
+
+/// Which column families exist and which are owned by a live `SubTaskState`.
+#[derive(Default)]
+struct Registry {
+    /// Names of every column family of the database (rill's and others, `default` included).
+    existing: BTreeSet<String>,
+    /// Names owned by a live `SubTaskState`.
+    claimed: HashSet<String>,
+}
+
+/// The process-wide RocksDB under `state.dir`, shared by every sub-task through an `Arc`.
+pub struct StateDb {
+    // Field order matters for drop: the database closes before the cache and the write-buffer
+    // manager it uses are released.
+    db: Db,
+    dir: PathBuf,
+    cache: Cache,
+    write_buffer_manager: WriteBufferManager,
+    plan: MemoryPlan,
+    /// Guards column family creation and dropping, and ownership by sub-tasks. Invariant: a
+    /// column family is owned by at most one live `SubTaskState`, and is only dropped when no
+    /// one owns it. So each sub-task writes only column families no one else writes or drops,
+    /// and sub-tasks of different ranges never contend on a memtable.
+    registry: Mutex<Registry>,
+}
+
+impl std::fmt::Debug for StateDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateDb")
+            .field("dir", &self.dir)
+            .field("plan", &self.plan)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StateDb {
+    /// Opens (creating when new) the state directory `cfg.dir` and its RocksDB with every
+    /// existing column family. Never wipes or recreates anything: a directory it cannot use is
+    /// an error saying what to do.
+    pub fn open(cfg: &StateConfig) -> Result<Arc<StateDb>, StateError> {
+        if cfg.memory_bytes < MIN_MEMORY_BYTES {
+            return Err(StateError::MemoryBudgetTooSmall {
+                bytes: cfg.memory_bytes,
+                min: MIN_MEMORY_BYTES,
+            });
+        }
+        let dir = cfg.dir.clone();
+        fs::create_dir_all(&dir).map_err(|e| StateError::io(&dir, e))?;
+        let rocks_dir = dir.join(ROCKSDB_DIR);
+        let rocks_has_files = dir_has_entries(&rocks_dir)?;
+
+        let format_path = dir.join(FORMAT_FILE);
+        match fs::read_to_string(&format_path) {
+            Ok(text) => {
+                check_format(&dir, &text)?;
+                if !rocks_has_files {
+                    tracing::warn!(
+                        dir = %dir.display(),
+                        "the state directory has no database ({ROCKSDB_DIR}/ is missing or \
+                         empty): creating an empty one; stores rebuild from their changelogs"
+                    );
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if rocks_has_files {
+                    return Err(StateError::WrongFormat {
+                        dir,
+                        detail: format!(
+                            "it holds a RocksDB database ({ROCKSDB_DIR}/) but no {FORMAT_FILE} \
+                             file, so rill cannot tell who wrote it. If it is rill's state, \
+                             restore {FORMAT_FILE} (`{}`); otherwise set another state.dir",
+                            format_text().escape_debug()
+                        ),
+                    });
+                }
+                write_format(&dir)?;
+            }
+            Err(e) => return Err(StateError::io(format_path, e)),
+        }
+
+        let current_exists = rocks_dir.join("CURRENT").exists();
+        if rocks_has_files && !current_exists {
+            return Err(StateError::Corrupt {
+                dir,
+                detail: format!("{ROCKSDB_DIR}/ holds files but no CURRENT file"),
+            });
+        }
+
+        let plan = MemoryPlan::new(cfg.memory_bytes);
+        let cache = Cache::new_lru_cache(plan.cache_bytes);
+        let write_buffer_manager = WriteBufferManager::new_write_buffer_manager_with_cache(
+            plan.memtable_bytes,
+            false,
+            cache.clone(),
+        );
+
+        let mut db_opts = Options::default();
+        // Only a brand-new directory gets a new database; an existing one must open as it is.
+        db_opts.create_if_missing(!current_exists);
+        db_opts.create_missing_column_families(false);
+        db_opts.set_write_buffer_manager(&write_buffer_manager);
+        db_opts.set_max_total_wal_size(plan.max_total_wal_size);
+        db_opts.set_keep_log_file_num(5);
+        db_opts.set_max_log_file_size(16 << 20);
+        // The WAL stays on: a range's data and progress share one WriteBatch, so they survive
+        // (or are lost) together on a crash.
+
+        let names = if current_exists {
+            Db::list_cf(&db_opts, &rocks_dir).map_err(|e| classify_open_error(&dir, e))?
+        } else {
+            vec![rocksdb::DEFAULT_COLUMN_FAMILY_NAME.to_string()]
+        };
+        let descriptors = names
+            .iter()
+            .map(|name| ColumnFamilyDescriptor::new(name, cf_options(&plan, &cache)));
+        let db = Db::open_cf_descriptors(&db_opts, &rocks_dir, descriptors)
+            .map_err(|e| classify_open_error(&dir, e))?;
+        tracing::info!(
+            dir = %dir.display(),
+            column_families = names.len(),
+            memory_bytes = cfg.memory_bytes,
+            write_buffer_size = plan.write_buffer_size,
+            "state database open"
+        );
+        Ok(Arc::new(StateDb {
+            db,
+            dir,
+            cache,
+            write_buffer_manager,
+            plan,
+            registry: Mutex::new(Registry {
+                existing: names.into_iter().collect(),
+                claimed: HashSet::new(),
+            }),
+        }))
+    }
+
+    /// The state directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Every column family rill knows of, parsed from its name, in id order.
+    pub fn column_families(&self) -> Vec<ColumnFamilyId> {
+        let registry = self.registry.lock();
+        let mut ids: Vec<ColumnFamilyId> = registry
+            .existing
+            .iter()
+            .filter_map(|name| ColumnFamilyId::parse(name))
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Drops the column families of (store, partition), e.g. when a partition is revoked and its
+    /// state is given up. Fails with [`StateError::InUse`] while a sub-task owns one of them.
+    pub fn drop_partition(&self, store: &str, partition: u32) -> Result<(), StateError> {
+        validate_store_name(store)?;
+        let mut registry = self.registry.lock();
+        let victims: Vec<String> = registry
+            .existing
+            .iter()
+            .filter(|name| {
+                ColumnFamilyId::parse(name)
+                    .is_some_and(|id| id.store == store && id.partition == partition)
+            })
+            .cloned()
+            .collect();
+        if let Some(cf) = victims.iter().find(|name| registry.claimed.contains(*name)) {
+            return Err(StateError::InUse { cf: cf.clone() });
+        }
+        for name in victims {
+            self.db
+                .drop_cf(&name)
+                .map_err(|e| StateError::backend(format!("drop column family `{name}`"), e))?;
+            registry.existing.remove(&name);
+            tracing::info!(cf = %name, "dropped column family");
+        }
+        Ok(())
+    }
+
+    /// Memory currently charged to the budget, from the shared cache and write-buffer manager.
+    pub fn memory_usage(&self) -> MemoryUsage {
+        MemoryUsage {
+            block_cache_bytes: self.cache.get_usage(),
+            memtable_bytes: self.write_buffer_manager.get_usage(),
+        }
+    }
+
+    /// The RocksDB handle.
+    pub(crate) fn db(&self) -> &Db {
+        &self.db
+    }
+
+    /// Creates the missing column families among `names` and marks all of them owned.
+    ///
+    /// Fails without owning anything when one is already owned or cannot be created.
+    pub(crate) fn claim(&self, names: &[String]) -> Result<(), StateError> {
+        let mut registry = self.registry.lock();
+        if let Some(cf) = names.iter().find(|n| registry.claimed.contains(*n)) {
+            return Err(StateError::InUse { cf: cf.clone() });
+        }
+        let mut unique = HashSet::new();
+        if let Some(cf) = names.iter().find(|n| !unique.insert(*n)) {
+            return Err(StateError::InUse { cf: cf.clone() });
+        }
+        for name in names {
+            if !registry.existing.contains(name) {
+                // Under the registry lock: no other thread creates or drops concurrently.
+                self.db
+                    .create_cf(name, &cf_options(&self.plan, &self.cache))
+                    .map_err(|e| {
+                        StateError::backend(format!("create column family `{name}`"), e)
+                    })?;
+                registry.existing.insert(name.clone());
+                tracing::debug!(cf = %name, "created column family");
+            }
+        }
+        registry.claimed.extend(names.iter().cloned());
+        Ok(())
+    }
+
+    /// Gives up ownership of `names` (a `SubTaskState` is dropped).
+    pub(crate) fn release(&self, names: &[String]) {
+        let mut registry = self.registry.lock();
+        for name in names {
+            registry.claimed.remove(name);
+        }
+    }
+}
+
+/// Options of every column family: the shared block cache, small memtables (see [`MemoryPlan`]).
+fn cf_options(plan: &MemoryPlan, cache: &Cache) -> Options {
+    let mut table = BlockBasedOptions::default();
+    table.set_block_cache(cache);
+    // Index and filter blocks live in the shared cache too, so they count against the budget.
+    table.set_cache_index_and_filter_blocks(true);
+    table.set_cache_index_and_filter_blocks_with_high_priority(true);
+    table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+    table.set_bloom_filter(10.0, false);
+    table.set_optimize_filters_for_memory(true);
+    let mut opts = Options::default();
+    opts.set_block_based_table_factory(&table);
+    opts.set_write_buffer_size(plan.write_buffer_size);
+    opts.set_arena_block_size(plan.arena_block_size);
+    opts.set_max_write_buffer_number(2);
+    opts.set_compression_type(DBCompressionType::Lz4);
+    opts
+}
+
+/// Maps a RocksDB error from opening the database to what the operator should do.
+fn classify_open_error(dir: &Path, err: rocksdb::Error) -> StateError {
+    // RocksDB messages may end with a period; the error text adds its own sentences.
+    let message = err.to_string().trim_end().trim_end_matches('.').to_string();
+    match err.kind() {
+        ErrorKind::Corruption | ErrorKind::NotFound => StateError::Corrupt {
+            dir: dir.to_path_buf(),
+            detail: message,
+        },
+        ErrorKind::IOError if is_lock_error(&message) => StateError::Locked {
+            dir: dir.to_path_buf(),
+        },
+        ErrorKind::IOError => StateError::io(dir.join(ROCKSDB_DIR), std::io::Error::other(message)),
+        _ => StateError::backend(format!("open {}", dir.join(ROCKSDB_DIR).display()), message),
+    }
+}
+
+/// Whether a RocksDB IOError is about the LOCK file (held by another process, or by another
+/// handle in this process: "lock hold by current process").
+fn is_lock_error(message: &str) -> bool {
+    message.contains("/LOCK") || message.contains("lock hold by current process")
+}
+
+/// Whether `dir` exists and has at least one entry.
+fn dir_has_entries(dir: &Path) -> Result<bool, StateError> {
+    match fs::read_dir(dir) {
+        Ok(mut entries) => Ok(entries.next().is_some()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(StateError::io(dir, e)),
+    }
+}
+
+/// The FORMAT file this crate writes.
+fn format_text() -> String {
+    format!("rill-state {FORMAT_VERSION}\nhash-id {HASH_ID}\n")
+}
+
+/// Writes FORMAT atomically (temporary file, fsync, rename, fsync of the directory).
+fn write_format(dir: &Path) -> Result<(), StateError> {
+    let tmp = dir.join(format!("{FORMAT_FILE}.tmp"));
+    let path = dir.join(FORMAT_FILE);
+    let mut file = fs::File::create(&tmp).map_err(|e| StateError::io(&tmp, e))?;
+    file.write_all(format_text().as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(|e| StateError::io(&tmp, e))?;
+    fs::rename(&tmp, &path).map_err(|e| StateError::io(&path, e))?;
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StateError::io(dir, e))
+}
+
+/// Checks the FORMAT file's text against this crate's format version and hash id.
+fn check_format(dir: &Path, text: &str) -> Result<(), StateError> {
+    let wrong = |detail: String| StateError::WrongFormat {
+        dir: dir.to_path_buf(),
+        detail,
+    };
+    let mut version = None;
+    let mut hash_id = None;
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let (key, value) = line.split_once(' ').unwrap_or((line, ""));
+        let slot = match key {
+            "rill-state" => &mut version,
+            "hash-id" => &mut hash_id,
+            _ => continue,
+        };
+        *slot = Some(value.trim().parse::<u32>().map_err(|_| {
+            wrong(format!(
+                "{FORMAT_FILE} line `{line}` is not `{key} <number>`; it was not written by \
+                 rill-state or was damaged: restore it (`{}`) or move the directory away",
+                format_text().escape_debug()
+            ))
+        })?);
+    }
+    let (Some(version), Some(hash_id)) = (version, hash_id) else {
+        return Err(wrong(format!(
+            "{FORMAT_FILE} lacks the `rill-state` or `hash-id` line; it was not written by \
+             rill-state or was damaged: restore it (`{}`) or move the directory away",
+            format_text().escape_debug()
+        )));
+    };
+    if version != FORMAT_VERSION {
+        return Err(wrong(format!(
+            "it is rill-state format {version}, this rill reads format {FORMAT_VERSION}: run the \
+             rill version that wrote it, or move the directory away and restart to rebuild the \
+             state from the changelog"
+        )));
+    }
+    if hash_id != HASH_ID {
+        return Err(wrong(format!(
+            "its key ranges use key-hash id {hash_id}, this rill uses {HASH_ID}: run the rill \
+             version that wrote it, or move the directory away and restart to rebuild the state \
+             from the changelog"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,185 @@
+//! The progress record of a sub-task, written in the same WriteBatch as its state.
+//!
+//! prost-encoded from hand-written structs (no `.proto` file). Field tags are part of the on-disk
+//! format: never reuse or renumber one; add new fields with new tags and bump
+//! [`PROGRESS_VERSION`] only for changes an older reader must refuse.
+
+use rill_topology::keyrange::{KeyRange, HASH_ID};
+
+/// The version of the progress record this crate writes and reads.
+pub const PROGRESS_VERSION: u32 = 1;
+
+/// A sub-task's durable progress: how far its range of one input partition has been applied.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Progress {
+    /// Format version of this record ([`PROGRESS_VERSION`]).
+    #[prost(uint32, tag = "1")]
+    pub version: u32,
+    /// Id of the key-hash function the range bounds refer to ([`HASH_ID`]).
+    #[prost(uint32, tag = "2")]
+    pub hash_id: u32,
+    /// First hash of the sub-task's key range.
+    #[prost(fixed64, tag = "3")]
+    pub range_start: u64,
+    /// Last hash (inclusive) of the sub-task's key range.
+    #[prost(fixed64, tag = "4")]
+    pub range_end: u64,
+    /// Per source topic: every record of this range with an offset below `next_offset` has been
+    /// applied (a sub-topology may read several topics of the same partition).
+    #[prost(message, repeated, tag = "5")]
+    pub offsets: Vec<TopicOffset>,
+    /// Position in the store changelog of this commit, when changelogs are in use.
+    #[prost(uint64, optional, tag = "6")]
+    pub changelog_offset: Option<u64>,
+    /// Highest origin applied per upstream (partition, range), for repartition de-duplication.
+    #[prost(message, repeated, tag = "7")]
+    pub origins: Vec<Origin>,
+}
+
+/// How far a range has applied one source topic.
+#[derive(Clone, PartialEq, Eq, Hash, prost::Message)]
+pub struct TopicOffset {
+    /// The source topic (resolved name).
+    #[prost(string, tag = "1")]
+    pub topic: String,
+    /// Every record of the range below this offset has been applied.
+    #[prost(uint64, tag = "2")]
+    pub next_offset: u64,
+}
+
+/// The highest origin a downstream range applied from one upstream (partition, range).
+#[derive(Clone, PartialEq, Eq, Hash, prost::Message)]
+pub struct Origin {
+    /// Upstream input partition.
+    #[prost(uint32, tag = "1")]
+    pub partition: u32,
+    /// First hash of the upstream range.
+    #[prost(fixed64, tag = "2")]
+    pub range_start: u64,
+    /// Last hash (inclusive) of the upstream range.
+    #[prost(fixed64, tag = "3")]
+    pub range_end: u64,
+    /// Upstream input offset of the highest record applied.
+    #[prost(uint64, tag = "4")]
+    pub offset: u64,
+    /// Sequence number of that record within its upstream offset.
+    #[prost(uint32, tag = "5")]
+    pub seq: u32,
+}
+
+impl Progress {
+    /// A current-version progress record for `range` with one source topic's offset.
+    pub fn new(range: KeyRange, topic: &str, next_offset: u64) -> Self {
+        Progress {
+            version: PROGRESS_VERSION,
+            hash_id: HASH_ID,
+            range_start: range.start,
+            range_end: range.end,
+            offsets: vec![TopicOffset {
+                topic: topic.to_string(),
+                next_offset,
+            }],
+            changelog_offset: None,
+            origins: Vec::new(),
+        }
+    }
+
+    /// The next offset recorded for source topic `topic`.
+    pub fn next_offset(&self, topic: &str) -> Option<u64> {
+        self.offsets
+            .iter()
+            .find(|o| o.topic == topic)
+            .map(|o| o.next_offset)
+    }
+
+    /// The key range this record is about.
+    pub fn range(&self) -> KeyRange {
+        KeyRange {
+            start: self.range_start,
+            end: self.range_end,
+        }
+    }
+
+    /// The encoded record.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        prost::Message::encode_to_vec(self)
+    }
+
+    /// Decodes a record and checks its version and hash id; the error says what is wrong.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, String> {
+        let p = <Progress as prost::Message>::decode(bytes)
+            .map_err(|e| format!("undecodable progress record: {e}"))?;
+        if p.version != PROGRESS_VERSION {
+            return Err(format!(
+                "progress record version {} (this rill reads version {PROGRESS_VERSION}); \
+                 it was written by another rill version",
+                p.version
+            ));
+        }
+        if p.hash_id != HASH_ID {
+            return Err(format!(
+                "progress record uses key-hash id {} (this rill uses {HASH_ID})",
+                p.hash_id
+            ));
+        }
+        if p.range_start > p.range_end {
+            return Err(format!(
+                "progress record has an empty range {:016x}-{:016x}",
+                p.range_start, p.range_end
+            ));
+        }
+        Ok(p)
+    }
+}
+
+impl Origin {
+    /// The upstream key range.
+    pub fn range(&self) -> KeyRange {
+        KeyRange {
+            start: self.range_start,
+            end: self.range_end,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Progress {
+        let mut p = Progress::new(KeyRange::nth(3, 8), "t", 12_345);
+        p.changelog_offset = Some(77);
+        p.origins.push(Origin {
+            partition: 2,
+            range_start: 0,
+            range_end: u64::MAX,
+            offset: 9,
+            seq: 4,
+        });
+        p
+    }
+
+    #[test]
+    fn round_trips() {
+        let p = sample();
+        let q = Progress::from_bytes(&p.to_bytes()).unwrap();
+        assert!(p == q);
+        assert_eq!(q.range(), KeyRange::nth(3, 8));
+        assert_eq!(q.origins[0].range(), KeyRange::FULL);
+    }
+
+    #[test]
+    fn other_versions_and_hashes_are_refused() {
+        let mut p = sample();
+        p.version = 2;
+        assert!(Progress::from_bytes(&p.to_bytes())
+            .unwrap_err()
+            .contains("version 2"));
+        let mut p = sample();
+        p.hash_id = 9;
+        assert!(Progress::from_bytes(&p.to_bytes())
+            .unwrap_err()
+            .contains("key-hash id 9"));
+        assert!(Progress::from_bytes(&[0xff, 0xff, 0xff]).is_err());
+    }
+}

@@ -1,0 +1,375 @@
+//! The state of one sub-task: a write cache per store and the atomic commit.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::iter::Peekable;
+use std::sync::Arc;
+
+use rill_topology::keyrange::{KeyRange, HASH_ID};
+use rill_topology::store::{KeyValueBytes, StoreError};
+use rocksdb::{BoundColumnFamily, Direction, IteratorMode, ReadOptions, WriteBatch, WriteOptions};
+
+use crate::cf::ColumnFamilyId;
+use crate::db::StateDb;
+use crate::error::StateError;
+use crate::progress::{Progress, PROGRESS_VERSION};
+
+/// First byte of every data key in a column family (`0x01 ++ user_key`).
+pub const DATA_PREFIX: u8 = 0x01;
+/// Key of the progress record in every column family (`0x00 ++ "progress"`).
+pub const PROGRESS_KEY: &[u8] = b"\x00progress";
+
+/// Entries a commit applied to one store: the last write per key, `None` for a delete.
+pub type StoreEntries = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+
+/// A store's pending writes: the last write per user key, `None` for a delete.
+type WriteCache = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+
+/// `0x01 ++ key`.
+fn data_key(key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(key.len() + 1);
+    k.push(DATA_PREFIX);
+    k.extend_from_slice(key);
+    k
+}
+
+/// The column family `name`, looked up where it is used (the handle borrows the database).
+fn cf_handle<'a>(db: &'a StateDb, name: &str) -> Result<Arc<BoundColumnFamily<'a>>, String> {
+    db.db()
+        .cf_handle(name)
+        .ok_or_else(|| format!("column family `{name}` does not exist (was it dropped?)"))
+}
+
+/// One store of a sub-task: its column family and its write cache.
+struct StoreHandle {
+    name: String,
+    cf: String,
+    db: Arc<StateDb>,
+    cache: WriteCache,
+}
+
+impl StoreHandle {
+    fn backend(&self, message: impl std::fmt::Display) -> StoreError {
+        StoreError::Backend {
+            store: self.name.clone(),
+            message: message.to_string(),
+        }
+    }
+}
+
+impl KeyValueBytes for StoreHandle {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        if let Some(pending) = self.cache.get(key) {
+            return Ok(pending.clone());
+        }
+        let cf = cf_handle(&self.db, &self.cf).map_err(|e| self.backend(e))?;
+        self.db
+            .db()
+            .get_pinned_cf(&cf, data_key(key))
+            .map(|v| v.map(|v| v.to_vec()))
+            .map_err(|e| self.backend(format!("get from `{}`: {e}", self.cf)))
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        self.cache.insert(key.to_vec(), Some(value.to_vec()));
+        Ok(())
+    }
+
+    fn delete(&mut self, key: &[u8]) -> Result<(), StoreError> {
+        self.cache.insert(key.to_vec(), None);
+        Ok(())
+    }
+
+    fn all(&self) -> Result<rill_topology::store::Entries, StoreError> {
+        let cf = cf_handle(&self.db, &self.cf).map_err(|e| self.backend(e))?;
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound([DATA_PREFIX]);
+        opts.set_iterate_upper_bound([DATA_PREFIX + 1]);
+        let iter = self.db.db().iterator_cf_opt(
+            &cf,
+            opts,
+            IteratorMode::From(&[DATA_PREFIX], Direction::Forward),
+        );
+        let mut stored = Vec::new();
+        for item in iter {
+            let (k, v) = item.map_err(|e| self.backend(format!("scan `{}`: {e}", self.cf)))?;
+            // The bounds keep the scan on data keys; skip anything else defensively.
+            if let Some(k) = k.strip_prefix(&[DATA_PREFIX]) {
+                stored.push((k.to_vec(), v.into_vec()));
+            }
+        }
+        Ok(merge(
+            stored.into_iter().peekable(),
+            self.cache.iter().peekable(),
+        ))
+    }
+}
+
+/// Merges stored entries with the write cache, both in key order: the cache wins, and its
+/// deletes hide stored entries.
+fn merge<'c>(
+    mut stored: Peekable<impl Iterator<Item = (Vec<u8>, Vec<u8>)>>,
+    mut cache: Peekable<impl Iterator<Item = (&'c Vec<u8>, &'c Option<Vec<u8>>)>>,
+) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut out = Vec::new();
+    loop {
+        let order = match (stored.peek(), cache.peek()) {
+            (None, None) => return out,
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some((s, _)), Some((c, _))) => s.as_slice().cmp(c.as_slice()),
+        };
+        if order == Ordering::Equal {
+            stored.next(); // shadowed by the cache
+        }
+        if order == Ordering::Less {
+            if let Some(entry) = stored.next() {
+                out.push(entry);
+            }
+        } else if let Some((k, Some(v))) = cache.next() {
+            out.push((k.clone(), v.clone()));
+        }
+    }
+}
+
+/// The state of one sub-task, (partition, key range) over its stores: write caches and the
+/// atomic commit of state plus progress.
+///
+/// Concurrency: a `SubTaskState` owns its column families (one per store) for its whole life;
+/// [`StateDb`] refuses a second owner ([`StateError::InUse`]) and refuses to drop an owned column
+/// family. Different sub-tasks therefore write disjoint column families and can commit from
+/// different threads at once; one `SubTaskState` is used by one thread at a time (`&mut self`).
+pub struct SubTaskState {
+    db: Arc<StateDb>,
+    partition: u32,
+    range: KeyRange,
+    stores: Vec<StoreHandle>,
+    /// Column family names, in store order (what this sub-task owns).
+    cf_names: Vec<String>,
+    committed: Option<Progress>,
+}
+
+impl std::fmt::Debug for SubTaskState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubTaskState")
+            .field("partition", &self.partition)
+            .field("range", &self.range)
+            .field("column_families", &self.cf_names)
+            .field("pending_writes", &self.pending_writes())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SubTaskState {
+    /// Opens (creating when missing) the column family of each store for (partition, range),
+    /// and reads the progress of the last commit.
+    pub fn open(
+        db: Arc<StateDb>,
+        stores: &[String],
+        partition: u32,
+        range: KeyRange,
+    ) -> Result<Self, StateError> {
+        let ids = stores
+            .iter()
+            .map(|store| ColumnFamilyId::new(store, partition, range))
+            .collect::<Result<Vec<_>, _>>()?;
+        let cf_names: Vec<String> = ids.iter().map(ColumnFamilyId::name).collect();
+        db.claim(&cf_names)?;
+        // From here on, Drop releases the claim, also when reading the progress fails.
+        let mut state = SubTaskState {
+            stores: ids
+                .iter()
+                .zip(&cf_names)
+                .map(|(id, cf)| StoreHandle {
+                    name: id.store.clone(),
+                    cf: cf.clone(),
+                    db: db.clone(),
+                    cache: WriteCache::new(),
+                })
+                .collect(),
+            db,
+            partition,
+            range,
+            cf_names,
+            committed: None,
+        };
+        state.committed = state.read_progress()?;
+        Ok(state)
+    }
+
+    /// Reads the progress record of every store; all present records must agree.
+    fn read_progress(&self) -> Result<Option<Progress>, StateError> {
+        let mut found: Option<(&str, Progress)> = None;
+        for store in &self.stores {
+            let corrupt = |detail: String| StateError::Corrupt {
+                dir: self.db.dir().to_path_buf(),
+                detail: format!("column family `{}`: {detail}", store.cf),
+            };
+            let cf = cf_handle(&self.db, &store.cf).map_err(corrupt)?;
+            let bytes = self
+                .db
+                .db()
+                .get_pinned_cf(&cf, PROGRESS_KEY)
+                .map_err(|e| corrupt(format!("reading the progress record: {e}")))?;
+            let Some(bytes) = bytes else { continue };
+            let progress = Progress::from_bytes(&bytes).map_err(corrupt)?;
+            if progress.range() != self.range {
+                return Err(corrupt(format!(
+                    "its progress record is for range {}",
+                    progress.range()
+                )));
+            }
+            match &found {
+                None => found = Some((&store.name, progress)),
+                Some((first, p)) if *p != progress => {
+                    return Err(StateError::ProgressMismatch {
+                        partition: self.partition,
+                        range: self.range,
+                        detail: format!(
+                            "store `{first}` is at offsets {:?}, store `{}` at offsets {:?}",
+                            p.offsets, store.name, progress.offsets
+                        ),
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+        // A store without a record next to stores with one was added to the topology since
+        // the last commit: it starts empty, as a new store would.
+        Ok(found.map(|(_, p)| p))
+    }
+
+    /// The input partition.
+    pub fn partition(&self) -> u32 {
+        self.partition
+    }
+
+    /// The key range.
+    pub fn range(&self) -> KeyRange {
+        self.range
+    }
+
+    /// The progress record of the last commit, if any (read from disk at open, then updated by
+    /// every successful [`commit`](Self::commit)).
+    pub fn committed_progress(&self) -> Option<&Progress> {
+        self.committed.as_ref()
+    }
+
+    /// Byte-level access to one store; reads see uncommitted writes in the write cache.
+    pub fn store(&mut self, name: &str) -> Option<&mut dyn KeyValueBytes> {
+        self.stores
+            .iter_mut()
+            .find(|s| s.name == name)
+            .map(|s| s as &mut dyn KeyValueBytes)
+    }
+
+    /// Whether any store has uncommitted writes.
+    pub fn is_dirty(&self) -> bool {
+        self.stores.iter().any(|s| !s.cache.is_empty())
+    }
+
+    /// Number of uncommitted entries (distinct keys written) over all stores.
+    pub fn pending_writes(&self) -> usize {
+        self.stores.iter().map(|s| s.cache.len()).sum()
+    }
+
+    /// Applies every store's write cache and `progress` in ONE RocksDB WriteBatch (the progress
+    /// record goes into each store's column family), clears the caches, and returns the entries
+    /// applied, per store in the order given at open (deduplicated: the last write per key;
+    /// `None` = delete), for the changelog.
+    ///
+    /// On error nothing is applied and the caches are kept. A sub-task without stores writes
+    /// nothing (its progress lives in the commit metadata only).
+    pub fn commit(
+        &mut self,
+        progress: Progress,
+    ) -> Result<Vec<(String, StoreEntries)>, StateError> {
+        self.check_progress(&progress)?;
+        if !self.stores.is_empty() {
+            let encoded = progress.to_bytes();
+            let db = self.db.db();
+            let mut batch = WriteBatch::default();
+            for store in &self.stores {
+                let cf =
+                    cf_handle(&self.db, &store.cf).map_err(|e| StateError::backend("commit", e))?;
+                for (key, value) in &store.cache {
+                    match value {
+                        Some(v) => batch.put_cf(&cf, data_key(key), v),
+                        None => batch.delete_cf(&cf, data_key(key)),
+                    }
+                }
+                batch.put_cf(&cf, PROGRESS_KEY, &encoded);
+            }
+            // WAL on, no fsync per commit: a process crash keeps the commit (it is in the OS
+            // page cache); a machine crash may lose the last commits, state and progress
+            // together, and the range then catches up from its recorded position.
+            db.write_opt(batch, &WriteOptions::default()).map_err(|e| {
+                StateError::backend(
+                    format!(
+                        "commit partition {} range {} ({})",
+                        self.partition,
+                        self.range,
+                        self.cf_names.join(", ")
+                    ),
+                    e,
+                )
+            })?;
+        }
+        self.committed = Some(progress);
+        Ok(self
+            .stores
+            .iter_mut()
+            .map(|s| {
+                (
+                    s.name.clone(),
+                    std::mem::take(&mut s.cache).into_iter().collect(),
+                )
+            })
+            .collect())
+    }
+
+    /// Checks that `progress` is a current-version record for this sub-task's range.
+    fn check_progress(&self, progress: &Progress) -> Result<(), StateError> {
+        let problem = if progress.version != PROGRESS_VERSION {
+            Some(format!(
+                "version {} (expected {PROGRESS_VERSION}; build it with Progress::new)",
+                progress.version
+            ))
+        } else if progress.hash_id != HASH_ID {
+            Some(format!("hash id {} (expected {HASH_ID})", progress.hash_id))
+        } else if progress.range() != self.range {
+            Some(format!(
+                "range {} (this sub-task's range is {})",
+                progress.range(),
+                self.range
+            ))
+        } else {
+            None
+        };
+        match problem {
+            Some(detail) => Err(StateError::InvalidProgress {
+                cf_prefix: format!("partition {} range {}", self.partition, self.range),
+                detail,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Drops uncommitted writes (used when a sub-task is abandoned).
+    pub fn discard(&mut self) {
+        for store in &mut self.stores {
+            store.cache.clear();
+        }
+    }
+}
+
+impl Drop for SubTaskState {
+    /// Releases the column families; uncommitted writes are dropped, as by `discard`.
+    fn drop(&mut self) {
+        self.db.release(&self.cf_names);
+    }
+}

@@ -1,0 +1,118 @@
+//! Per-key results do not depend on the parallelising factor: for random keyed input, every P
+//! gives each key the same outputs in the same order as P = 1.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use rill::prelude::*;
+
+type PerKey<V> = BTreeMap<String, Vec<V>>;
+
+fn per_key<V>(records: Vec<(String, V)>) -> PerKey<V> {
+    let mut out: PerKey<V> = BTreeMap::new();
+    for (k, v) in records {
+        out.entry(k).or_default().push(v);
+    }
+    out
+}
+
+fn count_by_key(input: &[(String, i64)], p: usize, partitions: u32) -> PerKey<i64> {
+    let builder = StreamsBuilder::new();
+    builder
+        .stream("in", StringSerde, I64Serde)
+        .group_by_key()
+        .count("counts")
+        .to_stream()
+        .to("out");
+    let driver = TestDriver::builder(builder.build().unwrap())
+        .parallelising_factor(p)
+        .partitions("in", partitions)
+        .worker_threads(4)
+        .build()
+        .unwrap();
+    let topic = driver.input_topic("in", StringSerde, I64Serde);
+    topic.pipe_key_values(input.iter().cloned());
+    per_key(
+        driver
+            .output_topic("out", StringSerde, I64Serde)
+            .read_key_values(),
+    )
+}
+
+/// A running aggregate whose result depends on the order of the values: any reordering within a
+/// key changes it.
+fn running_digest(input: &[(String, i64)], p: usize, partitions: u32) -> PerKey<String> {
+    let builder = StreamsBuilder::new();
+    builder
+        .stream("in", StringSerde, I64Serde)
+        .map_values(|v: i64| v * 3 + 1)
+        .group_by(
+            |k: Option<&String>, _v: &i64| format!("g-{}", k.map_or("", |k| &k[..1])),
+            StringSerde,
+            I64Serde,
+        )
+        .aggregate(
+            "digests",
+            String::new,
+            |_k: &String, v: i64, agg: String| {
+                let mut s = format!("{agg},{v}");
+                if s.len() > 64 {
+                    s = s.split_off(s.len() - 64);
+                }
+                s
+            },
+            StringSerde,
+        )
+        .to_stream()
+        .to("out");
+    let driver = TestDriver::builder(builder.build().unwrap())
+        .parallelising_factor(p)
+        .partitions("in", partitions)
+        .worker_threads(4)
+        .build()
+        .unwrap();
+    let topic = driver.input_topic("in", StringSerde, I64Serde);
+    topic.pipe_key_values(input.iter().cloned());
+    per_key(
+        driver
+            .output_topic("out", StringSerde, StringSerde)
+            .read_key_values(),
+    )
+}
+
+fn keyed_input() -> impl Strategy<Value = Vec<(String, i64)>> {
+    proptest::collection::vec(("[a-e][0-9]", -1000i64..1000), 0..120)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    #[test]
+    fn count_by_key_per_key_outputs_match_p1(input in keyed_input(), partitions in 1u32..3) {
+        let expected = count_by_key(&input, 1, partitions);
+        let total: usize = expected.values().map(Vec::len).sum();
+        prop_assert_eq!(total, input.len());
+        for p in [2, 3, 8, 16] {
+            prop_assert_eq!(&count_by_key(&input, p, partitions), &expected, "P = {}", p);
+        }
+    }
+
+    #[test]
+    fn running_aggregate_after_repartition_matches_p1(input in keyed_input(), partitions in 1u32..3) {
+        let expected = running_digest(&input, 1, partitions);
+        for p in [2, 3, 8, 16] {
+            prop_assert_eq!(&running_digest(&input, p, partitions), &expected, "P = {}", p);
+        }
+    }
+}
+
+#[test]
+fn counts_are_the_ground_truth_with_many_ranges() {
+    let input: Vec<(String, i64)> = (0..2000).map(|i| (format!("k{}", i % 37), i)).collect();
+    let out = count_by_key(&input, 16, 3);
+    assert_eq!(out.len(), 37);
+    for (k, counts) in out {
+        let n = input.iter().filter(|(key, _)| *key == k).count() as i64;
+        assert_eq!(counts, (1..=n).collect::<Vec<_>>(), "key {k}");
+    }
+}
