@@ -1,15 +1,37 @@
-//! Word count, the counterpart of Kafka Streams' `WordCountDemo`, run on the broker-free
-//! `TestDriver` with 4 key ranges per partition.
+//! Word count, the counterpart of Kafka Streams' `WordCountDemo`.
 //!
-//! `cargo run --release --example wordcount`
+//! Reads lines from `streams-plaintext-input`, splits them into lower-case words, counts each word
+//! in the store `counts-store` and writes the counts to `streams-wordcount-output` (key: the word,
+//! value: a big-endian i64, as Kafka's `LongSerializer` writes it).
+//!
+//! ```sh
+//! cargo run --release --example wordcount                 # embedded cluster, feeds itself, Ctrl-C stops
+//! cargo run --release --example wordcount -- --seconds 20 # the same, stopping after 20 s
+//! RILL_BOOTSTRAP_SERVERS=127.0.0.1:9092 RILL_PARALLELISING_FACTOR=4 \
+//!     cargo run --release --example wordcount             # a real cluster: only processes, until SIGTERM
+//! ```
+//! Settings come from `RILL_*` environment variables (see `rill_runtime::config`).
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::Message;
 use rill::prelude::*;
+use rill::runtime::{ConfigBuilder, Runtime};
 
-/// The topology: lines -> lower-case words -> count per word in `counts-store`.
+const INPUT: &str = "streams-plaintext-input";
+const OUTPUT: &str = "streams-wordcount-output";
+
+/// The topology: lines -> lower-case words -> count per word.
 fn topology() -> Result<Topology, TopologyError> {
     let builder = StreamsBuilder::new();
     builder
-        .stream("streams-plaintext-input", StringSerde, StringSerde)
+        .stream(INPUT, StringSerde, StringSerde)
         .flat_map_values(|line: String| {
             line.to_lowercase()
                 .split(|c: char| !c.is_alphanumeric())
@@ -20,33 +42,128 @@ fn topology() -> Result<Topology, TopologyError> {
         .group_by(|_key, word: &String| word.clone(), StringSerde, StringSerde)
         .count("counts-store")
         .to_stream()
-        .to("streams-wordcount-output");
+        .to(OUTPUT);
     builder.build()
 }
 
+const DEMO_TEXT: &[&str] = &[
+    "all streams lead to kafka",
+    "hello kafka streams",
+    "join kafka summit",
+    "rill splits every partition into key ranges",
+    "every key range commits its own progress",
+    "per key order holds while ranges run in parallel",
+];
+
+/// Produces the demo text in a loop until `stop`.
+fn feed(
+    bootstrap: String,
+    stop: Arc<AtomicBool>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()?;
+    let mut i = 0usize;
+    while !stop.load(Ordering::SeqCst) {
+        let line = DEMO_TEXT[i % DEMO_TEXT.len()];
+        let _ = producer.send(BaseRecord::<(), str>::to(INPUT).payload(line));
+        i += 1;
+        if i % 100 == 0 {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    producer.flush(Duration::from_secs(5))?;
+    Ok(())
+}
+
+/// Reads the output topic and prints a running top 10.
+fn show(
+    bootstrap: String,
+    stop: Arc<AtomicBool>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", "wordcount-demo-reader")
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", "6000")
+        .create()?;
+    consumer.subscribe(&[OUTPUT])?;
+    let mut counts: HashMap<String, i64> = HashMap::new();
+    let mut last = Instant::now();
+    while !stop.load(Ordering::SeqCst) {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            if let (Some(k), Some(v)) = (m.key(), m.payload()) {
+                if let (Ok(word), Ok(n)) = (String::from_utf8(k.to_vec()), I64Serde.deserialize(v))
+                {
+                    counts.insert(word, n);
+                }
+            }
+        }
+        if last.elapsed() >= Duration::from_secs(2) && !counts.is_empty() {
+            last = Instant::now();
+            let mut top: Vec<_> = counts.iter().collect();
+            top.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+            println!("top words ({} distinct):", counts.len());
+            for (w, n) in top.into_iter().take(10) {
+                println!("  {n:>8}  {w}");
+            }
+        }
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let topology = topology()?;
-    println!("{}", topology.describe());
-    let driver = TestDriver::builder(topology)
-        .parallelising_factor(4)
-        .partitions("streams-plaintext-input", 2)
+    rill::runtime::service::init_logging();
+    let args: Vec<String> = std::env::args().collect();
+    let seconds = match args.iter().position(|a| a == "--seconds") {
+        Some(i) => Some(
+            args.get(i + 1)
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or("--seconds takes a whole number")?,
+        ),
+        None => None,
+    };
+    let config = ConfigBuilder::new()
+        .set("application.id", "streams-wordcount")
+        .set("parallelising.factor", 4)
+        .with_env()
         .build()?;
-    let input = driver.input_topic("streams-plaintext-input", StringSerde, StringSerde);
-    for line in [
-        "all streams lead to kafka",
-        "hello kafka streams",
-        "join kafka summit",
-        "rill splits every partition into key ranges",
-    ] {
-        input.pipe_value(line.to_string());
+    let runtime = Runtime::new(topology()?, config)?;
+    let Some(cluster) = runtime.embedded() else {
+        // A real cluster: only process, until SIGTERM / SIGINT.
+        runtime.run_until_signal()?;
+        return Ok(());
+    };
+    cluster.create_topic(INPUT, 4)?;
+    cluster.create_topic(OUTPUT, 4)?;
+    println!(
+        "embedded cluster at {}; feeding demo text (Ctrl-C stops)",
+        runtime.bootstrap_servers()
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let helpers: Vec<_> = [feed as fn(_, _) -> _, show]
+        .into_iter()
+        .map(|f| {
+            let (b, s) = (runtime.bootstrap_servers().to_string(), stop.clone());
+            std::thread::spawn(move || {
+                if let Err(e) = f(b, s) {
+                    eprintln!("demo helper failed: {e}");
+                }
+            })
+        })
+        .collect();
+    match seconds {
+        Some(s) => {
+            let running = runtime.start()?;
+            std::thread::sleep(Duration::from_secs(s));
+            println!("processed {} records; stopping", running.processed());
+            running.shutdown()?;
+        }
+        None => runtime.run_until_signal()?,
     }
-    let counts = driver.key_value_store("counts-store", StringSerde, I64Serde);
-    let mut top: Vec<(String, i64)> = counts.all().into_iter().collect();
-    top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    println!("top words:");
-    for (word, n) in top.iter().take(10) {
-        println!("{n:>4}  {word}");
+    stop.store(true, Ordering::SeqCst);
+    for h in helpers {
+        let _ = h.join();
     }
-    driver.close()?;
     Ok(())
 }

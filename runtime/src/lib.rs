@@ -8,7 +8,10 @@ pub mod config;
 pub mod driver;
 pub mod engine;
 pub mod kafka;
+pub mod service;
 pub mod sink;
 
+pub use config::{Config, ConfigBuilder, ConfigError};
 pub use driver::{TestDriver, TestDriverBuilder, TestInputTopic, TestOutputTopic, TestStore};
 pub use engine::{DeserializationHandler, Engine, EngineConfig, EngineError};
+pub use service::{RunningRuntime, Runtime, RuntimeError};

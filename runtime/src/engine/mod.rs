@@ -622,19 +622,29 @@ impl Engine {
             .sum()
     }
 
-    /// Closes the task of `topic`/`partition` after its sub-tasks drained and committed.
-    pub fn revoke(&mut self, topic: &str, partition: u32, timeout: Duration) -> bool {
+    /// Closes the task of `topic`/`partition` after its sub-tasks drained and range-committed;
+    /// returns whether they drained in time and the task's final progress (to commit to Kafka).
+    pub fn revoke(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        timeout: Duration,
+    ) -> (bool, Vec<PartitionProgress>) {
         let Ok(&(sub, _, _)) = self.source(topic) else {
-            return true;
+            return (true, Vec::new());
         };
         if !self.tasks.contains_key(&(sub, partition)) {
-            return true;
+            return (true, Vec::new());
         }
         self.commit();
         let idle = self.wait_idle(timeout);
-        self.progress();
+        let last: Vec<PartitionProgress> = self
+            .progress()
+            .into_iter()
+            .filter(|p| p.partition == partition && self.source(&p.topic).is_ok_and(|s| s.0 == sub))
+            .collect();
         self.tasks.remove(&(sub, partition));
-        idle
+        (idle, last)
     }
 
     /// Every entry of `store` over all assigned sub-tasks, in no particular order.

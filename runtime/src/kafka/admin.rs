@@ -1,0 +1,91 @@
+//! Topics: partition counts of source topics and creation of internal (repartition) topics.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+/// A librdkafka config for `bootstrap` with the user's `kafka.*` settings.
+pub fn client_config(bootstrap: &str, extra: &BTreeMap<String, String>) -> ClientConfig {
+    let mut cfg = ClientConfig::new();
+    cfg.set("bootstrap.servers", bootstrap);
+    for (k, v) in extra {
+        cfg.set(k, v);
+    }
+    cfg
+}
+
+/// Partition count of each topic; `None` for a topic that does not exist.
+pub fn partition_counts(
+    cfg: &ClientConfig,
+    topics: &[String],
+    timeout: Duration,
+) -> Result<BTreeMap<String, Option<u32>>, KafkaError> {
+    let consumer: BaseConsumer = cfg.create()?;
+    let md = consumer.fetch_metadata(None, timeout)?;
+    Ok(topics
+        .iter()
+        .map(|t| {
+            let n = md
+                .topics()
+                .iter()
+                .find(|mt| mt.name() == t && mt.error().is_none())
+                .map(|mt| mt.partitions().len() as u32)
+                .filter(|&n| n > 0);
+            (t.clone(), n)
+        })
+        .collect())
+}
+
+/// Creates `topics` (name, partitions) with the broker's default replication; existing ones are
+/// left alone.
+pub fn create_topics(
+    cfg: &ClientConfig,
+    topics: &[(String, u32)],
+    timeout: Duration,
+) -> Result<(), KafkaError> {
+    if topics.is_empty() {
+        return Ok(());
+    }
+    let admin: AdminClient<DefaultClientContext> = cfg.create()?;
+    let new: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|(name, n)| NewTopic::new(name, *n as i32, TopicReplication::Fixed(-1)))
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(timeout));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| KafkaError::AdminOpCreation(e.to_string()))?;
+    let results = rt.block_on(admin.create_topics(&new, &opts))?;
+    for r in results {
+        match r {
+            Ok(_) => {}
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((name, code)) => {
+                return Err(KafkaError::AdminOp(code)).map_err(|e| {
+                    tracing::error!(topic = %name, error = %e, "could not create topic");
+                    e
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether an error means "the broker cannot be reached (yet)".
+pub fn is_transient(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::AllBrokersDown
+                | RDKafkaErrorCode::OperationTimedOut
+                | RDKafkaErrorCode::RequestTimedOut
+        )
+    )
+}

@@ -1,0 +1,347 @@
+//! `Runtime`: runs a topology against Kafka as a consumer-group member until told to stop.
+//!
+//! Start-up, in order: validate the config (done by [`crate::config`]), start the embedded cluster
+//! when `bootstrap.servers` is unset, wait for the brokers (retrying with backoff), check that
+//! every source topic exists, create internal topics with the partition count of their inputs,
+//! open the state dir, then join the group `application.id` and process.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rill_state::{StateConfig, StateDb};
+use rill_topology::{Topic, Topology};
+
+use crate::config::Config;
+use crate::engine::{Engine, EngineConfig, EngineError};
+use crate::kafka::admin::{client_config, create_topics, is_transient, partition_counts};
+use crate::kafka::embedded::EmbeddedCluster;
+use crate::kafka::producer::KafkaSink;
+use crate::kafka::source::{self, SourceContext, SourceError};
+use crate::sink::RecordSink;
+
+/// How long to wait for brokers at start before giving up.
+const CONNECT_DEADLINE: Duration = Duration::from_secs(300);
+/// Time allowed for one metadata or admin request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the runtime could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// A source topic does not exist.
+    #[error(
+        "source topic `{0}` does not exist: create it first (rill does not create user topics)"
+    )]
+    MissingSourceTopic(String),
+    /// Kafka failed.
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    /// The engine failed.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The state dir could not be opened.
+    #[error(transparent)]
+    State(#[from] rill_state::StateError),
+    /// The processing loop stopped on an error.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// The processing thread panicked.
+    #[error("the processing thread panicked")]
+    Panicked,
+}
+
+/// A topology bound to its configuration, ready to start.
+pub struct Runtime {
+    topology: Arc<Topology>,
+    config: Config,
+    bootstrap: String,
+    embedded: Option<EmbeddedCluster>,
+}
+
+impl Runtime {
+    /// Binds `topology` to `config`; starts the embedded cluster when no brokers are configured.
+    pub fn new(topology: Topology, config: Config) -> Result<Self, RuntimeError> {
+        let (bootstrap, embedded) = match &config.bootstrap_servers {
+            Some(b) => (b.clone(), None),
+            None => {
+                let cluster = EmbeddedCluster::start()?;
+                tracing::info!(bootstrap = %cluster.bootstrap_servers(), "bootstrap.servers is unset: started an embedded in-process cluster (for demos, not production)");
+                (cluster.bootstrap_servers(), Some(cluster))
+            }
+        };
+        Ok(Runtime {
+            topology: Arc::new(topology),
+            config,
+            bootstrap,
+            embedded,
+        })
+    }
+
+    /// The brokers the runtime talks to (the embedded cluster's when none were configured).
+    pub fn bootstrap_servers(&self) -> &str {
+        &self.bootstrap
+    }
+
+    /// The embedded cluster, when `bootstrap.servers` was unset.
+    pub fn embedded(&self) -> Option<&EmbeddedCluster> {
+        self.embedded.as_ref()
+    }
+
+    fn resolve(&self, t: &Topic) -> String {
+        t.resolve(&self.config.application_id)
+    }
+
+    /// Waits for the brokers, checks source topics, creates internal topics; returns partition
+    /// counts of every source and internal topic.
+    fn prepare_topics(&self) -> Result<BTreeMap<String, u32>, RuntimeError> {
+        let cfg = client_config(&self.bootstrap, &self.config.kafka);
+        let external: Vec<String> = self
+            .topology
+            .source_topics()
+            .iter()
+            .filter(|t| !t.is_internal())
+            .map(|t| self.resolve(t))
+            .collect();
+        let start = std::time::Instant::now();
+        let mut backoff = Duration::from_millis(200);
+        let counts = loop {
+            match partition_counts(&cfg, &external, REQUEST_TIMEOUT) {
+                Ok(c) => break c,
+                Err(e) if is_transient(&e) && start.elapsed() < CONNECT_DEADLINE => {
+                    tracing::warn!(bootstrap = %self.bootstrap, error = %e, retry_in = ?backoff, "Kafka is not reachable yet; retrying");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let mut partitions = BTreeMap::new();
+        for (t, n) in counts {
+            let n = n.ok_or_else(|| RuntimeError::MissingSourceTopic(t.clone()))?;
+            partitions.insert(t, n);
+        }
+        // Internal topics take the partition count of the inputs of the sub-topology writing
+        // them; one may feed another, so resolve until nothing changes.
+        let internal = self.topology.internal_topics();
+        for _ in 0..=internal.len() {
+            for (t, writer) in &internal {
+                let n = self.topology.sub_topologies()[*writer]
+                    .sources
+                    .iter()
+                    .filter_map(|(s, _)| partitions.get(&self.resolve(s)).copied())
+                    .max()
+                    .unwrap_or(1);
+                partitions.insert(self.resolve(t), n);
+            }
+        }
+        let to_create: Vec<(String, u32)> = internal
+            .keys()
+            .map(|t| {
+                let name = self.resolve(t);
+                let n = partitions.get(&name).copied().unwrap_or(1);
+                (name, n)
+            })
+            .collect();
+        match &self.embedded {
+            Some(cluster) => {
+                for (name, n) in &to_create {
+                    cluster.create_topic(name, *n)?;
+                }
+            }
+            None => create_topics(&cfg, &to_create, REQUEST_TIMEOUT)?,
+        }
+        Ok(partitions)
+    }
+
+    /// Starts processing on a background thread.
+    pub fn start(&self) -> Result<RunningRuntime, RuntimeError> {
+        let partitions = self.prepare_topics()?;
+        let c = &self.config;
+        tracing::info!(
+            application_id = %c.application_id,
+            bootstrap = %self.bootstrap,
+            parallelising_factor = c.parallelising_factor,
+            worker_threads = c.worker_threads,
+            state_dir = %c.state_dir.display(),
+            "starting"
+        );
+        let stateful = self
+            .topology
+            .sub_topologies()
+            .iter()
+            .any(|s| s.is_stateful());
+        let db = if stateful {
+            Some(StateDb::open(&StateConfig {
+                dir: c.state_dir.clone(),
+                memory_bytes: c.rocksdb_memory_bytes,
+            })?)
+        } else {
+            None
+        };
+        let sink: Arc<dyn RecordSink> = Arc::new(KafkaSink::new(&self.bootstrap, &c.kafka)?);
+        let internal: HashMap<Topic, u32> = self
+            .topology
+            .internal_topics()
+            .into_keys()
+            .map(|t| {
+                let n = partitions.get(&self.resolve(&t)).copied().unwrap_or(1);
+                (t, n)
+            })
+            .collect();
+        let engine = Engine::new(
+            self.topology.clone(),
+            EngineConfig {
+                application_id: c.application_id.clone(),
+                parallelising_factor: c.parallelising_factor,
+                worker_threads: c.worker_threads,
+                mailbox_capacity: c.mailbox_capacity,
+                deserialization_handler: c.deserialization_handler.clone(),
+            },
+            db,
+            sink,
+            internal,
+        )?;
+        let engine = Arc::new(Mutex::new(engine));
+        let ctx = SourceContext {
+            engine: engine.clone(),
+            drain_timeout: c.shutdown_timeout,
+            committed: Mutex::new(HashMap::new()),
+            error: Mutex::new(None),
+            rebalances: AtomicU64::new(0),
+        };
+        let mut cfg = client_config(&self.bootstrap, &c.kafka);
+        cfg.set("group.id", &c.application_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            .set("session.timeout.ms", "10000")
+            .set("heartbeat.interval.ms", "1000");
+        for (k, v) in &c.kafka {
+            cfg.set(k, v);
+        }
+        let consumer: BaseConsumer<SourceContext> = cfg.create_with_context(ctx)?;
+        let topics: Vec<String> = self
+            .topology
+            .source_topics()
+            .iter()
+            .map(|t| self.resolve(t))
+            .collect();
+        let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&refs)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (stop2, interval) = (stop.clone(), c.commit_interval);
+        let thread = std::thread::Builder::new()
+            .name("rill-source".into())
+            .spawn(move || {
+                let r = source::run(&consumer, &stop2, interval);
+                // Leaving the group fires the last revocation while the engine still exists.
+                consumer.unsubscribe();
+                drop(consumer);
+                r
+            })
+            .map_err(|_| RuntimeError::Panicked)?;
+        Ok(RunningRuntime {
+            stop,
+            thread: Some(thread),
+            engine,
+        })
+    }
+
+    /// Runs until SIGTERM or SIGINT, then drains, commits and returns; a second signal exits at
+    /// once.
+    pub fn run_until_signal(&self) -> Result<(), RuntimeError> {
+        let running = self.start()?;
+        let stop = running.stop.clone();
+        std::thread::Builder::new()
+            .name("rill-signals".into())
+            .spawn(move || wait_for_signals(&stop))
+            .map_err(|_| RuntimeError::Panicked)?;
+        running.join()
+    }
+}
+
+fn wait_for_signals(stop: &AtomicBool) {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        tracing::error!("could not install signal handlers");
+        return;
+    };
+    rt.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::error!("could not install signal handlers");
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!("signal received: draining and committing (a second signal exits at once)");
+        stop.store(true, Ordering::SeqCst);
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::warn!("second signal: exiting without draining");
+        std::process::exit(130);
+    });
+}
+
+/// A runtime that is processing; stop it with [`RunningRuntime::shutdown`].
+pub struct RunningRuntime {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<(), SourceError>>>,
+    engine: Arc<Mutex<Engine>>,
+}
+
+impl RunningRuntime {
+    /// Records processed so far.
+    pub fn processed(&self) -> u64 {
+        self.engine.lock().stats().processed()
+    }
+
+    /// Records discarded for `reason` so far.
+    pub fn discarded(&self, reason: &str) -> u64 {
+        self.engine.lock().stats().discarded(reason)
+    }
+
+    /// Whether processing stopped (on an error, or after `shutdown`).
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
+    /// Stops fetching, drains, commits, closes state and returns the loop's result.
+    pub fn shutdown(self) -> Result<(), RuntimeError> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.join()
+    }
+
+    /// Waits for the loop to end by itself (a signal or an error).
+    pub fn join(mut self) -> Result<(), RuntimeError> {
+        let r = match self.thread.take() {
+            Some(t) => t.join().map_err(|_| RuntimeError::Panicked)?,
+            None => Ok(()),
+        };
+        tracing::info!("stopped");
+        r.map_err(RuntimeError::from)
+    }
+}
+
+/// Installs a log subscriber filtered by `RILL_LOG` (default `info`), once per process.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RILL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A subscriber installed earlier (by the application or a test) wins.
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
+}
