@@ -10,7 +10,8 @@
 //! RILL_BOOTSTRAP_SERVERS=127.0.0.1:9092 RILL_PARALLELISING_FACTOR=4 \
 //!     cargo run --release --example wordcount             # a real cluster: only processes, until SIGTERM
 //! ```
-//! Settings come from `RILL_*` environment variables (see `rill_runtime::config`).
+//! Settings come from `RILL_*` environment variables (see `rill_runtime::config`); `--input T` and
+//! `--output T` change the topic names.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,10 +29,10 @@ const INPUT: &str = "streams-plaintext-input";
 const OUTPUT: &str = "streams-wordcount-output";
 
 /// The topology: lines -> lower-case words -> count per word.
-fn topology() -> Result<Topology, TopologyError> {
+fn topology(input: &str, output: &str) -> Result<Topology, TopologyError> {
     let builder = StreamsBuilder::new();
     builder
-        .stream(INPUT, StringSerde, StringSerde)
+        .stream(input, StringSerde, StringSerde)
         .flat_map_values(|line: String| {
             line.to_lowercase()
                 .split(|c: char| !c.is_alphanumeric())
@@ -42,7 +43,7 @@ fn topology() -> Result<Topology, TopologyError> {
         .group_by(|_key, word: &String| word.clone(), StringSerde, StringSerde)
         .count("counts-store")
         .to_stream()
-        .to(OUTPUT);
+        .to(output);
     builder.build()
 }
 
@@ -58,6 +59,7 @@ const DEMO_TEXT: &[&str] = &[
 /// Produces the demo text in a loop until `stop`.
 fn feed(
     bootstrap: String,
+    topic: String,
     stop: Arc<AtomicBool>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
@@ -66,7 +68,7 @@ fn feed(
     let mut i = 0usize;
     while !stop.load(Ordering::SeqCst) {
         let line = DEMO_TEXT[i % DEMO_TEXT.len()];
-        let _ = producer.send(BaseRecord::<(), str>::to(INPUT).payload(line));
+        let _ = producer.send(BaseRecord::<(), str>::to(&topic).payload(line));
         i += 1;
         if i % 100 == 0 {
             std::thread::sleep(Duration::from_millis(100));
@@ -79,6 +81,7 @@ fn feed(
 /// Reads the output topic and prints a running top 10.
 fn show(
     bootstrap: String,
+    topic: String,
     stop: Arc<AtomicBool>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let consumer: BaseConsumer = ClientConfig::new()
@@ -87,7 +90,7 @@ fn show(
         .set("auto.offset.reset", "earliest")
         .set("session.timeout.ms", "6000")
         .create()?;
-    consumer.subscribe(&[OUTPUT])?;
+    consumer.subscribe(&[topic.as_str()])?;
     let mut counts: HashMap<String, i64> = HashMap::new();
     let mut last = Instant::now();
     while !stop.load(Ordering::SeqCst) {
@@ -115,38 +118,43 @@ fn show(
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     rill::runtime::service::init_logging();
     let args: Vec<String> = std::env::args().collect();
-    let seconds = match args.iter().position(|a| a == "--seconds") {
-        Some(i) => Some(
-            args.get(i + 1)
-                .and_then(|s| s.parse::<u64>().ok())
-                .ok_or("--seconds takes a whole number")?,
+    let arg = |name: &str| -> Option<String> {
+        let i = args.iter().position(|a| a == name)?;
+        args.get(i + 1).cloned()
+    };
+    let seconds = match arg("--seconds") {
+        Some(s) => Some(
+            s.parse::<u64>()
+                .map_err(|_| "--seconds takes a whole number")?,
         ),
         None => None,
     };
+    let input = arg("--input").unwrap_or_else(|| INPUT.to_string());
+    let output = arg("--output").unwrap_or_else(|| OUTPUT.to_string());
     let config = ConfigBuilder::new()
         .set("application.id", "streams-wordcount")
         .set("parallelising.factor", 4)
         .with_env()
         .build()?;
-    let runtime = Runtime::new(topology()?, config)?;
+    let runtime = Runtime::new(topology(&input, &output)?, config)?;
     let Some(cluster) = runtime.embedded() else {
         // A real cluster: only process, until SIGTERM / SIGINT.
         runtime.run_until_signal()?;
         return Ok(());
     };
-    cluster.create_topic(INPUT, 4)?;
-    cluster.create_topic(OUTPUT, 4)?;
+    cluster.create_topic(&input, 4)?;
+    cluster.create_topic(&output, 4)?;
     println!(
         "embedded cluster at {}; feeding demo text (Ctrl-C stops)",
         runtime.bootstrap_servers()
     );
     let stop = Arc::new(AtomicBool::new(false));
-    let helpers: Vec<_> = [feed as fn(_, _) -> _, show]
+    let helpers: Vec<_> = [(feed as fn(_, _, _) -> _, input), (show, output)]
         .into_iter()
-        .map(|f| {
+        .map(|(f, topic)| {
             let (b, s) = (runtime.bootstrap_servers().to_string(), stop.clone());
             std::thread::spawn(move || {
-                if let Err(e) = f(b, s) {
+                if let Err(e) = f(b, topic, s) {
                     eprintln!("demo helper failed: {e}");
                 }
             })
