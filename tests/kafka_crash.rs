@@ -107,7 +107,7 @@ fn counts_stay_exact_across_repeated_sigkills() {
         "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota",
     ];
     let mut truth: HashMap<String, i64> = HashMap::new();
-    let batches: Vec<Vec<(Option<Vec<u8>>, Vec<u8>)>> = (0..30)
+    let batches: Vec<Vec<common::Input>> = (0..30)
         .map(|b| {
             (0..200)
                 .map(|i| {

@@ -49,7 +49,7 @@ fn wordcount_end_to_end(p: usize) {
     create_topic(&output, 3);
     let words = ["apple", "banana", "cherry", "date", "elder", "fig", "grape"];
     let mut truth: HashMap<String, i64> = HashMap::new();
-    let lines: Vec<(Option<Vec<u8>>, Vec<u8>)> = (0..600)
+    let lines: Vec<common::Input> = (0..600)
         .map(|i| {
             let line: Vec<&str> = (0..(i % 5 + 1))
                 .map(|j| words[(i * 7 + j * 3) % words.len()])
@@ -107,11 +107,11 @@ fn sum_topology(input: &str, output: &str) -> Topology {
     builder.build().expect("topology")
 }
 
-fn good(k: &str, v: i64) -> (Option<Vec<u8>>, Vec<u8>) {
+fn good(k: &str, v: i64) -> common::Input {
     (Some(k.as_bytes().to_vec()), v.to_be_bytes().to_vec())
 }
 
-fn bad(k: &str) -> (Option<Vec<u8>>, Vec<u8>) {
+fn bad(k: &str) -> common::Input {
     (Some(k.as_bytes().to_vec()), b"not a long".to_vec())
 }
 

@@ -54,8 +54,13 @@ pub fn producer() -> ThreadedProducer<DefaultProducerContext> {
         .expect("producer")
 }
 
+/// A record to produce: optional key bytes and value bytes.
+pub type Input = (Option<Vec<u8>>, Vec<u8>);
+/// Latest value per key.
+pub type Latest = HashMap<Vec<u8>, Vec<u8>>;
+
 /// Produces (key, value) pairs to `topic` and waits until they are written.
-pub fn produce(topic: &str, records: &[(Option<Vec<u8>>, Vec<u8>)]) {
+pub fn produce(topic: &str, records: &[Input]) {
     let p = producer();
     for (k, v) in records {
         let mut r = BaseRecord::<[u8], [u8]>::to(topic).payload(v);
@@ -81,8 +86,8 @@ pub fn produce(topic: &str, records: &[(Option<Vec<u8>>, Vec<u8>)]) {
 pub fn read_until(
     topic: &str,
     timeout: Duration,
-    mut done: impl FnMut(&HashMap<Vec<u8>, Vec<u8>>) -> bool,
-) -> (HashMap<Vec<u8>, Vec<u8>>, Vec<(Vec<u8>, Vec<u8>)>) {
+    mut done: impl FnMut(&Latest) -> bool,
+) -> (Latest, Vec<(Vec<u8>, Vec<u8>)>) {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .set("group.id", unique("reader"))

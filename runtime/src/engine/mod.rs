@@ -682,3 +682,120 @@ impl Drop for Engine {
         self.tasks.clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sink::MemorySink;
+    use rill_topology::prelude::*;
+    use std::sync::Condvar as StdCondvar;
+    use std::sync::Mutex as StdMutex;
+
+    fn raw(key: &str) -> RawRecord {
+        RawRecord {
+            key: Some(key.as_bytes().to_vec()),
+            value: Some(b"v".to_vec()),
+            timestamp: 0,
+            headers: rill_topology::Headers::new(),
+        }
+    }
+
+    /// A range blocked on a slow record fills its mailbox and reports `Full` (pause), while the
+    /// other range of the same partition keeps processing.
+    #[test]
+    fn a_slow_range_does_not_hold_up_the_other_ranges() {
+        let gate = Arc::new((StdMutex::new(false), StdCondvar::new()));
+        let g = gate.clone();
+        let builder = StreamsBuilder::new();
+        builder
+            .stream("in", StringSerde, StringSerde)
+            .peek(move |k: Option<&String>, _v: &String| {
+                if k.is_some_and(|k| k == "slow") {
+                    let (open, cv) = &*g;
+                    let mut o = open.lock().unwrap_or_else(|e| e.into_inner());
+                    while !*o {
+                        o = cv.wait(o).unwrap_or_else(|e| e.into_inner());
+                    }
+                }
+            })
+            .to("out");
+        let sink = Arc::new(MemorySink::new());
+        let config = EngineConfig {
+            parallelising_factor: 2,
+            worker_threads: 2,
+            mailbox_capacity: 4,
+            ..EngineConfig::default()
+        };
+        let mut e = Engine::new(
+            Arc::new(builder.build().unwrap()),
+            config,
+            None,
+            sink.clone(),
+            HashMap::new(),
+        )
+        .unwrap();
+        e.assign("in", 0, &HashMap::new()).unwrap();
+        let slow_range = range_of(key_hash(b"slow"), 2);
+        let fast = (0..)
+            .map(|i| format!("fast-{i}"))
+            .find(|k| range_of(key_hash(k.as_bytes()), 2) != slow_range)
+            .unwrap();
+        let mut offset = 0u64;
+        let mut outcomes = Vec::new();
+        for _ in 0..6 {
+            outcomes.push(e.dispatch("in", 0, offset, raw("slow")).unwrap());
+            if *outcomes.last().unwrap() != Dispatch::Full {
+                offset += 1;
+            }
+        }
+        assert_eq!(
+            outcomes.iter().filter(|o| **o == Dispatch::Full).count(),
+            2,
+            "{outcomes:?}"
+        );
+        let mut sent = 0;
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while sent < 200 && std::time::Instant::now() < deadline {
+            match e.dispatch("in", 0, offset, raw(&fast)).unwrap() {
+                Dispatch::Full => std::thread::sleep(Duration::from_millis(1)),
+                _ => {
+                    sent += 1;
+                    offset += 1;
+                }
+            }
+        }
+        assert_eq!(sent, 200, "the fast range kept taking records");
+        let mut out = Vec::new();
+        while out.len() < 200 && std::time::Instant::now() < deadline {
+            out.extend(sink.take("out"));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            out.len(),
+            200,
+            "the fast range processed everything while the slow one blocked"
+        );
+        assert!(out
+            .iter()
+            .all(|(_, r)| r.key.as_deref() == Some(fast.as_bytes())));
+        let lw = e.progress();
+        assert!(
+            lw.iter().all(|p| p.low_watermark == 0),
+            "nothing of the slow range committed: {lw:?}"
+        );
+        {
+            let (open, cv) = &*gate;
+            *open.lock().unwrap() = true;
+            cv.notify_all();
+        }
+        assert!(e.wait_idle(Duration::from_secs(20)));
+        e.commit();
+        assert!(e.wait_idle(Duration::from_secs(20)));
+        let p = e.progress();
+        assert_eq!(
+            p[0].low_watermark, offset,
+            "all committed after the slow range drained"
+        );
+        assert_eq!(sink.take("out").len(), 4);
+    }
+}
