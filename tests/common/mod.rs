@@ -58,6 +58,8 @@ pub fn producer() -> ThreadedProducer<DefaultProducerContext> {
 pub type Input = (Option<Vec<u8>>, Vec<u8>);
 /// Latest value per key.
 pub type Latest = HashMap<Vec<u8>, Vec<u8>>;
+/// Every (key, value) read, in order.
+pub type Read = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// Produces (key, value) pairs to `topic` and waits until they are written.
 pub fn produce(topic: &str, records: &[Input]) {
@@ -87,7 +89,7 @@ pub fn read_until(
     topic: &str,
     timeout: Duration,
     mut done: impl FnMut(&Latest) -> bool,
-) -> (Latest, Vec<(Vec<u8>, Vec<u8>)>) {
+) -> (Latest, Read) {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .set("group.id", unique("reader"))
