@@ -133,8 +133,12 @@ impl ConfigBuilder {
             let Some(rest) = name.strip_prefix("RILL_") else {
                 continue;
             };
-            // Variables of the tooling around rill, not config keys.
-            if rest.starts_with("TEST_") || rest == "CONFIG" || rest == "LOG" {
+            // Variables of the tooling around rill (test broker, logs), not config keys.
+            if rest.starts_with("TEST_")
+                || rest.starts_with("BROKER_")
+                || rest == "CONFIG"
+                || rest == "LOG"
+            {
                 continue;
             }
             let lower = rest.to_ascii_lowercase();
@@ -302,6 +306,7 @@ mod tests {
                 ("RILL_PARALLELISING_FACTOR", "8"),
                 ("RILL_KAFKA_SECURITY_PROTOCOL", "plaintext"),
                 ("RILL_TEST_BOOTSTRAP", "ignored"),
+                ("RILL_BROKER_PORT", "9092"),
                 ("PATH", "/bin"),
             ]))
             .build()

@@ -1,0 +1,166 @@
+//! End-to-end wordcount throughput against a real broker, with P = 1, 2, 4, 8 on 1 and on 4 input
+//! partitions, and a bare rdkafka consume loop over the same topic as the ceiling.
+//!
+//! ```sh
+//! scripts/kafka start
+//! RILL_TEST_BOOTSTRAP=127.0.0.1:9092 cargo bench --bench kafka_wordcount
+//! ```
+//! Each run reads the whole input topic (LINES lines of 5 words) from the start with a fresh
+//! application id and stops when every word count is final; the figure is input records per
+//! second over that time, group join included.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::Message;
+use rill::prelude::*;
+use rill::runtime::kafka::admin::{client_config, create_topics};
+use rill::runtime::{ConfigBuilder, Runtime};
+
+const LINES: usize = 200_000;
+const WORDS: [&str; 16] = [
+    "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
+    "lambda", "mu", "nu", "xi", "omicron", "pi",
+];
+
+fn bootstrap() -> String {
+    std::env::var("RILL_TEST_BOOTSTRAP")
+        .expect("set RILL_TEST_BOOTSTRAP to a broker (scripts/kafka start)")
+}
+
+fn stamp() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+fn topology(input: &str, output: &str) -> Topology {
+    let builder = StreamsBuilder::new();
+    builder
+        .stream(input, StringSerde, StringSerde)
+        .flat_map_values(|line: String| line.split(' ').map(str::to_string).collect::<Vec<_>>())
+        .group_by(|_k, w: &String| w.clone(), StringSerde, StringSerde)
+        .count("counts")
+        .to_stream()
+        .to(output);
+    builder.build().expect("topology")
+}
+
+/// Fills `topic` with LINES lines and returns the ground-truth counts.
+fn fill(topic: &str) -> HashMap<String, i64> {
+    let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("linger.ms", "20")
+        .set("compression.type", "lz4")
+        .create()
+        .expect("producer");
+    let mut truth = HashMap::new();
+    for i in 0..LINES {
+        let line: Vec<&str> = (0..5)
+            .map(|j| WORDS[(i * 7 + j * 5 + i / 3) % WORDS.len()])
+            .collect();
+        for w in &line {
+            *truth.entry(w.to_string()).or_insert(0) += 1;
+        }
+        let text = line.join(" ");
+        let mut r = BaseRecord::<(), str>::to(topic).payload(text.as_str());
+        while let Err((_, back)) = p.send(r) {
+            r = back;
+            p.poll(Duration::from_millis(5));
+        }
+    }
+    p.flush(Duration::from_secs(60)).expect("flush");
+    truth
+}
+
+fn ceiling(topic: &str) -> f64 {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", format!("ceiling-{}", stamp()))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    c.subscribe(&[topic]).expect("subscribe");
+    let start = Instant::now();
+    let mut n = 0;
+    while n < LINES {
+        if let Some(Ok(m)) = c.poll(Duration::from_millis(100)) {
+            std::hint::black_box(m.payload());
+            n += 1;
+        }
+    }
+    LINES as f64 / start.elapsed().as_secs_f64()
+}
+
+fn rill_run(input: &str, p: usize, truth: &HashMap<String, i64>) -> f64 {
+    let output = format!("{input}-out-{}", stamp());
+    create_topics(
+        &client_config(&bootstrap(), &BTreeMap::new()),
+        &[(output.clone(), 4)],
+        Duration::from_secs(30),
+    )
+    .expect("output topic");
+    let state = tempfile::tempdir().expect("tempdir");
+    let config = ConfigBuilder::new()
+        .set("application.id", format!("bench-{}", stamp()))
+        .set("bootstrap.servers", bootstrap())
+        .set("parallelising.factor", p)
+        .set("state.dir", state.path().display())
+        .set("metrics.addr", "off")
+        .build()
+        .expect("config");
+    let reader: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", format!("reader-{}", stamp()))
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("reader");
+    reader.subscribe(&[output.as_str()]).expect("subscribe");
+    let runtime = Runtime::new(topology(input, &output), config).expect("runtime");
+    let start = Instant::now();
+    let running = runtime.start().expect("start");
+    let mut latest: HashMap<String, i64> = HashMap::new();
+    while latest != *truth && start.elapsed() < Duration::from_secs(600) {
+        if let Some(Ok(m)) = reader.poll(Duration::from_millis(50)) {
+            if let (Some(k), Some(v)) = (m.key(), m.payload()) {
+                let k = String::from_utf8_lossy(k).into_owned();
+                latest.insert(k, I64Serde.deserialize(v).expect("long"));
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    running.shutdown().expect("shutdown");
+    assert_eq!(latest, *truth, "counts must be exact");
+    LINES as f64 / secs
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    for partitions in [1u32, 4] {
+        let input = format!("bench-lines-{partitions}p-{}", stamp());
+        create_topics(
+            &client_config(&bootstrap(), &BTreeMap::new()),
+            &[(input.clone(), partitions)],
+            Duration::from_secs(30),
+        )
+        .expect("input topic");
+        let truth = fill(&input);
+        println!("{partitions} partition(s), {LINES} lines of 5 words:");
+        println!(
+            "  bare rdkafka consume loop: {:>10.0} lines/s",
+            ceiling(&input)
+        );
+        for p in [1usize, 2, 4, 8] {
+            println!(
+                "  rill wordcount P = {p}:      {:>10.0} lines/s",
+                rill_run(&input, p, &truth)
+            );
+        }
+    }
+}
