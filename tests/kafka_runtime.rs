@@ -265,3 +265,47 @@ fn a_missing_source_topic_is_a_clear_error() {
         "{err}"
     );
 }
+
+/// With more ranges than fit in the broker's 4096-byte metadata limit, the low watermark is still
+/// committed, alone, and processing goes on.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test"]
+fn too_many_ranges_for_the_metadata_commit_the_low_watermark_alone() {
+    let (input, output, app) = (unique("wide-in"), unique("wide-out"), unique("wide"));
+    create_topic(&input, 1);
+    create_topic(&output, 1);
+    let records: Vec<common::Input> = (0..1000).map(|i| good(&format!("k{i}"), i)).collect();
+    produce(&input, &records);
+    let builder = StreamsBuilder::new();
+    builder
+        .stream(&input, StringSerde, I64Serde)
+        .map_values(|v: i64| v * 2)
+        .to_with(&output, StringSerde, I64Serde);
+    let state = tempfile::tempdir().expect("tempdir");
+    let runtime = Runtime::new(
+        builder.build().expect("topology"),
+        config(&app, 400, state.path()).build().expect("config"),
+    )
+    .expect("runtime");
+    let running = runtime.start().expect("start");
+    let (latest, _) = read_until(&output, Duration::from_secs(60), |l| l.len() == 1000);
+    running.shutdown().expect("clean shutdown");
+    assert_eq!(latest.len(), 1000);
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", &app)
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(&input, 0);
+    let got = c
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .expect("committed");
+    let e = &got.elements()[0];
+    assert_eq!(e.offset(), Offset::Offset(1000));
+    assert_eq!(
+        e.metadata(),
+        "",
+        "400 ranges do not fit in 4096 bytes: no metadata"
+    );
+}
