@@ -252,7 +252,7 @@ impl Inner {
             return Err(DriverError::Hung(IDLE_TIMEOUT));
         }
         if let Some(e) = self.engine.failure() {
-            return Err(DriverError::Engine(EngineError::Pool(e.to_string())));
+            return Err(DriverError::Engine(EngineError::Stopped(e)));
         }
         Ok(())
     }

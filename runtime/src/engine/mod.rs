@@ -148,6 +148,9 @@ pub enum EngineError {
     /// The worker pool could not start.
     #[error("worker pool: {0}")]
     Pool(String),
+    /// Processing stopped earlier on this error; the engine takes no more work.
+    #[error("processing stopped: {0}")]
+    Stopped(Arc<EngineError>),
 }
 
 /// Counters of what the engine did (also exported as metrics by the service).
@@ -499,7 +502,7 @@ impl Engine {
         raw: RawRecord,
     ) -> Result<Dispatch, EngineError> {
         if let Some(e) = self.failure() {
-            return Err(EngineError::Pool(format!("processing stopped: {e}")));
+            return Err(EngineError::Stopped(e));
         }
         let (sub, topic_index, t) = self.source(topic)?.clone();
         let task =

@@ -303,7 +303,8 @@ impl Core {
 
     /// The range commit protocol for this sub-task (see `crate::engine` docs).
     fn commit(&mut self, id: &SubTaskId, shared: &Shared) -> Result<(), EngineError> {
-        if self.processed == self.committed {
+        let dirty = self.state.as_ref().is_some_and(SubTaskState::is_dirty);
+        if self.processed == self.committed && !dirty {
             return Ok(());
         }
         // 1. Outputs of the processed records are durable before progress claims them.
