@@ -7,22 +7,10 @@ use rill::runtime::driver::DriverError;
 use rill::topology::processor::RecordMeta;
 use rill::topology::RawRecord;
 
+mod common;
+
 fn wordcount() -> Topology {
-    let builder = StreamsBuilder::new();
-    builder
-        .stream("lines", StringSerde, StringSerde)
-        .flat_map_values(|line: String| {
-            line.to_lowercase()
-                .split(|c: char| !c.is_alphanumeric())
-                .filter(|w| !w.is_empty())
-                .map(str::to_string)
-                .collect::<Vec<_>>()
-        })
-        .group_by(|_k, w: &String| w.clone(), StringSerde, StringSerde)
-        .count("counts-store")
-        .to_stream()
-        .to("counts");
-    builder.build().unwrap()
+    common::wordcount("lines", "counts")
 }
 
 #[test]

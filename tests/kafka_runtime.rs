@@ -9,29 +9,13 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{bootstrap, create_topic, first_header_names, long, produce, read_until, unique};
+use common::{
+    bootstrap, create_topic, first_header_names, long, produce, read_until, unique, wordcount,
+};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use rill::prelude::*;
 use rill::runtime::{ConfigBuilder, Runtime, RuntimeError};
-
-fn wordcount(input: &str, output: &str) -> Topology {
-    let builder = StreamsBuilder::new();
-    builder
-        .stream(input, StringSerde, StringSerde)
-        .flat_map_values(|line: String| {
-            line.to_lowercase()
-                .split(|c: char| !c.is_alphanumeric())
-                .filter(|w| !w.is_empty())
-                .map(str::to_string)
-                .collect::<Vec<_>>()
-        })
-        .group_by(|_k, w: &String| w.clone(), StringSerde, StringSerde)
-        .count("counts-store")
-        .to_stream()
-        .to(output);
-    builder.build().expect("topology")
-}
 
 fn config(app: &str, p: usize, state: &std::path::Path) -> ConfigBuilder {
     ConfigBuilder::new()

@@ -9,6 +9,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers as _;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::Message;
+use rill::prelude::*;
 use rill::runtime::kafka::admin::{client_config, create_topics};
 
 /// The broker under test, from `RILL_TEST_BOOTSTRAP`; panics (never skips) when it is not set.
@@ -136,4 +137,24 @@ pub fn first_header_names(topic: &str) -> Vec<String> {
         }
     }
     panic!("no record on {topic}");
+}
+
+/// Word count as in Kafka Streams' WordCountDemo: lines -> lower-case words -> count per word in
+/// `counts-store` -> `output` (word, big-endian i64).
+pub fn wordcount(input: &str, output: &str) -> Topology {
+    let builder = StreamsBuilder::new();
+    builder
+        .stream(input, StringSerde, StringSerde)
+        .flat_map_values(|line: String| {
+            line.to_lowercase()
+                .split(|c: char| !c.is_alphanumeric())
+                .filter(|w| !w.is_empty())
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .group_by(|_k, w: &String| w.clone(), StringSerde, StringSerde)
+        .count("counts-store")
+        .to_stream()
+        .to(output);
+    builder.build().expect("topology")
 }

@@ -485,21 +485,7 @@ where
         &self,
         f: impl Fn(V) -> V2 + Send + Sync + 'static,
     ) -> KStream<K, V2> {
-        let next = self.stateless("map-values", false, move |r, out| {
-            let Record {
-                key,
-                value,
-                timestamp,
-                headers,
-            } = r;
-            out(Record {
-                key,
-                value: f(value),
-                timestamp,
-                headers,
-            })
-        });
-        Self::with_serdes(next, self.key_serde.clone(), None)
+        self.values_op("map-values", move |v| std::iter::once(f(v)))
     }
 
     /// Replaces each value by zero or more values; the key is unchanged.
@@ -507,7 +493,15 @@ where
         &self,
         f: impl Fn(V) -> I + Send + Sync + 'static,
     ) -> KStream<K, V2> {
-        let next = self.stateless("flat-map-values", false, move |r, out| {
+        self.values_op("flat-map-values", f)
+    }
+
+    fn values_op<V2: Datum + Clone, I: IntoIterator<Item = V2>>(
+        &self,
+        op: &str,
+        f: impl Fn(V) -> I + Send + Sync + 'static,
+    ) -> KStream<K, V2> {
+        let next = self.stateless(op, false, move |r, out| {
             let Record {
                 key,
                 value,
@@ -537,21 +531,7 @@ where
         &self,
         f: impl Fn(Option<K>, V) -> (K2, V2) + Send + Sync + 'static,
     ) -> KStream<K2, V2> {
-        self.stateless("map", true, move |r, out| {
-            let Record {
-                key,
-                value,
-                timestamp,
-                headers,
-            } = r;
-            let (k, v) = f(key, value);
-            out(Record {
-                key: Some(k),
-                value: v,
-                timestamp,
-                headers,
-            })
-        })
+        self.pairs_op("map", move |k, v| std::iter::once(f(k, v)))
     }
 
     /// Replaces each record by zero or more (key, value) pairs; marks the stream for repartitioning.
@@ -559,7 +539,15 @@ where
         &self,
         f: impl Fn(Option<K>, V) -> I + Send + Sync + 'static,
     ) -> KStream<K2, V2> {
-        self.stateless("flat-map", true, move |r, out| {
+        self.pairs_op("flat-map", f)
+    }
+
+    fn pairs_op<K2: Datum + Clone, V2: Datum + Clone, I: IntoIterator<Item = (K2, V2)>>(
+        &self,
+        op: &str,
+        f: impl Fn(Option<K>, V) -> I + Send + Sync + 'static,
+    ) -> KStream<K2, V2> {
+        self.stateless(op, true, move |r, out| {
             let Record {
                 key,
                 value,
