@@ -5,7 +5,7 @@
 //! scripts/kafka start
 //! RILL_TEST_BOOTSTRAP=127.0.0.1:9092 cargo bench --bench kafka_wordcount
 //! ```
-//! Each run reads the whole input topic (LINES lines of 5 words) from the start with a fresh
+//! Each run reads the whole input topic (`RILL_BENCH_LINES` lines of 5 words) from the start with a fresh
 //! application id and stops when every word count is final; the figure is input records per
 //! second over that time, group join included.
 
@@ -20,7 +20,13 @@ use rill::prelude::*;
 use rill::runtime::kafka::admin::{client_config, create_topics};
 use rill::runtime::{ConfigBuilder, Runtime};
 
-const LINES: usize = 200_000;
+/// Lines per input topic (`RILL_BENCH_LINES` overrides).
+fn lines() -> usize {
+    std::env::var("RILL_BENCH_lines()")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200_000)
+}
 const WORDS: [&str; 16] = [
     "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
     "lambda", "mu", "nu", "xi", "omicron", "pi",
@@ -49,7 +55,7 @@ fn topology(input: &str, output: &str) -> Topology {
     builder.build().expect("topology")
 }
 
-/// Fills `topic` with LINES lines and returns the ground-truth counts.
+/// Fills `topic` with lines() lines and returns the ground-truth counts.
 fn fill(topic: &str) -> HashMap<String, i64> {
     let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
@@ -58,7 +64,7 @@ fn fill(topic: &str) -> HashMap<String, i64> {
         .create()
         .expect("producer");
     let mut truth = HashMap::new();
-    for i in 0..LINES {
+    for i in 0..lines() {
         let line: Vec<&str> = (0..5)
             .map(|j| WORDS[(i * 7 + j * 5 + i / 3) % WORDS.len()])
             .collect();
@@ -87,13 +93,13 @@ fn ceiling(topic: &str) -> f64 {
     c.subscribe(&[topic]).expect("subscribe");
     let start = Instant::now();
     let mut n = 0;
-    while n < LINES {
+    while n < lines() {
         if let Some(Ok(m)) = c.poll(Duration::from_millis(100)) {
             std::hint::black_box(m.payload());
             n += 1;
         }
     }
-    LINES as f64 / start.elapsed().as_secs_f64()
+    lines() as f64 / start.elapsed().as_secs_f64()
 }
 
 fn rill_run(input: &str, p: usize, truth: &HashMap<String, i64>) -> f64 {
@@ -111,6 +117,10 @@ fn rill_run(input: &str, p: usize, truth: &HashMap<String, i64>) -> f64 {
         .set("parallelising.factor", p)
         .set("state.dir", state.path().display())
         .set("metrics.addr", "off")
+        .set(
+            "mailbox.capacity",
+            std::env::var("RILL_BENCH_MAILBOX").unwrap_or_else(|_| "10000".into()),
+        )
         .build()
         .expect("config");
     let reader: BaseConsumer = ClientConfig::new()
@@ -135,14 +145,25 @@ fn rill_run(input: &str, p: usize, truth: &HashMap<String, i64>) -> f64 {
     let secs = start.elapsed().as_secs_f64();
     running.shutdown().expect("shutdown");
     assert_eq!(latest, *truth, "counts must be exact");
-    LINES as f64 / secs
+    lines() as f64 / secs
 }
 
 fn main() {
+    rill::runtime::service::init_logging();
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    for partitions in [1u32, 4] {
+    let parts: Vec<u32> = std::env::var("RILL_BENCH_PARTITIONS")
+        .ok()
+        .map_or(vec![1, 4], |s| {
+            s.split(',').filter_map(|x| x.parse().ok()).collect()
+        });
+    let factors: Vec<usize> = std::env::var("RILL_BENCH_FACTORS")
+        .ok()
+        .map_or(vec![1, 2, 4, 8], |s| {
+            s.split(',').filter_map(|x| x.parse().ok()).collect()
+        });
+    for partitions in parts {
         let input = format!("bench-lines-{partitions}p-{}", stamp());
         create_topics(
             &client_config(&bootstrap(), &BTreeMap::new()),
@@ -151,12 +172,12 @@ fn main() {
         )
         .expect("input topic");
         let truth = fill(&input);
-        println!("{partitions} partition(s), {LINES} lines of 5 words:");
+        println!("{partitions} partition(s), {} lines of 5 words:", lines());
         println!(
             "  bare rdkafka consume loop: {:>10.0} lines/s",
             ceiling(&input)
         );
-        for p in [1usize, 2, 4, 8] {
+        for &p in &factors {
             println!(
                 "  rill wordcount P = {p}:      {:>10.0} lines/s",
                 rill_run(&input, p, &truth)

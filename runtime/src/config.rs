@@ -8,7 +8,7 @@
 //! | `worker.threads` | cores | threads of the worker pool |
 //! | `state.dir` | `/tmp/rill/<application.id>` | where the RocksDB state lives |
 //! | `commit.interval.ms` | 100 | how often ranges commit and offsets are committed |
-//! | `mailbox.capacity` | 1000 | records a sub-task may queue before its partition pauses |
+//! | `mailbox.capacity` | 10000 | records a sub-task may queue before its partition pauses |
 //! | `processing.guarantee` | `at_least_once` | outputs at least once, state exactly once |
 //! | `metrics.addr` | `127.0.0.1:9898` | HTTP for /metrics, /health, /ready; `off` disables |
 //! | `rocksdb.memory.bytes` | 268435456 | one budget for block cache and memtables |
@@ -247,7 +247,7 @@ impl ConfigBuilder {
             parallelising_factor: number("parallelising.factor", 1, 1)? as usize,
             worker_threads: number("worker.threads", cores, 1)? as usize,
             commit_interval: Duration::from_millis(number("commit.interval.ms", 100, 1)?),
-            mailbox_capacity: number("mailbox.capacity", 1000, 1)? as usize,
+            mailbox_capacity: number("mailbox.capacity", 10_000, 1)? as usize,
             processing_guarantee,
             metrics_addr,
             rocksdb_memory_bytes: number("rocksdb.memory.bytes", 256 << 20, 1 << 20)? as usize,

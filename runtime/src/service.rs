@@ -221,7 +221,12 @@ impl Runtime {
             .set("auto.offset.reset", "earliest")
             .set("partition.assignment.strategy", "cooperative-sticky")
             .set("session.timeout.ms", "10000")
-            .set("heartbeat.interval.ms", "1000");
+            .set("heartbeat.interval.ms", "1000")
+            // A resumed partition is fetched only when the outstanding long-poll fetch returns;
+            // the 500 ms default turned every backpressure pause into a half-second stall.
+            .set("fetch.wait.max.ms", "10")
+            .set("fetch.queue.backoff.ms", "10")
+            .set("fetch.error.backoff.ms", "10");
         for (k, v) in &c.kafka {
             cfg.set(k, v);
         }

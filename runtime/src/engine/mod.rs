@@ -544,7 +544,17 @@ impl Engine {
         Ok(Dispatch::Queued)
     }
 
-    /// Whether the sub-task that would take a record with `key` at `offset` has room.
+    /// Whether every sub-task of the partition's task is at most half full: the point to resume
+    /// a paused partition (resuming sooner makes librdkafka drop and refetch its prefetched
+    /// records on every pause, which costs far more than the wait).
+    pub fn has_room(&self, topic: &str, partition: u32) -> bool {
+        let half = self.shared.config.mailbox_capacity / 2;
+        self.mailbox_depth(topic, partition)
+            .iter()
+            .all(|&d| d <= half)
+    }
+
+    /// Records queued or in process per sub-task of the partition's task.
     pub fn mailbox_depth(&self, topic: &str, partition: u32) -> Vec<usize> {
         let Ok(&(sub, _, _)) = self.source(topic) else {
             return Vec::new();

@@ -362,6 +362,7 @@ pub fn run(
 }
 
 fn pause(consumer: &BaseConsumer<SourceContext>, key: &(String, u32)) -> Result<(), KafkaError> {
+    tracing::debug!(topic = %key.0, partition = key.1, "mailbox full: pausing partition");
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(&key.0, key.1 as i32);
     consumer.pause(&tpl)
@@ -379,6 +380,9 @@ fn retry_held(
     let mut engine = ctx.engine.lock();
     let mut drained = Vec::new();
     for (key, q) in held.iter_mut() {
+        if !engine.has_room(&key.0, key.1) && engine.is_assigned(&key.0, key.1) {
+            continue;
+        }
         while let Some((offset, raw)) = q.front() {
             match engine.dispatch(&key.0, key.1, *offset, raw.clone()) {
                 Ok(Dispatch::Full) => break,
@@ -398,6 +402,7 @@ fn retry_held(
         held.remove(&key);
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(&key.0, key.1 as i32);
+        tracing::debug!(topic = %key.0, partition = key.1, "mailbox drained: resuming partition");
         // A partition revoked meanwhile cannot be resumed; that is fine.
         let _ = consumer.resume(&tpl);
     }
