@@ -22,7 +22,7 @@ use rill::runtime::{ConfigBuilder, Runtime};
 
 /// Lines per input topic (`RILL_BENCH_LINES` overrides).
 fn lines() -> usize {
-    std::env::var("RILL_BENCH_lines()")
+    std::env::var("RILL_BENCH_LINES")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(200_000)
