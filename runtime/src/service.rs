@@ -213,6 +213,7 @@ impl Runtime {
             committed: Mutex::new(HashMap::new()),
             error: Mutex::new(None),
             rebalances: AtomicU64::new(0),
+            held_limit: c.mailbox_capacity,
         };
         let mut cfg = client_config(&self.bootstrap, &c.kafka);
         cfg.set("group.id", &c.application_id)

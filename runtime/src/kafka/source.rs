@@ -13,7 +13,7 @@
 //!
 //! Both run inside `poll`, on the loop's thread, so the engine lock is free when they take it.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +29,9 @@ use rill_topology::{Headers, KeyRange, RawRecord, HASH_ID};
 use super::metadata::{self, RangeOffsets};
 use crate::engine::{Dispatch, Engine, EngineError, PartitionProgress};
 
+/// How long the loop may stop polling for a backed-up partition before pausing it.
+const STALL_LIMIT: Duration = Duration::from_secs(1);
+
 /// Time allowed for metadata and committed-offset requests.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -42,6 +45,8 @@ pub struct SourceContext {
     pub committed: Mutex<HashMap<(String, u32), u64>>,
     /// Set when a callback hit an error the loop must stop on.
     pub error: Mutex<Option<String>>,
+    /// Records a partition may park beyond its full mailboxes before the loop stops polling.
+    pub held_limit: usize,
     /// Rebalances seen.
     pub rebalances: std::sync::atomic::AtomicU64,
 }
@@ -286,6 +291,10 @@ pub fn run(
     let mut held: BTreeMap<(String, u32), VecDeque<(u64, RawRecord)>> = BTreeMap::new();
     let mut last_commit = Instant::now();
     let mut last_error_log = Instant::now() - Duration::from_secs(60);
+    // Partitions paused because they stayed backed up; resumed once their records are dispatched.
+    let mut paused: BTreeSet<(String, u32)> = BTreeSet::new();
+    let mut stalled_since: Option<Instant> = None;
+    let held_limit = ctx.held_limit;
     let result = loop {
         if stop.load(Ordering::SeqCst) {
             break Ok(());
@@ -293,15 +302,41 @@ pub fn run(
         if let Some(e) = ctx.error.lock().take() {
             break Err(SourceError::Rebalance(e));
         }
-        if let Err(e) = retry_held(consumer, &ctx, &mut held) {
+        if let Err(e) = retry_held(consumer, &ctx, &mut held, &mut paused) {
             break Err(e);
         }
+        // Backpressure. A full mailbox first parks records in `held`; while some partition has
+        // HELD_LIMIT parked records the loop stops polling (librdkafka keeps its prefetched
+        // records, bounded by queued.max.messages.kbytes). Only when that lasts longer than
+        // STALL_LIMIT are the backed-up partitions paused, so the others move on: a pause makes
+        // librdkafka drop and refetch the partition's prefetched records, which costs far more
+        // than a short stall (measured: ~1 s per pause/resume cycle).
+        let backed_up: Vec<(String, u32)> = held
+            .iter()
+            .filter(|(_, q)| q.len() >= held_limit)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let poll = if backed_up.is_empty() {
+            stalled_since = None;
+            true
+        } else if stalled_since.get_or_insert_with(Instant::now).elapsed() < STALL_LIMIT {
+            std::thread::sleep(Duration::from_millis(1));
+            false
+        } else {
+            for key in backed_up {
+                if paused.insert(key.clone()) {
+                    pause(consumer, &key)?;
+                }
+            }
+            stalled_since = None;
+            true
+        };
         let timeout = if held.is_empty() {
             Duration::from_millis(50)
         } else {
             Duration::from_millis(1)
         };
-        match consumer.poll(timeout) {
+        match if poll { consumer.poll(timeout) } else { None } {
             None => {}
             // A broker that goes away is retried by librdkafka; say so, but not on every poll.
             Some(Err(e)) if last_error_log.elapsed() > Duration::from_secs(5) => {
@@ -324,7 +359,6 @@ pub fn run(
                     match outcome {
                         Ok(Dispatch::Queued | Dispatch::Skipped) => {}
                         Ok(Dispatch::Full) => {
-                            pause(consumer, &key)?;
                             held.entry(key).or_default().push_back((offset, raw));
                         }
                         Err(EngineError::NotAssigned { .. }) => {}
@@ -373,6 +407,7 @@ fn retry_held(
     consumer: &BaseConsumer<SourceContext>,
     ctx: &SourceContext,
     held: &mut BTreeMap<(String, u32), VecDeque<(u64, RawRecord)>>,
+    paused: &mut BTreeSet<(String, u32)>,
 ) -> Result<(), SourceError> {
     if held.is_empty() {
         return Ok(());
@@ -400,6 +435,9 @@ fn retry_held(
     drop(engine);
     for key in drained {
         held.remove(&key);
+        if !paused.remove(&key) {
+            continue;
+        }
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(&key.0, key.1 as i32);
         tracing::debug!(topic = %key.0, partition = key.1, "mailbox drained: resuming partition");
