@@ -229,10 +229,12 @@ impl TaskInstance {
         meta: &RecordMeta,
         env: &mut dyn TaskEnv,
     ) -> Result<(), TaskError> {
-        let children = self.topology.nodes[node].children.clone();
+        // An Arc clone instead of cloning the children list: this runs once per record per node.
+        let topology = Arc::clone(&self.topology);
+        let children = &topology.nodes[node].children;
         let last = children.len().saturating_sub(1);
         let mut record = Some(record);
-        for (i, child) in children.into_iter().enumerate() {
+        for (i, &child) in children.iter().enumerate() {
             let r = if i == last {
                 record.take()
             } else {
