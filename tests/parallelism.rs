@@ -16,14 +16,14 @@ fn per_key<V>(records: Vec<(String, V)>) -> PerKey<V> {
     out
 }
 
-fn count_by_key(input: &[(String, i64)], p: usize, partitions: u32) -> PerKey<i64> {
-    let builder = StreamsBuilder::new();
-    builder
-        .stream("in", StringSerde, I64Serde)
-        .group_by_key()
-        .count("counts")
-        .to_stream()
-        .to("out");
+/// Runs `builder`'s topology on `input` with factor `p` and returns the outputs of `out` per key.
+fn run<V: 'static>(
+    builder: StreamsBuilder,
+    input: &[(String, i64)],
+    p: usize,
+    partitions: u32,
+    out_serde: impl Serde<V>,
+) -> PerKey<V> {
     let driver = TestDriver::builder(builder.build().unwrap())
         .parallelising_factor(p)
         .partitions("in", partitions)
@@ -34,9 +34,20 @@ fn count_by_key(input: &[(String, i64)], p: usize, partitions: u32) -> PerKey<i6
     topic.pipe_key_values(input.iter().cloned());
     per_key(
         driver
-            .output_topic("out", StringSerde, I64Serde)
+            .output_topic("out", StringSerde, out_serde)
             .read_key_values(),
     )
+}
+
+fn count_by_key(input: &[(String, i64)], p: usize, partitions: u32) -> PerKey<i64> {
+    let builder = StreamsBuilder::new();
+    builder
+        .stream("in", StringSerde, I64Serde)
+        .group_by_key()
+        .count("counts")
+        .to_stream()
+        .to("out");
+    run(builder, input, p, partitions, I64Serde)
 }
 
 /// A running aggregate whose result depends on the order of the values: any reordering within a
@@ -65,19 +76,7 @@ fn running_digest(input: &[(String, i64)], p: usize, partitions: u32) -> PerKey<
         )
         .to_stream()
         .to("out");
-    let driver = TestDriver::builder(builder.build().unwrap())
-        .parallelising_factor(p)
-        .partitions("in", partitions)
-        .worker_threads(4)
-        .build()
-        .unwrap();
-    let topic = driver.input_topic("in", StringSerde, I64Serde);
-    topic.pipe_key_values(input.iter().cloned());
-    per_key(
-        driver
-            .output_topic("out", StringSerde, StringSerde)
-            .read_key_values(),
-    )
+    run(builder, input, p, partitions, StringSerde)
 }
 
 fn keyed_input() -> impl Strategy<Value = Vec<(String, i64)>> {

@@ -428,24 +428,38 @@ where
             },
         );
         let supplier: Supplier = Arc::new(move || Box::new(FnProcessor(f.clone())));
+        self.add_processor(
+            None,
+            op,
+            supplier,
+            vec![],
+            vec![self.node],
+            self.key_changed || key_changed,
+        )
+    }
+
+    /// Adds a processor node below `parents` (named `name`, or `<op>-<n>`) and returns its
+    /// output stream, whose serdes are not known yet.
+    fn add_processor<K2, V2>(
+        &self,
+        name: Option<&str>,
+        op: &str,
+        supplier: Supplier,
+        stores: Vec<String>,
+        parents: Vec<usize>,
+        key_changed: bool,
+    ) -> KStream<K2, V2> {
         let node = {
             let mut g = self.builder.inner.borrow_mut();
-            let name = g.generated_name(op);
-            g.add(
-                name,
-                NodeKind::Processor {
-                    supplier,
-                    stores: vec![],
-                },
-                vec![self.node],
-            )
+            let name = name.map_or_else(|| g.generated_name(op), str::to_string);
+            g.add(name, NodeKind::Processor { supplier, stores }, parents)
         };
         KStream {
             builder: self.builder.clone(),
             node,
             key_serde: None,
             value_serde: None,
-            key_changed: self.key_changed || key_changed,
+            key_changed,
         }
     }
 
@@ -619,28 +633,21 @@ where
             Ok(())
         });
         let supplier: Supplier = Arc::new(move || Box::new(FnProcessor(f.clone())));
-        let node = {
-            let mut g = self.builder.inner.borrow_mut();
-            let name = g.generated_name("merge");
-            g.add(
-                name,
-                NodeKind::Processor {
-                    supplier,
-                    stores: vec![],
-                },
-                vec![self.node, other.node],
-            )
-        };
-        KStream {
-            builder: self.builder.clone(),
-            node,
-            key_serde: self.key_serde.clone().or_else(|| other.key_serde.clone()),
-            value_serde: self
-                .value_serde
+        let merged = self.add_processor(
+            None,
+            "merge",
+            supplier,
+            vec![],
+            vec![self.node, other.node],
+            self.key_changed || other.key_changed,
+        );
+        Self::with_serdes(
+            merged,
+            self.key_serde.clone().or_else(|| other.key_serde.clone()),
+            self.value_serde
                 .clone()
                 .or_else(|| other.value_serde.clone()),
-            key_changed: self.key_changed || other.key_changed,
-        }
+        )
     }
 
     /// Writes the stream to `topic` with the stream's serdes (see [`KStream::to_with`]).
@@ -699,21 +706,15 @@ where
     {
         let supplier: Supplier =
             Arc::new(move || Box::new(Typed::<P, K, V, K2, V2>::new(supplier())));
-        let node = self.builder.inner.borrow_mut().add(
-            name.to_string(),
-            NodeKind::Processor {
-                supplier,
-                stores: stores.iter().map(|s| s.to_string()).collect(),
-            },
+        let stores = stores.iter().map(|s| s.to_string()).collect();
+        self.add_processor(
+            Some(name),
+            "process",
+            supplier,
+            stores,
             vec![self.node],
-        );
-        KStream {
-            builder: self.builder.clone(),
-            node,
-            key_serde: None,
-            value_serde: None,
-            key_changed: true,
-        }
+            true,
+        )
     }
 
     /// Groups by the current key; repartitions first if an upstream operation changed the key.
