@@ -121,6 +121,7 @@ fn rill_run(input: &str, p: usize, truth: &HashMap<String, i64>) -> f64 {
             "mailbox.capacity",
             std::env::var("RILL_BENCH_MAILBOX").unwrap_or_else(|_| "10000".into()),
         )
+        .with_env()
         .build()
         .expect("config");
     let reader: BaseConsumer = ClientConfig::new()

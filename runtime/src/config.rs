@@ -133,8 +133,9 @@ impl ConfigBuilder {
             let Some(rest) = name.strip_prefix("RILL_") else {
                 continue;
             };
-            // Variables of the tooling around rill (test broker, logs), not config keys.
+            // Variables of the tooling around rill (tests, benches, broker, logs), not config keys.
             if rest.starts_with("TEST_")
+                || rest.starts_with("BENCH_")
                 || rest.starts_with("BROKER_")
                 || rest == "CONFIG"
                 || rest == "LOG"

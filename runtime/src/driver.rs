@@ -285,7 +285,7 @@ impl Inner {
 
     fn commit(&mut self) -> Result<(), DriverError> {
         self.settle()?;
-        self.engine.commit();
+        self.engine.commit_durable();
         self.settle()?;
         self.engine.progress();
         write_offsets(&self.dir, &self.ends)

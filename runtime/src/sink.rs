@@ -1,8 +1,10 @@
-//! Where the engine's output goes: the sink trait the Kafka producer and the TestDriver implement.
+//! Where the engine's output goes: the sink trait the Kafka producer and the TestDriver implement,
+//! and the per-sub-task delivery tracking that lets a range commit without waiting on the others.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use rill_topology::RawRecord;
 
 /// Why an output could not be written.
@@ -17,11 +19,128 @@ pub struct SinkError {
 
 /// Takes the engine's output records (sinks, repartition topics, dead letters).
 pub trait RecordSink: Send + Sync {
-    /// Queues `record` for `topic`; `partition: None` lets the sink's partitioner choose.
-    fn send(&self, topic: &str, partition: Option<u32>, record: RawRecord)
-        -> Result<(), SinkError>;
-    /// Returns once every record sent so far is durably written.
-    fn flush(&self) -> Result<(), SinkError>;
+    /// Queues `record` for `topic`; `partition: None` lets the sink's partitioner choose. The
+    /// sink reports the record's delivery to `deliveries` under `ticket` (see [`Deliveries`]).
+    fn send(
+        &self,
+        topic: &str,
+        partition: Option<u32>,
+        record: RawRecord,
+        ticket: Ticket,
+    ) -> Result<(), SinkError>;
+}
+
+/// One output record's claim on its sub-task's [`Deliveries`], settled by
+/// [`Ticket::delivered`]; a ticket dropped unsettled counts as a lost output.
+pub struct Ticket {
+    deliveries: Option<std::sync::Arc<Deliveries>>,
+    epoch: u64,
+}
+
+impl Ticket {
+    /// Reports the record durably written (`Ok`) or lost (`Err` with the reason).
+    pub fn delivered(mut self, result: Result<(), String>) {
+        if let Some(d) = self.deliveries.take() {
+            d.settle(self.epoch, result.err());
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Some(d) = self.deliveries.take() {
+            d.settle(
+                self.epoch,
+                Some("the sink dropped the record unacknowledged".into()),
+            );
+        }
+    }
+}
+
+/// The outputs of one sub-task that the sink has not yet acknowledged, by commit epoch.
+///
+/// A sub-task sends outputs in epoch `e`; a range commit seals `e` (new outputs go to `e + 1`) and
+/// writes its progress once every output of epochs up to `e` is acknowledged, so progress never
+/// claims an output that was not written, and a range waits only for its own outputs.
+#[derive(Default)]
+pub struct Deliveries {
+    /// Invariant: `open[e]` counts the tickets of epoch `e` not yet settled (no zero entries);
+    /// `epoch` only grows. Waiters on `settled` re-check under this lock.
+    state: Mutex<DeliveryState>,
+    settled: Condvar,
+}
+
+#[derive(Default)]
+struct DeliveryState {
+    epoch: u64,
+    open: BTreeMap<u64, usize>,
+    failed: Option<String>,
+}
+
+impl Deliveries {
+    /// A ticket for one more output in the current epoch.
+    pub fn ticket(self: &std::sync::Arc<Self>) -> Ticket {
+        let mut s = self.state.lock();
+        let epoch = s.epoch;
+        *s.open.entry(epoch).or_insert(0) += 1;
+        Ticket {
+            deliveries: Some(self.clone()),
+            epoch,
+        }
+    }
+
+    fn settle(&self, epoch: u64, error: Option<String>) {
+        let mut s = self.state.lock();
+        if let Some(n) = s.open.get_mut(&epoch) {
+            *n -= 1;
+            if *n == 0 {
+                s.open.remove(&epoch);
+            }
+        }
+        if let Some(e) = error {
+            s.failed.get_or_insert(e);
+        }
+        drop(s);
+        self.settled.notify_all();
+    }
+
+    /// Ends the current epoch and returns it; later outputs belong to the next one.
+    pub fn seal(&self) -> u64 {
+        let mut s = self.state.lock();
+        s.epoch += 1;
+        s.epoch - 1
+    }
+
+    /// Whether every output of epochs up to `epoch` is written; an error if one was lost.
+    pub fn written_through(&self, epoch: u64) -> Result<bool, SinkError> {
+        let s = self.state.lock();
+        Self::check(&s, epoch)
+    }
+
+    /// Waits until every output of epochs up to `epoch` is written, at most `timeout`.
+    pub fn wait_through(&self, epoch: u64, timeout: Duration) -> Result<(), SinkError> {
+        let deadline = Instant::now() + timeout;
+        let mut s = self.state.lock();
+        while !Self::check(&s, epoch)? {
+            if self.settled.wait_until(&mut s, deadline).timed_out() && !Self::check(&s, epoch)? {
+                return Err(SinkError {
+                    topic: "*".into(),
+                    message: format!("outputs not acknowledged within {timeout:?}"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn check(s: &DeliveryState, epoch: u64) -> Result<bool, SinkError> {
+        if let Some(message) = &s.failed {
+            return Err(SinkError {
+                topic: "*".into(),
+                message: format!("a delivery failed: {message}"),
+            });
+        }
+        Ok(s.open.range(..=epoch).next().is_none())
+    }
 }
 
 /// Records sent to one topic, each with the partition asked for.
@@ -62,16 +181,69 @@ impl RecordSink for MemorySink {
         topic: &str,
         partition: Option<u32>,
         record: RawRecord,
+        ticket: Ticket,
     ) -> Result<(), SinkError> {
         self.topics
             .lock()
             .entry(topic.to_string())
             .or_default()
             .push((partition, record));
+        ticket.delivered(Ok(()));
         Ok(())
     }
+}
 
-    fn flush(&self) -> Result<(), SinkError> {
-        Ok(())
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn an_epoch_is_written_only_when_it_and_every_earlier_epoch_settled() {
+        let d = Arc::new(Deliveries::default());
+        let early = d.ticket();
+        assert_eq!(d.seal(), 0);
+        let late = d.ticket();
+        assert_eq!(d.seal(), 1);
+        assert!(!d.written_through(0).unwrap());
+        late.delivered(Ok(()));
+        assert!(d.written_through(1).unwrap() == d.written_through(0).unwrap());
+        assert!(!d.written_through(1).unwrap(), "epoch 0 still open");
+        early.delivered(Ok(()));
+        assert!(d.written_through(1).unwrap());
+        assert!(
+            d.written_through(5).unwrap(),
+            "later epochs without outputs"
+        );
+    }
+
+    #[test]
+    fn a_lost_output_fails_every_later_check() {
+        let d = Arc::new(Deliveries::default());
+        d.ticket().delivered(Err("broker said no".into()));
+        let e = d.written_through(0).unwrap_err();
+        assert!(e.to_string().contains("broker said no"), "{e}");
+        assert!(d.wait_through(3, Duration::from_millis(1)).is_err());
+    }
+
+    #[test]
+    fn waiting_returns_when_another_thread_settles() {
+        let d = Arc::new(Deliveries::default());
+        let t = d.ticket();
+        let epoch = d.seal();
+        let waiter = {
+            let d = d.clone();
+            std::thread::spawn(move || d.wait_through(epoch, Duration::from_secs(10)))
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        t.delivered(Ok(()));
+        assert!(waiter.join().unwrap().is_ok());
+        let stuck = d.ticket();
+        let e = d
+            .wait_through(d.seal(), Duration::from_millis(20))
+            .unwrap_err();
+        assert!(e.to_string().contains("not acknowledged"), "{e}");
+        drop(stuck);
     }
 }

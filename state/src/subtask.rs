@@ -40,12 +40,15 @@ fn cf_handle<'a>(db: &'a StateDb, name: &str) -> Result<Arc<BoundColumnFamily<'a
         .ok_or_else(|| format!("column family `{name}` does not exist (was it dropped?)"))
 }
 
-/// One store of a sub-task: its column family and its write cache.
+/// One store of a sub-task: its column family, its write cache and its sealed writes.
 struct StoreHandle {
     name: String,
     cf: String,
     db: Arc<StateDb>,
+    /// Writes since the last seal.
     cache: WriteCache,
+    /// Writes of the sealed commit, waiting to be written (read below the cache).
+    sealed: WriteCache,
 }
 
 impl StoreHandle {
@@ -63,7 +66,7 @@ impl KeyValueBytes for StoreHandle {
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        if let Some(pending) = self.cache.get(key) {
+        if let Some(pending) = self.cache.get(key).or_else(|| self.sealed.get(key)) {
             return Ok(pending.clone());
         }
         let cf = cf_handle(&self.db, &self.cf).map_err(|e| self.backend(e))?;
@@ -102,8 +105,9 @@ impl KeyValueBytes for StoreHandle {
                 stored.push((k.to_vec(), v.into_vec()));
             }
         }
+        let below = merge(stored.into_iter().peekable(), self.sealed.iter().peekable());
         Ok(merge(
-            stored.into_iter().peekable(),
+            below.into_iter().peekable(),
             self.cache.iter().peekable(),
         ))
     }
@@ -151,6 +155,8 @@ pub struct SubTaskState {
     /// Column family names, in store order (what this sub-task owns).
     cf_names: Vec<String>,
     committed: Option<Progress>,
+    /// The progress of the sealed commit; `Some` exactly while one is sealed.
+    sealed: Option<Progress>,
 }
 
 impl std::fmt::Debug for SubTaskState {
@@ -189,6 +195,7 @@ impl SubTaskState {
                     cf: cf.clone(),
                     db: db.clone(),
                     cache: WriteCache::new(),
+                    sealed: WriteCache::new(),
                 })
                 .collect(),
             db,
@@ -196,6 +203,7 @@ impl SubTaskState {
             range,
             cf_names,
             committed: None,
+            sealed: None,
         };
         state.committed = state.read_progress()?;
         Ok(state)
@@ -267,20 +275,24 @@ impl SubTaskState {
             .map(|s| s as &mut dyn KeyValueBytes)
     }
 
-    /// Whether any store has uncommitted writes.
+    /// Whether any store has writes since the last seal or commit.
     pub fn is_dirty(&self) -> bool {
         self.stores.iter().any(|s| !s.cache.is_empty())
     }
 
     /// Number of uncommitted entries (distinct keys written) over all stores.
     pub fn pending_writes(&self) -> usize {
-        self.stores.iter().map(|s| s.cache.len()).sum()
+        self.stores
+            .iter()
+            .map(|s| s.cache.len() + s.sealed.len())
+            .sum()
     }
 
     /// Applies every store's write cache and `progress` in ONE RocksDB WriteBatch (the progress
     /// record goes into each store's column family), clears the caches, and returns the entries
     /// applied, per store in the order given at open (deduplicated: the last write per key;
-    /// `None` = delete), for the changelog.
+    /// `None` = delete), for the changelog. The same as [`seal`](Self::seal) followed by
+    /// [`write_sealed`](Self::write_sealed).
     ///
     /// On error nothing is applied and the caches are kept. A sub-task without stores writes
     /// nothing (its progress lives in the commit metadata only).
@@ -288,26 +300,83 @@ impl SubTaskState {
         &mut self,
         progress: Progress,
     ) -> Result<Vec<(String, StoreEntries)>, StateError> {
+        self.seal(progress)?;
+        self.write_sealed()
+    }
+
+    /// Freezes the write caches with `progress` as the next commit, to be written later by
+    /// [`write_sealed`](Self::write_sealed) (once the outputs it covers are durable). Reads keep
+    /// seeing the sealed writes; new writes go to fresh caches.
+    ///
+    /// Fails when a commit is already sealed (write it first) or `progress` is not for this range.
+    pub fn seal(&mut self, progress: Progress) -> Result<(), StateError> {
         self.check_progress(&progress)?;
-        if !self.stores.is_empty() {
-            let encoded = progress.to_bytes();
-            let db = self.db.db();
-            let mut batch = WriteBatch::default();
-            for store in &self.stores {
-                let cf =
-                    cf_handle(&self.db, &store.cf).map_err(|e| StateError::backend("commit", e))?;
-                for (key, value) in &store.cache {
-                    match value {
-                        Some(v) => batch.put_cf(&cf, data_key(key), v),
-                        None => batch.delete_cf(&cf, data_key(key)),
-                    }
+        if self.sealed.is_some() {
+            return Err(StateError::InvalidProgress {
+                cf_prefix: format!("partition {} range {}", self.partition, self.range),
+                detail: "a commit is already sealed; write it before sealing the next".into(),
+            });
+        }
+        for store in &mut self.stores {
+            store.sealed = std::mem::take(&mut store.cache);
+        }
+        self.sealed = Some(progress);
+        Ok(())
+    }
+
+    /// Whether a sealed commit waits to be written.
+    pub fn has_sealed(&self) -> bool {
+        self.sealed.is_some()
+    }
+
+    /// Writes the sealed commit (see [`commit`](Self::commit)); without one, writes nothing and
+    /// returns no entries. On error nothing is applied and the commit stays sealed.
+    pub fn write_sealed(&mut self) -> Result<Vec<(String, StoreEntries)>, StateError> {
+        let Some(progress) = self.sealed.take() else {
+            return Ok(Vec::new());
+        };
+        if let Err(e) = self.write_batch(&progress) {
+            self.sealed = Some(progress);
+            return Err(e);
+        }
+        self.committed = Some(progress);
+        Ok(self
+            .stores
+            .iter_mut()
+            .map(|s| {
+                (
+                    s.name.clone(),
+                    std::mem::take(&mut s.sealed).into_iter().collect(),
+                )
+            })
+            .collect())
+    }
+
+    /// One WriteBatch: every store's sealed writes plus `progress` in each store's column family.
+    fn write_batch(&self, progress: &Progress) -> Result<(), StateError> {
+        if self.stores.is_empty() {
+            return Ok(());
+        }
+        let encoded = progress.to_bytes();
+        let mut batch = WriteBatch::default();
+        for store in &self.stores {
+            let cf =
+                cf_handle(&self.db, &store.cf).map_err(|e| StateError::backend("commit", e))?;
+            for (key, value) in &store.sealed {
+                match value {
+                    Some(v) => batch.put_cf(&cf, data_key(key), v),
+                    None => batch.delete_cf(&cf, data_key(key)),
                 }
-                batch.put_cf(&cf, PROGRESS_KEY, &encoded);
             }
-            // WAL on, no fsync per commit: a process crash keeps the commit (it is in the OS
-            // page cache); a machine crash may lose the last commits, state and progress
-            // together, and the range then catches up from its recorded position.
-            db.write_opt(batch, &WriteOptions::default()).map_err(|e| {
+            batch.put_cf(&cf, PROGRESS_KEY, &encoded);
+        }
+        // WAL on, no fsync per commit: a process crash keeps the commit (it is in the OS
+        // page cache); a machine crash may lose the last commits, state and progress
+        // together, and the range then catches up from its recorded position.
+        self.db
+            .db()
+            .write_opt(batch, &WriteOptions::default())
+            .map_err(|e| {
                 StateError::backend(
                     format!(
                         "commit partition {} range {} ({})",
@@ -317,19 +386,7 @@ impl SubTaskState {
                     ),
                     e,
                 )
-            })?;
-        }
-        self.committed = Some(progress);
-        Ok(self
-            .stores
-            .iter_mut()
-            .map(|s| {
-                (
-                    s.name.clone(),
-                    std::mem::take(&mut s.cache).into_iter().collect(),
-                )
             })
-            .collect())
     }
 
     /// Checks that `progress` is a current-version record for this sub-task's range.
@@ -359,11 +416,13 @@ impl SubTaskState {
         }
     }
 
-    /// Drops uncommitted writes (used when a sub-task is abandoned).
+    /// Drops uncommitted writes, sealed ones included (used when a sub-task is abandoned).
     pub fn discard(&mut self) {
         for store in &mut self.stores {
             store.cache.clear();
+            store.sealed.clear();
         }
+        self.sealed = None;
     }
 }
 

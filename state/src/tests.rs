@@ -264,6 +264,51 @@ fn discard_drops_uncommitted_writes() {
 }
 
 #[test]
+fn a_sealed_commit_stays_readable_and_is_written_only_by_write_sealed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = StateDb::open(&cfg(tmp.path())).unwrap();
+    let range = KeyRange::FULL;
+    let mut st = SubTaskState::open(db.clone(), &names(&["s"]), 0, range).unwrap();
+    put(&mut st, "s", "a", "1");
+    put(&mut st, "s", "b", "1");
+    st.seal(Progress::new(range, "t", 1)).unwrap();
+    assert!(st.has_sealed());
+    assert!(!st.is_dirty(), "sealed writes left the write cache");
+    // Nothing on disk yet, but reads see the sealed writes under newer ones.
+    assert_eq!(on_disk(&db, "s", 0, range, b"a"), None);
+    put(&mut st, "s", "b", "2");
+    st.store("s").unwrap().delete(b"a").unwrap();
+    put(&mut st, "s", "c", "2");
+    assert_eq!(get(&mut st, "s", "a"), None);
+    assert_eq!(get(&mut st, "s", "b").as_deref(), Some("2"));
+    assert_eq!(all(&mut st, "s"), kv(&[("b", "2"), ("c", "2")]));
+    let err = st.seal(Progress::new(range, "t", 2)).unwrap_err();
+    assert!(err.to_string().contains("already sealed"), "{err}");
+    // Writing applies exactly the sealed writes and progress.
+    let applied = st.write_sealed().unwrap();
+    assert_eq!(
+        applied,
+        vec![(
+            "s".to_string(),
+            vec![
+                (b"a".to_vec(), Some(b"1".to_vec())),
+                (b"b".to_vec(), Some(b"1".to_vec()))
+            ]
+        )]
+    );
+    assert_eq!(on_disk(&db, "s", 0, range, b"a"), Some(b"1".to_vec()));
+    assert_eq!(on_disk(&db, "s", 0, range, b"c"), None);
+    assert_eq!(st.committed_progress().unwrap().next_offset("t"), Some(1));
+    assert!(st.write_sealed().unwrap().is_empty(), "nothing left sealed");
+    // A crash before the next write loses the newer writes, never the written commit.
+    st.seal(Progress::new(range, "t", 2)).unwrap();
+    drop(st);
+    let mut st = SubTaskState::open(db.clone(), &names(&["s"]), 0, range).unwrap();
+    assert_eq!(st.committed_progress().unwrap().next_offset("t"), Some(1));
+    assert_eq!(all(&mut st, "s"), kv(&[("a", "1"), ("b", "1")]));
+}
+
+#[test]
 fn a_second_handle_on_the_same_dir_is_locked_out() {
     let tmp = tempfile::tempdir().unwrap();
     let db = StateDb::open(&cfg(tmp.path())).unwrap();

@@ -7,8 +7,11 @@
 //!
 //! 1. [`Engine::commit`] puts a commit item in every sub-task's mailbox; each sub-task reaches it
 //!    after the records dispatched before it, on its own time.
-//! 2. The sub-task flushes the sink (its outputs are durable), then applies its write cache and its
-//!    progress record (next offset per source topic, repartition origins) in one WriteBatch.
+//! 2. The sub-task seals its write cache, its progress record (next offset per source topic,
+//!    repartition origins) and its outputs so far; once the sink acknowledged those outputs it
+//!    applies cache and progress in one WriteBatch. It never waits for other ranges' outputs, and
+//!    a periodic commit does not block the worker (the write happens at a later commit item);
+//!    [`Engine::commit_durable`] waits instead (revoke, shutdown).
 //! 3. It reports the committed offsets; the partition's [`ProgressTracker`] then moves the low
 //!    watermark, which the caller commits to Kafka together with every range's offset.
 //!
@@ -570,11 +573,30 @@ impl Engine {
             .unwrap_or_default()
     }
 
-    /// Asks every sub-task to range-commit after the records dispatched so far.
+    /// Asks every sub-task to range-commit after the records dispatched so far; a range whose
+    /// outputs are still in flight writes at a later commit (step 2 of the protocol).
     pub fn commit(&mut self) {
         for task in self.tasks.values() {
             for s in &task.subtasks {
-                s.push(Work::Commit, &self.shared);
+                let work = Work::Commit {
+                    durable: false,
+                    done: None,
+                };
+                s.push(work, &self.shared);
+            }
+        }
+    }
+
+    /// Asks every sub-task to range-commit everything dispatched so far, waiting for its
+    /// outputs; [`Engine::wait_idle`] then returns once all of it is durable.
+    pub fn commit_durable(&mut self) {
+        for task in self.tasks.values() {
+            for s in &task.subtasks {
+                let work = Work::Commit {
+                    durable: true,
+                    done: None,
+                };
+                s.push(work, &self.shared);
             }
         }
     }
@@ -646,11 +668,23 @@ impl Engine {
         let Ok(&(sub, _, _)) = self.source(topic) else {
             return (true, Vec::new());
         };
-        if !self.tasks.contains_key(&(sub, partition)) {
+        let Some(task) = self.tasks.get(&(sub, partition)) else {
             return (true, Vec::new());
+        };
+        // Only this task's sub-tasks drain; the other partitions keep processing.
+        let (done, handled) = crossbeam_channel::unbounded();
+        for s in &task.subtasks {
+            let work = Work::Commit {
+                durable: true,
+                done: Some(done.clone()),
+            };
+            s.push(work, &self.shared);
         }
-        self.commit();
-        let idle = self.wait_idle(timeout);
+        let deadline = std::time::Instant::now() + timeout;
+        let idle = task
+            .subtasks
+            .iter()
+            .all(|_| handled.recv_deadline(deadline).is_ok());
         let last: Vec<PartitionProgress> = self
             .progress()
             .into_iter()
@@ -713,6 +747,32 @@ mod tests {
         }
     }
 
+    /// An engine with P = 2 on 2 workers, assigned partition 0 of `in`.
+    fn two_range_engine(
+        builder: StreamsBuilder,
+        mailbox_capacity: usize,
+        sink: Arc<dyn RecordSink>,
+    ) -> Engine {
+        let config = EngineConfig {
+            parallelising_factor: 2,
+            worker_threads: 2,
+            mailbox_capacity,
+            ..EngineConfig::default()
+        };
+        let topology = Arc::new(builder.build().unwrap());
+        let mut e = Engine::new(topology, config, None, sink, HashMap::new()).unwrap();
+        e.assign("in", 0, &HashMap::new()).unwrap();
+        e
+    }
+
+    /// A key whose range (of 2) is not `range`.
+    fn key_outside(range: usize) -> String {
+        (0..)
+            .map(|i| format!("k{i}"))
+            .find(|k| range_of(key_hash(k.as_bytes()), 2) != range)
+            .unwrap()
+    }
+
     /// A range blocked on a slow record fills its mailbox and reports `Full` (pause), while the
     /// other range of the same partition keeps processing.
     #[test]
@@ -733,26 +793,9 @@ mod tests {
             })
             .to("out");
         let sink = Arc::new(MemorySink::new());
-        let config = EngineConfig {
-            parallelising_factor: 2,
-            worker_threads: 2,
-            mailbox_capacity: 4,
-            ..EngineConfig::default()
-        };
-        let mut e = Engine::new(
-            Arc::new(builder.build().unwrap()),
-            config,
-            None,
-            sink.clone(),
-            HashMap::new(),
-        )
-        .unwrap();
-        e.assign("in", 0, &HashMap::new()).unwrap();
+        let mut e = two_range_engine(builder, 4, sink.clone());
         let slow_range = range_of(key_hash(b"slow"), 2);
-        let fast = (0..)
-            .map(|i| format!("fast-{i}"))
-            .find(|k| range_of(key_hash(k.as_bytes()), 2) != slow_range)
-            .unwrap();
+        let fast = key_outside(slow_range);
         let mut offset = 0u64;
         let mut outcomes = Vec::new();
         for _ in 0..6 {
@@ -810,5 +853,70 @@ mod tests {
             "all committed after the slow range drained"
         );
         assert_eq!(sink.take("out").len(), 4);
+    }
+
+    /// Holds the delivery tickets of records whose key is `held`; acknowledges the others.
+    #[derive(Default)]
+    struct HoldingSink {
+        held: StdMutex<Vec<crate::sink::Ticket>>,
+    }
+
+    impl RecordSink for HoldingSink {
+        fn send(
+            &self,
+            _topic: &str,
+            _partition: Option<u32>,
+            record: RawRecord,
+            ticket: crate::sink::Ticket,
+        ) -> Result<(), SinkError> {
+            if record.key.as_deref() == Some(b"held".as_slice()) {
+                self.held.lock().unwrap().push(ticket);
+            } else {
+                ticket.delivered(Ok(()));
+            }
+            Ok(())
+        }
+    }
+
+    /// A range commits once its own outputs are acknowledged, without waiting for another
+    /// range's, and never before.
+    #[test]
+    fn a_range_commits_over_its_own_acknowledged_outputs_only() {
+        let builder = StreamsBuilder::new();
+        builder.stream("in", StringSerde, StringSerde).to("out");
+        let sink = Arc::new(HoldingSink::default());
+        let mut e = two_range_engine(builder, 100, sink.clone());
+        let held_range = range_of(key_hash(b"held"), 2);
+        let other = key_outside(held_range);
+        for (offset, key) in ["held", other.as_str(), other.as_str()].iter().enumerate() {
+            e.dispatch("in", 0, offset as u64, raw(key)).unwrap();
+        }
+        let ranges_of = |e: &mut Engine| {
+            let p = e.progress();
+            p.first().map(|p| p.ranges.clone()).unwrap_or_default()
+        };
+        e.commit();
+        assert!(e.wait_idle(Duration::from_secs(20)));
+        // The other range wrote at once; the held range sealed and waits.
+        let r = ranges_of(&mut e);
+        let next_of = |r: &[(KeyRange, u64)], i: usize| {
+            r.iter()
+                .find(|(k, _)| *k == KeyRange::nth(i, 2))
+                .map(|(_, n)| *n)
+        };
+        assert_eq!(next_of(&r, 1 - held_range), Some(3), "{r:?}");
+        assert_ne!(next_of(&r, held_range), Some(3), "{r:?}");
+        // A later commit still cannot write it while the output is unacknowledged.
+        e.commit();
+        assert!(e.wait_idle(Duration::from_secs(20)));
+        assert_ne!(next_of(&ranges_of(&mut e), held_range), Some(3));
+        for t in sink.held.lock().unwrap().drain(..) {
+            t.delivered(Ok(()));
+        }
+        e.commit();
+        assert!(e.wait_idle(Duration::from_secs(20)));
+        let r = ranges_of(&mut e);
+        assert_eq!(next_of(&r, held_range), Some(3), "{r:?}");
+        assert_eq!(e.progress()[0].low_watermark, 3);
     }
 }

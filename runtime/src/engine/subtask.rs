@@ -11,11 +11,17 @@
 //!
 //! A range commit is an item in the mailbox, so it covers exactly the records dispatched before
 //! it, and each range commits on its own without waiting for the others (individual commit).
+//!
+//! A periodic commit never blocks the worker on the broker: it *seals* the range's state and
+//! progress and the current delivery epoch, and writes them at a later commit item, once the sink
+//! acknowledged every output of that epoch (at most one sealed commit per range). A durable commit
+//! (revoke, shutdown, TestDriver) waits for the acknowledgements and writes at once.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 use rill_state::{Origin as StoredOrigin, Progress, SubTaskState, TopicOffset};
 use rill_topology::exec::{TaskEnv, TaskError, TaskInstance};
@@ -25,6 +31,10 @@ use rill_topology::{key_hash, KeyRange, RawRecord, Topic, HASH_ID};
 
 use super::origin::{Origin, ORIGIN_HEADER};
 use super::{DeserializationHandler, EngineError, Shared};
+use crate::sink::Deliveries;
+
+/// How long a durable commit waits for the broker to acknowledge the range's outputs.
+const DELIVERY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// (source topic index, next offset) pairs.
 pub(crate) type TopicOffsets = Vec<(usize, u64)>;
@@ -56,8 +66,21 @@ pub(crate) struct Input {
 /// Work in a mailbox.
 pub(crate) enum Work {
     Record(Input),
-    Commit,
+    /// A range commit. `durable` waits for this range's outputs instead of sealing for later;
+    /// `done` hears once the item is handled (also when the sub-task has failed).
+    Commit {
+        durable: bool,
+        done: Option<Sender<()>>,
+    },
     Punctuate(i64),
+}
+
+/// A sealed range commit waiting for its outputs' acknowledgements.
+struct Sealed {
+    /// Delivery epoch of the last output it covers.
+    epoch: u64,
+    /// (source topic index, next offset) it makes durable.
+    next: TopicOffsets,
 }
 
 /// A range commit that finished: the engine's tracker learns that every record of
@@ -74,8 +97,12 @@ pub(crate) struct Core {
     state: Option<SubTaskState>,
     /// Per source topic (by index): the offset after the last record processed.
     processed: Vec<Option<u64>>,
-    /// Per source topic: the offset after the last record made durable.
+    /// Per source topic: the offset after the last record sealed or made durable.
     committed: Vec<Option<u64>>,
+    /// The sealed commit, if one waits for its outputs.
+    sealed: Option<Sealed>,
+    /// This range's outputs in flight (the sink settles them).
+    deliveries: Arc<Deliveries>,
     /// Highest origin applied per upstream (partition, range start, range end).
     origins: BTreeMap<(u32, u64, u64), (u64, u32)>,
     failed: bool,
@@ -101,7 +128,8 @@ impl SubTask {
         topics: usize,
     ) -> Result<(Arc<SubTask>, TopicOffsets), EngineError> {
         let mut state = state;
-        let mut env = Env::new(shared, &id, state.as_mut());
+        let deliveries = Arc::default();
+        let mut env = Env::new(shared, &id, state.as_mut(), &deliveries);
         let instance = TaskInstance::new(shared.topology.clone(), id.sub_topology, &mut env)
             .map_err(|e| EngineError::Task {
                 what: format!("initialising sub-topology {}", id.sub_topology),
@@ -127,6 +155,8 @@ impl SubTask {
             state,
             processed: committed.clone(),
             committed,
+            sealed: None,
+            deliveries,
             origins,
             failed: false,
         };
@@ -187,12 +217,18 @@ impl SubTask {
                 if matches!(work, Work::Record(_)) {
                     records += 1;
                 }
-                if core.failed {
-                    continue;
+                let done = match &work {
+                    Work::Commit { done, .. } => done.clone(),
+                    _ => None,
+                };
+                if !core.failed {
+                    if let Err(e) = core.handle(&self.id, work, &shared) {
+                        core.failed = true;
+                        shared.fail(e);
+                    }
                 }
-                if let Err(e) = core.handle(&self.id, work, &shared) {
-                    core.failed = true;
-                    shared.fail(e);
+                if let Some(done) = done {
+                    let _ = done.send(());
                 }
             }
         }
@@ -207,9 +243,9 @@ impl Core {
     fn handle(&mut self, id: &SubTaskId, work: Work, shared: &Shared) -> Result<(), EngineError> {
         match work {
             Work::Record(input) => self.process(id, input, shared),
-            Work::Commit => self.commit(id, shared),
+            Work::Commit { durable, .. } => self.commit(id, durable, shared),
             Work::Punctuate(now) => {
-                let mut env = Env::new(shared, id, self.state.as_mut());
+                let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
                 let r = self
                     .instance
                     .punctuate(PunctuationType::WallClockTime, now, &mut env);
@@ -273,7 +309,9 @@ impl Core {
                             .add("rill.source.topic", resolved.clone())
                             .add("rill.source.partition", id.partition.to_string())
                             .add("rill.source.offset", input.offset.to_string());
-                        shared.sink.send(topic, None, dead)?;
+                        shared
+                            .sink
+                            .send(topic, None, dead, self.deliveries.ticket())?;
                     }
                 }
                 shared.stats.count_discarded("deserialization");
@@ -287,7 +325,7 @@ impl Core {
             }
         };
         if let Some(record) = record {
-            let mut env = Env::new(shared, id, self.state.as_mut());
+            let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
             env.origin_offset = input.offset;
             let r = self.instance.process(&input.topic, record, &meta, &mut env);
             env.finish()?;
@@ -301,17 +339,26 @@ impl Core {
         Ok(())
     }
 
-    /// The range commit protocol for this sub-task (see `crate::engine` docs).
-    fn commit(&mut self, id: &SubTaskId, shared: &Shared) -> Result<(), EngineError> {
+    /// The range commit protocol for this sub-task (see `crate::engine` and the module docs).
+    fn commit(
+        &mut self,
+        id: &SubTaskId,
+        durable: bool,
+        shared: &Shared,
+    ) -> Result<(), EngineError> {
+        // 1. Write the sealed commit once its outputs are acknowledged; otherwise try again at
+        //    the next commit item (one sealed commit at a time).
+        if !self.write_sealed(id, durable, shared)? {
+            return Ok(());
+        }
         let dirty = self.state.as_ref().is_some_and(SubTaskState::is_dirty);
         if self.processed == self.committed && !dirty {
             return Ok(());
         }
-        // 1. Outputs of the processed records are durable before progress claims them.
-        shared.sink.flush()?;
-        // 2. State and progress in one WriteBatch.
-        let names = shared.topic_names(id.sub_topology);
+        // 2. Seal state, progress and the outputs sent so far.
+        let epoch = self.deliveries.seal();
         if let Some(state) = self.state.as_mut() {
+            let names = shared.topic_names(id.sub_topology);
             let progress = Progress {
                 version: 1,
                 hash_id: HASH_ID,
@@ -343,18 +390,51 @@ impl Core {
                     )
                     .collect(),
             };
-            state.commit(progress)?;
+            state.seal(progress)?;
         }
-        // 3. Tell the tracker.
-        let next = self
-            .processed
-            .iter()
-            .enumerate()
-            .filter_map(|(i, o)| o.map(|o| (i, o)))
-            .collect();
+        self.sealed = Some(Sealed {
+            epoch,
+            next: self
+                .processed
+                .iter()
+                .enumerate()
+                .filter_map(|(i, o)| o.map(|o| (i, o)))
+                .collect(),
+        });
         self.committed = self.processed.clone();
-        shared.report(CommitReport { id: *id, next });
+        // 3. Write it now when its outputs are already acknowledged (or must be waited for).
+        self.write_sealed(id, durable, shared)?;
         Ok(())
+    }
+
+    /// Writes the sealed commit (state + progress in one WriteBatch) and tells the tracker, once
+    /// every output it covers is acknowledged; `wait` blocks for that. True when nothing is left
+    /// sealed.
+    fn write_sealed(
+        &mut self,
+        id: &SubTaskId,
+        wait: bool,
+        shared: &Shared,
+    ) -> Result<bool, EngineError> {
+        let Some(sealed) = &self.sealed else {
+            return Ok(true);
+        };
+        if wait {
+            self.deliveries
+                .wait_through(sealed.epoch, DELIVERY_TIMEOUT)?;
+        } else if !self.deliveries.written_through(sealed.epoch)? {
+            return Ok(false);
+        }
+        if let Some(state) = self.state.as_mut() {
+            state.write_sealed()?;
+        }
+        if let Some(sealed) = self.sealed.take() {
+            shared.report(CommitReport {
+                id: *id,
+                next: sealed.next,
+            });
+        }
+        Ok(true)
     }
 
     /// Every entry of `store` in this sub-task's range (committed and cached).
@@ -379,17 +459,24 @@ struct Env<'a> {
     shared: &'a Shared,
     id: &'a SubTaskId,
     state: Option<&'a mut SubTaskState>,
+    deliveries: &'a Arc<Deliveries>,
     origin_offset: u64,
     seq: u32,
     error: Option<EngineError>,
 }
 
 impl<'a> Env<'a> {
-    fn new(shared: &'a Shared, id: &'a SubTaskId, state: Option<&'a mut SubTaskState>) -> Self {
+    fn new(
+        shared: &'a Shared,
+        id: &'a SubTaskId,
+        state: Option<&'a mut SubTaskState>,
+        deliveries: &'a Arc<Deliveries>,
+    ) -> Self {
         Env {
             shared,
             id,
             state,
+            deliveries,
             origin_offset: 0,
             seq: 0,
             error: None,
@@ -431,7 +518,8 @@ impl TaskEnv for Env<'_> {
         } else {
             None
         };
-        if let Err(e) = self.shared.sink.send(&resolved, partition, record) {
+        let ticket = self.deliveries.ticket();
+        if let Err(e) = self.shared.sink.send(&resolved, partition, record, ticket) {
             self.error = Some(e.into());
         } else {
             self.shared.stats.count_produced();

@@ -1,42 +1,30 @@
 //! The Kafka sink: an idempotent librdkafka producer behind [`RecordSink`].
 //!
-//! Delivery failures are collected by the producer context and reported by the next `flush`, so a
-//! range never commits progress over an output that was not written.
+//! Each record carries its sub-task's delivery [`Ticket`]; the delivery callback settles it, so a
+//! range commits its progress only over outputs the broker acknowledged.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext, ThreadedProducer};
 use rill_topology::RawRecord;
 
-use crate::sink::{RecordSink, SinkError};
+use crate::sink::{RecordSink, SinkError, Ticket};
 
-/// How long a flush may take before the commit that asked for it fails.
-const FLUSH_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Collects delivery failures for the next flush.
+/// Settles each record's delivery ticket.
 #[derive(Default)]
-pub struct DeliveryContext {
-    /// Invariant: every failed delivery is recorded here before `flush` returns.
-    failed: Mutex<Option<String>>,
-}
+pub struct DeliveryContext;
 
 impl ClientContext for DeliveryContext {}
 
 impl ProducerContext for DeliveryContext {
-    type DeliveryOpaque = ();
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        if let Err((e, _)) = result {
-            let mut f = self.failed.lock();
-            if f.is_none() {
-                *f = Some(e.to_string());
-            }
-        }
+    type DeliveryOpaque = Box<Ticket>;
+    fn delivery(&self, result: &DeliveryResult<'_>, ticket: Box<Ticket>) {
+        ticket.delivered(result.as_ref().map(|_| ()).map_err(|(e, _)| e.to_string()));
     }
 }
 
@@ -59,7 +47,7 @@ impl KafkaSink {
             cfg.set(k, v);
         }
         Ok(KafkaSink {
-            producer: cfg.create_with_context(DeliveryContext::default())?,
+            producer: cfg.create_with_context(DeliveryContext)?,
         })
     }
 }
@@ -70,14 +58,16 @@ impl RecordSink for KafkaSink {
         topic: &str,
         partition: Option<u32>,
         record: RawRecord,
+        ticket: Ticket,
     ) -> Result<(), SinkError> {
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
         for (name, value) in record.headers.iter() {
             headers = headers.insert(Header { key: name, value });
         }
-        let mut r: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic)
-            .timestamp(record.timestamp)
-            .headers(headers);
+        let mut r: BaseRecord<'_, [u8], [u8], Box<Ticket>> =
+            BaseRecord::with_opaque_to(topic, Box::new(ticket))
+                .timestamp(record.timestamp)
+                .headers(headers);
         if let Some(k) = record.key.as_deref() {
             r = r.key(k);
         }
@@ -102,20 +92,6 @@ impl RecordSink for KafkaSink {
                     })
                 }
             }
-        }
-    }
-
-    fn flush(&self) -> Result<(), SinkError> {
-        self.producer.flush(FLUSH_TIMEOUT).map_err(|e| SinkError {
-            topic: "*".into(),
-            message: format!("flush: {e}"),
-        })?;
-        match self.producer.context().failed.lock().take() {
-            None => Ok(()),
-            Some(message) => Err(SinkError {
-                topic: "*".into(),
-                message: format!("a delivery failed: {message}"),
-            }),
         }
     }
 }

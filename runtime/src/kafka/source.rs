@@ -385,7 +385,7 @@ pub fn run(
     // Drain and commit what was processed, whether stopping cleanly or on an error.
     let progress = {
         let mut engine = ctx.engine.lock();
-        engine.commit();
+        engine.commit_durable();
         if !engine.wait_idle(ctx.drain_timeout) {
             tracing::warn!("sub-tasks did not drain within the shutdown timeout");
         }
