@@ -69,11 +69,11 @@ fn bench(c: &mut Criterion) {
                 || (engine(p), input.clone()),
                 |(mut e, input)| {
                     for (offset, r) in input.into_iter().enumerate() {
-                        while e
-                            .dispatch("in", 0, offset as u64, r.clone())
-                            .expect("dispatch")
-                            == Dispatch::Full
+                        let mut r = r;
+                        while let Dispatch::Full(back) =
+                            e.dispatch("in", 0, offset as u64, r).expect("dispatch")
                         {
+                            r = back;
                             std::thread::yield_now();
                         }
                     }

@@ -223,14 +223,15 @@ impl Inner {
         let end = self.ends.entry((topic.to_string(), partition)).or_insert(0);
         let offset = *end;
         *end += 1;
+        let mut raw = raw;
         loop {
-            match self
-                .engine
-                .dispatch(topic, partition, offset, raw.clone())?
-            {
+            match self.engine.dispatch(topic, partition, offset, raw)? {
                 Dispatch::Queued | Dispatch::Skipped => return Ok(()),
                 // Backpressure: let the sub-task drain, then offer the record again.
-                Dispatch::Full => self.wait_idle()?,
+                Dispatch::Full(back) => {
+                    raw = back;
+                    self.wait_idle()?;
+                }
             }
         }
     }

@@ -103,7 +103,7 @@ pub enum PunctuationType {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecordMeta {
     /// Topic of the input record (resolved name).
-    pub topic: String,
+    pub topic: std::sync::Arc<str>,
     /// Partition of the input record.
     pub partition: u32,
     /// Offset of the input record.

@@ -210,6 +210,8 @@ pub(crate) struct Shared {
     pool: rayon::ThreadPool,
     /// Partition count of each internal topic (for choosing the partition of a repartition write).
     internal_partitions: HashMap<Topic, u32>,
+    /// Broker name of each internal topic.
+    internal_names: HashMap<Topic, String>,
     /// Work items queued or running, with a condvar for `wait_idle`.
     /// Invariant: incremented before an item is queued, decremented after it is processed.
     in_flight: Mutex<usize>,
@@ -226,6 +228,17 @@ pub(crate) struct Shared {
 impl Shared {
     fn resolve(&self, topic: &Topic) -> String {
         topic.resolve(&self.config.application_id)
+    }
+
+    /// The broker name of an output topic, without allocating for the topology's topics.
+    fn output_name<'t>(&'t self, topic: &'t Topic) -> std::borrow::Cow<'t, str> {
+        match topic {
+            Topic::External(name) => std::borrow::Cow::Borrowed(name),
+            Topic::Internal(_) => self
+                .internal_names
+                .get(topic)
+                .map_or_else(|| self.resolve(topic).into(), |n| n.as_str().into()),
+        }
     }
 
     fn topic_names(&self, sub: usize) -> Vec<String> {
@@ -266,15 +279,27 @@ impl Shared {
     }
 }
 
+/// A source topic of the topology, as records carry it to their sub-task.
+pub(crate) struct Source {
+    /// Sub-topology that reads it.
+    pub sub: usize,
+    /// Its index among the sub-topology's sources.
+    pub index: usize,
+    /// The topic as the topology names it.
+    pub topic: Topic,
+    /// Its name on the broker.
+    pub name: Arc<str>,
+}
+
 /// Outcome of [`Engine::dispatch`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub enum Dispatch {
     /// Queued for its sub-task.
     Queued,
     /// Its range had already applied it.
     Skipped,
-    /// Its sub-task's mailbox is full: pause the partition and offer it again later.
-    Full,
+    /// Its sub-task's mailbox is full: the record comes back, to offer again later.
+    Full(RawRecord),
 }
 
 /// Committed progress of one input (topic, partition), for the Kafka offset commit.
@@ -305,7 +330,7 @@ pub struct Engine {
     /// Assigned tasks by (sub-topology, partition).
     tasks: BTreeMap<(usize, u32), Task>,
     /// Resolved source topic name -> (sub-topology, topic index, topic).
-    sources: HashMap<String, (usize, usize, Topic)>,
+    sources: HashMap<String, Arc<Source>>,
     reports: Receiver<CommitReport>,
 }
 
@@ -344,9 +369,20 @@ impl Engine {
         let mut sources = HashMap::new();
         for s in topology.sub_topologies() {
             for (i, (t, _)) in s.sources.iter().enumerate() {
-                sources.insert(t.resolve(&config.application_id), (s.id, i, t.clone()));
+                let name = t.resolve(&config.application_id);
+                let source = Source {
+                    sub: s.id,
+                    index: i,
+                    topic: t.clone(),
+                    name: Arc::from(name.as_str()),
+                };
+                sources.insert(name, Arc::new(source));
             }
         }
+        let internal_names = internal_partitions
+            .keys()
+            .map(|t| (t.clone(), t.resolve(&config.application_id)))
+            .collect();
         let (tx, rx) = crossbeam_channel::unbounded();
         Ok(Engine {
             shared: Arc::new(Shared {
@@ -354,6 +390,7 @@ impl Engine {
                 config,
                 sink,
                 pool,
+                internal_names,
                 internal_partitions,
                 in_flight: Mutex::new(0),
                 idle: Condvar::new(),
@@ -385,7 +422,7 @@ impl Engine {
     }
 
     /// The (sub-topology, topic index) reading resolved topic `topic`.
-    fn source(&self, topic: &str) -> Result<&(usize, usize, Topic), EngineError> {
+    fn source(&self, topic: &str) -> Result<&Arc<Source>, EngineError> {
         self.sources
             .get(topic)
             .ok_or_else(|| EngineError::UnknownTopic(topic.to_string()))
@@ -401,7 +438,7 @@ impl Engine {
         partition: u32,
         resume: &HashMap<String, Vec<(KeyRange, u64)>>,
     ) -> Result<(), EngineError> {
-        let sub = self.source(topic)?.0;
+        let sub = self.source(topic)?.sub;
         if self.tasks.contains_key(&(sub, partition)) {
             return Ok(());
         }
@@ -474,12 +511,12 @@ impl Engine {
     /// Whether records of `topic`/`partition` are accepted.
     pub fn is_assigned(&self, topic: &str, partition: u32) -> bool {
         self.source(topic)
-            .is_ok_and(|&(sub, _, _)| self.tasks.contains_key(&(sub, partition)))
+            .is_ok_and(|s| self.tasks.contains_key(&(s.sub, partition)))
     }
 
     /// The smallest offset some range still needs, from local progress and `resume`, if known.
     pub fn resume_offset(&self, topic: &str, partition: u32) -> Option<u64> {
-        let &(sub, i, _) = self.source(topic).ok()?;
+        let (sub, i) = self.source(topic).map(|s| (s.sub, s.index)).ok()?;
         let task = self.tasks.get(&(sub, partition))?;
         let p = self.shared.config.parallelising_factor;
         // Every current range must be covered, or some range needs the committed offset.
@@ -507,7 +544,8 @@ impl Engine {
         if let Some(e) = self.failure() {
             return Err(EngineError::Stopped(e));
         }
-        let (sub, topic_index, t) = self.source(topic)?.clone();
+        let source = self.source(topic)?.clone();
+        let (sub, topic_index) = (source.sub, source.index);
         let task =
             self.tasks
                 .get_mut(&(sub, partition))
@@ -532,13 +570,12 @@ impl Engine {
         let index = range_of(hash, task.subtasks.len());
         let subtask = &task.subtasks[index];
         if subtask.depth.load(Ordering::SeqCst) >= self.shared.config.mailbox_capacity {
-            return Ok(Dispatch::Full);
+            return Ok(Dispatch::Full(raw));
         }
         tracker.dispatched(index, offset);
         subtask.push(
             Work::Record(Input {
-                topic: t,
-                topic_index,
+                source,
                 offset,
                 raw,
             }),
@@ -559,7 +596,7 @@ impl Engine {
 
     /// Records queued or in process per sub-task of the partition's task.
     pub fn mailbox_depth(&self, topic: &str, partition: u32) -> Vec<usize> {
-        let Ok(&(sub, _, _)) = self.source(topic) else {
+        let Ok(sub) = self.source(topic).map(|s| s.sub) else {
             return Vec::new();
         };
         self.tasks
@@ -665,7 +702,7 @@ impl Engine {
         partition: u32,
         timeout: Duration,
     ) -> (bool, Vec<PartitionProgress>) {
-        let Ok(&(sub, _, _)) = self.source(topic) else {
+        let Ok(sub) = self.source(topic).map(|s| s.sub) else {
             return (true, Vec::new());
         };
         let Some(task) = self.tasks.get(&(sub, partition)) else {
@@ -688,7 +725,9 @@ impl Engine {
         let last: Vec<PartitionProgress> = self
             .progress()
             .into_iter()
-            .filter(|p| p.partition == partition && self.source(&p.topic).is_ok_and(|s| s.0 == sub))
+            .filter(|p| {
+                p.partition == partition && self.source(&p.topic).is_ok_and(|s| s.sub == sub)
+            })
             .collect();
         self.tasks.remove(&(sub, partition));
         (idle, last)
@@ -800,12 +839,15 @@ mod tests {
         let mut outcomes = Vec::new();
         for _ in 0..6 {
             outcomes.push(e.dispatch("in", 0, offset, raw("slow")).unwrap());
-            if *outcomes.last().unwrap() != Dispatch::Full {
+            if !matches!(outcomes.last().unwrap(), Dispatch::Full(_)) {
                 offset += 1;
             }
         }
         assert_eq!(
-            outcomes.iter().filter(|o| **o == Dispatch::Full).count(),
+            outcomes
+                .iter()
+                .filter(|o| matches!(o, Dispatch::Full(_)))
+                .count(),
             2,
             "{outcomes:?}"
         );
@@ -813,7 +855,7 @@ mod tests {
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while sent < 200 && std::time::Instant::now() < deadline {
             match e.dispatch("in", 0, offset, raw(&fast)).unwrap() {
-                Dispatch::Full => std::thread::sleep(Duration::from_millis(1)),
+                Dispatch::Full(_) => std::thread::sleep(Duration::from_millis(1)),
                 _ => {
                     sent += 1;
                     offset += 1;

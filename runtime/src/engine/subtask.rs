@@ -30,7 +30,7 @@ use rill_topology::store::{Entries, KeyValueBytes, StoreError};
 use rill_topology::{key_hash, KeyRange, RawRecord, Topic, HASH_ID};
 
 use super::origin::{Origin, ORIGIN_HEADER};
-use super::{DeserializationHandler, EngineError, Shared};
+use super::{DeserializationHandler, EngineError, Shared, Source};
 use crate::sink::Deliveries;
 
 /// How long a durable commit waits for the broker to acknowledge the range's outputs.
@@ -57,8 +57,7 @@ pub struct SubTaskId {
 
 /// A record handed to a sub-task.
 pub(crate) struct Input {
-    pub topic: Topic,
-    pub topic_index: usize,
+    pub source: Arc<Source>,
     pub offset: u64,
     pub raw: RawRecord,
 }
@@ -264,14 +263,15 @@ impl Core {
         input: Input,
         shared: &Shared,
     ) -> Result<(), EngineError> {
-        let resolved = shared.resolve(&input.topic);
+        let source = &*input.source;
+        let resolved = &source.name;
         let meta = RecordMeta {
             topic: resolved.clone(),
             partition: id.partition,
             offset: input.offset,
         };
         let mut raw = input.raw;
-        if input.topic.is_internal() {
+        if source.topic.is_internal() {
             if let Some(o) = Origin::from_headers(&raw.headers) {
                 if self
                     .origins
@@ -279,20 +279,20 @@ impl Core {
                     .is_some_and(|&seen| o.position() <= seen)
                 {
                     shared.stats.count_skipped_duplicate();
-                    self.processed[input.topic_index] = Some(input.offset + 1);
+                    self.processed[source.index] = Some(input.offset + 1);
                     return Ok(());
                 }
                 self.origins.insert(o.source(), o.position());
             }
             raw.headers.remove(ORIGIN_HEADER);
         }
-        let record = match self.instance.decode(&input.topic, &raw) {
+        let record = match self.instance.decode(&source.topic, &raw) {
             Ok(r) => Some(r),
             Err(TaskError::Deserialize(e)) => {
                 match &shared.config.deserialization_handler {
                     DeserializationHandler::Fail => {
                         return Err(EngineError::Deserialization {
-                            topic: resolved,
+                            topic: resolved.to_string(),
                             partition: id.partition,
                             offset: input.offset,
                             message: e.to_string(),
@@ -306,7 +306,7 @@ impl Core {
                         let mut dead = raw.clone();
                         dead.headers
                             .add("rill.error", e.to_string())
-                            .add("rill.source.topic", resolved.clone())
+                            .add("rill.source.topic", &**resolved)
                             .add("rill.source.partition", id.partition.to_string())
                             .add("rill.source.offset", input.offset.to_string());
                         shared
@@ -327,7 +327,9 @@ impl Core {
         if let Some(record) = record {
             let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
             env.origin_offset = input.offset;
-            let r = self.instance.process(&input.topic, record, &meta, &mut env);
+            let r = self
+                .instance
+                .process(&source.topic, record, &meta, &mut env);
             env.finish()?;
             r.map_err(|e| EngineError::Task {
                 what: format!("{resolved}-{} offset {}", id.partition, input.offset),
@@ -335,7 +337,7 @@ impl Core {
             })?;
             shared.stats.count_processed();
         }
-        self.processed[input.topic_index] = Some(input.offset + 1);
+        self.processed[source.index] = Some(input.offset + 1);
         Ok(())
     }
 
@@ -500,7 +502,7 @@ impl TaskEnv for Env<'_> {
         if self.error.is_some() {
             return;
         }
-        let resolved = self.shared.resolve(topic);
+        let resolved = self.shared.output_name(topic);
         let partition = if topic.is_internal() {
             let origin = Origin {
                 partition: self.id.partition,

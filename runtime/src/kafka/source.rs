@@ -345,20 +345,21 @@ pub fn run(
             }
             Some(Err(_)) => {}
             Some(Ok(m)) => {
-                let key = (m.topic().to_string(), m.partition() as u32);
+                let (topic, partition) = (m.topic(), m.partition() as u32);
                 let offset = m.offset() as u64;
                 let raw = raw_record(&m);
-                drop(m);
-                if let Some(q) = held.get_mut(&key) {
+                // Records of a partition with parked records queue behind them, in order.
+                let parked = held
+                    .iter_mut()
+                    .find(|((t, p), _)| t == topic && *p == partition);
+                if let Some((_, q)) = parked {
                     q.push_back((offset, raw));
                 } else {
-                    let outcome = ctx
-                        .engine
-                        .lock()
-                        .dispatch(&key.0, key.1, offset, raw.clone());
+                    let outcome = ctx.engine.lock().dispatch(topic, partition, offset, raw);
                     match outcome {
                         Ok(Dispatch::Queued | Dispatch::Skipped) => {}
-                        Ok(Dispatch::Full) => {
+                        Ok(Dispatch::Full(raw)) => {
+                            let key = (topic.to_string(), partition);
                             held.entry(key).or_default().push_back((offset, raw));
                         }
                         Err(EngineError::NotAssigned { .. }) => {}
@@ -418,12 +419,13 @@ fn retry_held(
         if !engine.has_room(&key.0, key.1) && engine.is_assigned(&key.0, key.1) {
             continue;
         }
-        while let Some((offset, raw)) = q.front() {
-            match engine.dispatch(&key.0, key.1, *offset, raw.clone()) {
-                Ok(Dispatch::Full) => break,
-                Ok(_) => {
-                    q.pop_front();
+        while let Some((offset, raw)) = q.pop_front() {
+            match engine.dispatch(&key.0, key.1, offset, raw) {
+                Ok(Dispatch::Full(raw)) => {
+                    q.push_front((offset, raw));
+                    break;
                 }
+                Ok(_) => {}
                 Err(EngineError::NotAssigned { .. }) => q.clear(),
                 Err(e) => return Err(e.into()),
             }
