@@ -18,8 +18,12 @@ use rill_state::{StateConfig, StateDb};
 use rill_topology::{Topic, Topology};
 
 use crate::config::Config;
+use crate::engine::changelog::changelog_topic;
 use crate::engine::{Engine, EngineConfig, EngineError};
-use crate::kafka::admin::{client_config, create_topics, is_transient, partition_counts};
+use crate::kafka::admin::{
+    client_config, create_topics, create_topics_with, is_transient, partition_counts,
+};
+use crate::kafka::changelog::KafkaChangelogReader;
 use crate::kafka::embedded::EmbeddedCluster;
 use crate::kafka::producer::KafkaSink;
 use crate::kafka::source::{self, SourceContext, SourceError};
@@ -147,13 +151,34 @@ impl Runtime {
                 (name, n)
             })
             .collect();
+        // One compacted changelog per store, partitioned like its sub-topology's input.
+        let mut changelogs = Vec::new();
+        for st in self.topology.sub_topologies() {
+            let n = st
+                .sources
+                .iter()
+                .filter_map(|(s, _)| partitions.get(&self.resolve(s)).copied())
+                .max()
+                .unwrap_or(1);
+            for store in &st.stores {
+                changelogs.push((changelog_topic(&self.config.application_id, store), n));
+            }
+        }
         match &self.embedded {
             Some(cluster) => {
-                for (name, n) in &to_create {
+                for (name, n) in to_create.iter().chain(&changelogs) {
                     cluster.create_topic(name, *n)?;
                 }
             }
-            None => create_topics(&cfg, &to_create, REQUEST_TIMEOUT)?,
+            None => {
+                create_topics(&cfg, &to_create, REQUEST_TIMEOUT)?;
+                create_topics_with(
+                    &cfg,
+                    &changelogs,
+                    &[("cleanup.policy", "compact")],
+                    REQUEST_TIMEOUT,
+                )?;
+            }
         }
         Ok(partitions)
     }
@@ -201,11 +226,17 @@ impl Runtime {
                 worker_threads: c.worker_threads,
                 mailbox_capacity: c.mailbox_capacity,
                 deserialization_handler: c.deserialization_handler.clone(),
+                changelogs: true,
             },
             db,
             sink,
             internal,
         )?;
+        let mut engine = engine;
+        engine.restore_from(Arc::new(KafkaChangelogReader::new(client_config(
+            &self.bootstrap,
+            &c.kafka,
+        ))));
         let engine = Arc::new(Mutex::new(engine));
         let ctx = SourceContext {
             engine: engine.clone(),

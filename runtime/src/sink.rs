@@ -2,6 +2,7 @@
 //! and the per-sub-task delivery tracking that lets a range commit without waiting on the others.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -35,11 +36,16 @@ pub trait RecordSink: Send + Sync {
 pub struct Ticket {
     deliveries: Option<std::sync::Arc<Deliveries>>,
     epoch: u64,
+    /// Where to record the offset the record was written at, when someone needs it.
+    offset: Option<std::sync::Arc<AtomicU64>>,
 }
 
 impl Ticket {
-    /// Reports the record durably written (`Ok`) or lost (`Err` with the reason).
-    pub fn delivered(mut self, result: Result<(), String>) {
+    /// Reports the record durably written at an offset (`Ok`) or lost (`Err` with the reason).
+    pub fn delivered(mut self, result: Result<u64, String>) {
+        if let (Some(slot), Ok(offset)) = (&self.offset, &result) {
+            slot.store(*offset, Ordering::SeqCst);
+        }
         if let Some(d) = self.deliveries.take() {
             d.settle(self.epoch, result.err());
         }
@@ -86,7 +92,18 @@ impl Deliveries {
         Ticket {
             deliveries: Some(self.clone()),
             epoch,
+            offset: None,
         }
+    }
+
+    /// A ticket that also records the offset its record is written at into `slot`.
+    pub fn ticket_with_offset(
+        self: &std::sync::Arc<Self>,
+        slot: std::sync::Arc<AtomicU64>,
+    ) -> Ticket {
+        let mut t = self.ticket();
+        t.offset = Some(slot);
+        t
     }
 
     fn settle(&self, epoch: u64, error: Option<String>) {
@@ -183,12 +200,10 @@ impl RecordSink for MemorySink {
         record: RawRecord,
         ticket: Ticket,
     ) -> Result<(), SinkError> {
-        self.topics
-            .lock()
-            .entry(topic.to_string())
-            .or_default()
-            .push((partition, record));
-        ticket.delivered(Ok(()));
+        let mut topics = self.topics.lock();
+        let sent = topics.entry(topic.to_string()).or_default();
+        sent.push((partition, record));
+        ticket.delivered(Ok(sent.len() as u64 - 1));
         Ok(())
     }
 }
@@ -207,10 +222,10 @@ mod tests {
         let late = d.ticket();
         assert_eq!(d.seal(), 1);
         assert!(!d.written_through(0).unwrap());
-        late.delivered(Ok(()));
+        late.delivered(Ok(0));
         assert!(d.written_through(1).unwrap() == d.written_through(0).unwrap());
         assert!(!d.written_through(1).unwrap(), "epoch 0 still open");
-        early.delivered(Ok(()));
+        early.delivered(Ok(1));
         assert!(d.written_through(1).unwrap());
         assert!(
             d.written_through(5).unwrap(),
@@ -237,7 +252,7 @@ mod tests {
             std::thread::spawn(move || d.wait_through(epoch, Duration::from_secs(10)))
         };
         std::thread::sleep(Duration::from_millis(20));
-        t.delivered(Ok(()));
+        t.delivered(Ok(0));
         assert!(waiter.join().unwrap().is_ok());
         let stuck = d.ticket();
         let e = d

@@ -28,12 +28,19 @@ pub struct Progress {
     /// applied (a sub-topology may read several topics of the same partition).
     #[prost(message, repeated, tag = "5")]
     pub offsets: Vec<TopicOffset>,
-    /// Position in the store changelog of this commit, when changelogs are in use.
+    /// Unused (an early single-changelog position; see `changelogs`). Never reuse the tag.
     #[prost(uint64, optional, tag = "6")]
     pub changelog_offset: Option<u64>,
     /// Highest origin applied per upstream (partition, range), for repartition de-duplication.
     #[prost(message, repeated, tag = "7")]
     pub origins: Vec<Origin>,
+    /// Per store changelog topic: the offset after this commit's range marker (restore resumes
+    /// there). Empty when changelogs are off.
+    #[prost(message, repeated, tag = "8")]
+    pub changelogs: Vec<TopicOffset>,
+    /// Number of this range's commits so far (1 for the first); range markers carry it.
+    #[prost(uint64, tag = "9")]
+    pub commit_seq: u64,
 }
 
 /// How far a range has applied one source topic.
@@ -81,7 +88,17 @@ impl Progress {
             }],
             changelog_offset: None,
             origins: Vec::new(),
+            changelogs: Vec::new(),
+            commit_seq: 0,
         }
+    }
+
+    /// The changelog position recorded for changelog topic `topic`.
+    pub fn changelog_position(&self, topic: &str) -> Option<u64> {
+        self.changelogs
+            .iter()
+            .find(|o| o.topic == topic)
+            .map(|o| o.next_offset)
     }
 
     /// The next offset recorded for source topic `topic`.

@@ -155,8 +155,8 @@ pub struct SubTaskState {
     /// Column family names, in store order (what this sub-task owns).
     cf_names: Vec<String>,
     committed: Option<Progress>,
-    /// The progress of the sealed commit; `Some` exactly while one is sealed.
-    sealed: Option<Progress>,
+    /// Whether the stores' `sealed` writes wait for `write_sealed`.
+    has_sealed: bool,
 }
 
 impl std::fmt::Debug for SubTaskState {
@@ -203,7 +203,7 @@ impl SubTaskState {
             range,
             cf_names,
             committed: None,
-            sealed: None,
+            has_sealed: false,
         };
         state.committed = state.read_progress()?;
         Ok(state)
@@ -291,65 +291,103 @@ impl SubTaskState {
     /// Applies every store's write cache and `progress` in ONE RocksDB WriteBatch (the progress
     /// record goes into each store's column family), clears the caches, and returns the entries
     /// applied, per store in the order given at open (deduplicated: the last write per key;
-    /// `None` = delete), for the changelog. The same as [`seal`](Self::seal) followed by
-    /// [`write_sealed`](Self::write_sealed).
+    /// `None` = delete). The same as [`seal`](Self::seal) then [`write_sealed`](Self::write_sealed).
     ///
-    /// On error nothing is applied and the caches are kept. A sub-task without stores writes
+    /// On error nothing is applied and the writes stay sealed. A sub-task without stores writes
     /// nothing (its progress lives in the commit metadata only).
     pub fn commit(
         &mut self,
         progress: Progress,
     ) -> Result<Vec<(String, StoreEntries)>, StateError> {
-        self.seal(progress)?;
-        self.write_sealed()
+        self.check_progress(&progress)?;
+        let entries = self.seal()?;
+        self.write_sealed(progress)?;
+        Ok(entries)
     }
 
-    /// Freezes the write caches with `progress` as the next commit, to be written later by
-    /// [`write_sealed`](Self::write_sealed) (once the outputs it covers are durable). Reads keep
-    /// seeing the sealed writes; new writes go to fresh caches.
+    /// Freezes the write caches as the next commit, to be written later by
+    /// [`write_sealed`](Self::write_sealed) (once the outputs it covers are durable), and returns
+    /// its entries per store (for the changelog). Reads keep seeing the sealed writes; new writes
+    /// go to fresh caches.
     ///
-    /// Fails when a commit is already sealed (write it first) or `progress` is not for this range.
-    pub fn seal(&mut self, progress: Progress) -> Result<(), StateError> {
-        self.check_progress(&progress)?;
-        if self.sealed.is_some() {
+    /// Fails when a commit is already sealed: write it first.
+    pub fn seal(&mut self) -> Result<Vec<(String, StoreEntries)>, StateError> {
+        if self.has_sealed {
             return Err(StateError::InvalidProgress {
                 cf_prefix: format!("partition {} range {}", self.partition, self.range),
                 detail: "a commit is already sealed; write it before sealing the next".into(),
             });
         }
-        for store in &mut self.stores {
-            store.sealed = std::mem::take(&mut store.cache);
-        }
-        self.sealed = Some(progress);
-        Ok(())
+        self.has_sealed = true;
+        Ok(self
+            .stores
+            .iter_mut()
+            .map(|store| {
+                store.sealed = std::mem::take(&mut store.cache);
+                let entries = store
+                    .sealed
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                (store.name.clone(), entries)
+            })
+            .collect())
     }
 
     /// Whether a sealed commit waits to be written.
     pub fn has_sealed(&self) -> bool {
-        self.sealed.is_some()
+        self.has_sealed
     }
 
-    /// Writes the sealed commit (see [`commit`](Self::commit)); without one, writes nothing and
-    /// returns no entries. On error nothing is applied and the commit stays sealed.
-    pub fn write_sealed(&mut self) -> Result<Vec<(String, StoreEntries)>, StateError> {
-        let Some(progress) = self.sealed.take() else {
-            return Ok(Vec::new());
-        };
-        if let Err(e) = self.write_batch(&progress) {
-            self.sealed = Some(progress);
-            return Err(e);
+    /// Writes the sealed writes with `progress` in one WriteBatch (see [`commit`](Self::commit));
+    /// without a sealed commit, writes `progress` alone. On error nothing is applied and the
+    /// writes stay sealed.
+    pub fn write_sealed(&mut self, progress: Progress) -> Result<(), StateError> {
+        self.check_progress(&progress)?;
+        self.write_batch(&progress)?;
+        for store in &mut self.stores {
+            store.sealed.clear();
         }
+        self.has_sealed = false;
         self.committed = Some(progress);
-        Ok(self
-            .stores
-            .iter_mut()
-            .map(|s| {
-                (
-                    s.name.clone(),
-                    std::mem::take(&mut s.sealed).into_iter().collect(),
-                )
-            })
-            .collect())
+        Ok(())
+    }
+
+    /// Writes restored changelog entries of `store` straight to its column family, with
+    /// `progress` (in every store's column family) when given, in one WriteBatch. Restore replays
+    /// absolute values, so applying the same entries again is harmless.
+    pub fn apply_restored(
+        &mut self,
+        store: &str,
+        entries: &[(Vec<u8>, Option<Vec<u8>>)],
+        progress: Option<Progress>,
+    ) -> Result<(), StateError> {
+        if let Some(p) = &progress {
+            self.check_progress(p)?;
+        }
+        let mut batch = WriteBatch::default();
+        for s in &self.stores {
+            let cf = cf_handle(&self.db, &s.cf).map_err(|e| StateError::backend("restore", e))?;
+            if s.name == store {
+                for (key, value) in entries {
+                    match value {
+                        Some(v) => batch.put_cf(&cf, data_key(key), v),
+                        None => batch.delete_cf(&cf, data_key(key)),
+                    }
+                }
+            }
+            if let Some(p) = &progress {
+                batch.put_cf(&cf, PROGRESS_KEY, p.to_bytes());
+            }
+        }
+        self.db
+            .db()
+            .write_opt(batch, &WriteOptions::default())
+            .map_err(|e| StateError::backend(format!("restore into `{store}`"), e))?;
+        if progress.is_some() {
+            self.committed = progress;
+        }
+        Ok(())
     }
 
     /// One WriteBatch: every store's sealed writes plus `progress` in each store's column family.
@@ -422,7 +460,7 @@ impl SubTaskState {
             store.cache.clear();
             store.sealed.clear();
         }
-        self.sealed = None;
+        self.has_sealed = false;
     }
 }
 

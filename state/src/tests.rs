@@ -271,7 +271,18 @@ fn a_sealed_commit_stays_readable_and_is_written_only_by_write_sealed() {
     let mut st = SubTaskState::open(db.clone(), &names(&["s"]), 0, range).unwrap();
     put(&mut st, "s", "a", "1");
     put(&mut st, "s", "b", "1");
-    st.seal(Progress::new(range, "t", 1)).unwrap();
+    let sealed = st.seal().unwrap();
+    let expected = vec![(
+        "s".to_string(),
+        vec![
+            (b"a".to_vec(), Some(b"1".to_vec())),
+            (b"b".to_vec(), Some(b"1".to_vec())),
+        ],
+    )];
+    assert_eq!(
+        sealed, expected,
+        "seal hands out the entries for the changelog"
+    );
     assert!(st.has_sealed());
     assert!(!st.is_dirty(), "sealed writes left the write cache");
     // Nothing on disk yet, but reads see the sealed writes under newer ones.
@@ -282,30 +293,52 @@ fn a_sealed_commit_stays_readable_and_is_written_only_by_write_sealed() {
     assert_eq!(get(&mut st, "s", "a"), None);
     assert_eq!(get(&mut st, "s", "b").as_deref(), Some("2"));
     assert_eq!(all(&mut st, "s"), kv(&[("b", "2"), ("c", "2")]));
-    let err = st.seal(Progress::new(range, "t", 2)).unwrap_err();
+    let err = st.seal().unwrap_err();
     assert!(err.to_string().contains("already sealed"), "{err}");
     // Writing applies exactly the sealed writes and progress.
-    let applied = st.write_sealed().unwrap();
-    assert_eq!(
-        applied,
-        vec![(
-            "s".to_string(),
-            vec![
-                (b"a".to_vec(), Some(b"1".to_vec())),
-                (b"b".to_vec(), Some(b"1".to_vec()))
-            ]
-        )]
-    );
+    st.write_sealed(Progress::new(range, "t", 1)).unwrap();
+    assert!(!st.has_sealed());
     assert_eq!(on_disk(&db, "s", 0, range, b"a"), Some(b"1".to_vec()));
     assert_eq!(on_disk(&db, "s", 0, range, b"c"), None);
     assert_eq!(st.committed_progress().unwrap().next_offset("t"), Some(1));
-    assert!(st.write_sealed().unwrap().is_empty(), "nothing left sealed");
     // A crash before the next write loses the newer writes, never the written commit.
-    st.seal(Progress::new(range, "t", 2)).unwrap();
+    st.seal().unwrap();
     drop(st);
     let mut st = SubTaskState::open(db.clone(), &names(&["s"]), 0, range).unwrap();
     assert_eq!(st.committed_progress().unwrap().next_offset("t"), Some(1));
     assert_eq!(all(&mut st, "s"), kv(&[("a", "1"), ("b", "1")]));
+}
+
+#[test]
+fn restored_entries_are_written_directly_and_progress_only_when_given() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = StateDb::open(&cfg(tmp.path())).unwrap();
+    let range = KeyRange::FULL;
+    let mut st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, range).unwrap();
+    let entries = vec![(b"a".to_vec(), Some(b"1".to_vec())), (b"b".to_vec(), None)];
+    st.apply_restored("s", &entries, None).unwrap();
+    assert_eq!(on_disk(&db, "s", 0, range, b"a"), Some(b"1".to_vec()));
+    assert_eq!(
+        on_disk(&db, "u", 0, range, b"a"),
+        None,
+        "only the named store"
+    );
+    assert!(st.committed_progress().is_none());
+    let mut p = Progress::new(range, "t", 9);
+    p.commit_seq = 4;
+    st.apply_restored(
+        "u",
+        &[(b"x".to_vec(), Some(b"2".to_vec()))],
+        Some(p.clone()),
+    )
+    .unwrap();
+    drop(st);
+    let st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, range).unwrap();
+    assert_eq!(
+        st.committed_progress(),
+        Some(&p),
+        "progress in every store agrees"
+    );
 }
 
 #[test]

@@ -18,6 +18,7 @@
 //! On assignment a task resumes at the committed offset and skips each record whose range already
 //! applied it ([`Engine::assign`] takes those range offsets).
 
+pub mod changelog;
 mod origin;
 pub mod progress;
 mod subtask;
@@ -34,6 +35,7 @@ use rill_topology::exec::TaskError;
 use rill_topology::keyrange::null_key_hash;
 use rill_topology::{key_hash, range_of, ranges, KeyRange, RawRecord, Topic, Topology};
 
+pub use changelog::ChangelogReader;
 pub use origin::{Origin, ORIGIN_HEADER};
 pub use progress::ProgressTracker;
 pub use subtask::SubTaskId;
@@ -82,6 +84,8 @@ pub struct EngineConfig {
     pub mailbox_capacity: usize,
     /// Handling of records that do not deserialize.
     pub deserialization_handler: DeserializationHandler,
+    /// Whether range commits write store changelogs (see [`changelog`]).
+    pub changelogs: bool,
 }
 
 impl Default for EngineConfig {
@@ -92,6 +96,7 @@ impl Default for EngineConfig {
             worker_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             mailbox_capacity: 1000,
             deserialization_handler: DeserializationHandler::Fail,
+            changelogs: false,
         }
     }
 }
@@ -99,6 +104,16 @@ impl Default for EngineConfig {
 /// Why the engine stopped or refused a call.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// A store changelog could not be read for restore.
+    #[error("restoring from changelog `{topic}` partition {partition}: {message}; check that the brokers are reachable and the topic exists")]
+    Restore {
+        /// Changelog topic.
+        topic: String,
+        /// Partition.
+        partition: u32,
+        /// What went wrong.
+        message: String,
+    },
     /// A bad engine setting.
     #[error("invalid setting `{key}`: {message}")]
     Config {
@@ -163,6 +178,7 @@ pub struct EngineStats {
     produced: AtomicU64,
     skipped: AtomicU64,
     duplicates: AtomicU64,
+    restored: AtomicU64,
     /// Discarded records by reason.
     discarded: Mutex<BTreeMap<&'static str, u64>>,
 }
@@ -179,6 +195,10 @@ impl EngineStats {
     }
     fn count_discarded(&self, reason: &'static str) {
         *self.discarded.lock().entry(reason).or_default() += 1;
+    }
+    /// Changelog records read by restores.
+    pub fn restored(&self) -> u64 {
+        self.restored.load(Ordering::Relaxed)
     }
     /// Records run through the topology.
     pub fn processed(&self) -> u64 {
@@ -332,6 +352,8 @@ pub struct Engine {
     /// Resolved source topic name -> (sub-topology, topic index, topic).
     sources: HashMap<String, Arc<Source>>,
     reports: Receiver<CommitReport>,
+    /// Where tasks restore their stores from on assignment, when changelogs are on.
+    changelog_reader: Option<Arc<dyn ChangelogReader>>,
 }
 
 impl Engine {
@@ -403,6 +425,7 @@ impl Engine {
             tasks: BTreeMap::new(),
             sources,
             reports: rx,
+            changelog_reader: None,
         })
     }
 
@@ -419,6 +442,48 @@ impl Engine {
     /// The first error that stopped processing, if any.
     pub fn failure(&self) -> Option<Arc<EngineError>> {
         self.shared.failure.lock().clone()
+    }
+
+    /// Restores tasks from their store changelogs on assignment (see [`changelog`]), before
+    /// they process anything.
+    pub fn restore_from(&mut self, reader: Arc<dyn ChangelogReader>) {
+        self.changelog_reader = Some(reader);
+    }
+
+    /// Restores the states of task (`sub`, `partition`) and logs and counts what it did.
+    fn restore(
+        &self,
+        reader: &dyn ChangelogReader,
+        sub: usize,
+        partition: u32,
+        states: &mut [SubTaskState],
+    ) -> Result<(), EngineError> {
+        let stores = &self.shared.topology.sub_topologies()[sub].stores;
+        let started = std::time::Instant::now();
+        let summary = changelog::restore(
+            reader,
+            &self.shared.config.application_id,
+            stores,
+            partition,
+            states,
+        )?;
+        for (store, n) in &summary.records {
+            metrics::counter!("rill_restore_records_total", "store" => store.clone()).increment(*n);
+        }
+        let records: u64 = summary.records.iter().map(|(_, n)| n).sum();
+        tracing::info!(
+            sub_topology = sub,
+            partition,
+            records,
+            ranges_restored = summary.ranges_restored,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "restored from changelogs"
+        );
+        self.shared
+            .stats
+            .restored
+            .fetch_add(records, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The (sub-topology, topic index) reading resolved topic `topic`.
@@ -471,6 +536,21 @@ impl Engine {
             .iter()
             .map(|n| resume.get(n).cloned().unwrap_or_default())
             .collect();
+        let mut states = Vec::new();
+        if let (Some(db), true) = (&self.db, st.is_stateful()) {
+            for range in ranges(p) {
+                states.push(SubTaskState::open(
+                    db.clone(),
+                    &st.stores,
+                    partition,
+                    range,
+                )?);
+            }
+            if let Some(reader) = &self.changelog_reader {
+                self.restore(reader.as_ref(), sub, partition, &mut states)?;
+            }
+        }
+        let mut states = states.into_iter();
         for (index, range) in ranges(p).into_iter().enumerate() {
             let id = SubTaskId {
                 sub_topology: sub,
@@ -478,15 +558,7 @@ impl Engine {
                 index,
                 range,
             };
-            let state = match (&self.db, st.is_stateful()) {
-                (Some(db), true) => Some(SubTaskState::open(
-                    db.clone(),
-                    &st.stores,
-                    partition,
-                    range,
-                )?),
-                _ => None,
-            };
+            let state = states.next();
             let (subtask, local) = SubTask::open(id, &self.shared, state, names.len())?;
             for (i, next) in local {
                 resume_ranges[i].push((range, next));
@@ -914,7 +986,7 @@ mod tests {
             if record.key.as_deref() == Some(b"held".as_slice()) {
                 self.held.lock().unwrap().push(ticket);
             } else {
-                ticket.delivered(Ok(()));
+                ticket.delivered(Ok(0));
             }
             Ok(())
         }
@@ -953,7 +1025,7 @@ mod tests {
         assert!(e.wait_idle(Duration::from_secs(20)));
         assert_ne!(next_of(&ranges_of(&mut e), held_range), Some(3));
         for t in sink.held.lock().unwrap().drain(..) {
-            t.delivered(Ok(()));
+            t.delivered(Ok(0));
         }
         e.commit();
         assert!(e.wait_idle(Duration::from_secs(20)));

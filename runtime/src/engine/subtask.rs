@@ -18,7 +18,7 @@
 //! (revoke, shutdown, TestDriver) waits for the acknowledgements and writes at once.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crossbeam_channel::Sender;
@@ -29,6 +29,7 @@ use rill_topology::processor::{PunctuationType, RecordMeta};
 use rill_topology::store::{Entries, KeyValueBytes, StoreError};
 use rill_topology::{key_hash, KeyRange, RawRecord, Topic, HASH_ID};
 
+use super::changelog::{changelog_topic, data_record, marker_record};
 use super::origin::{Origin, ORIGIN_HEADER};
 use super::{DeserializationHandler, EngineError, Shared, Source};
 use crate::sink::Deliveries;
@@ -74,12 +75,16 @@ pub(crate) enum Work {
     Punctuate(i64),
 }
 
-/// A sealed range commit waiting for its outputs' acknowledgements.
+/// A sealed range commit on its way to disk (see `super::changelog` for the steps).
 struct Sealed {
-    /// Delivery epoch of the last output it covers.
+    /// Delivery epoch of the last record it waits for.
     epoch: u64,
     /// (source topic index, next offset) it makes durable.
     next: TopicOffsets,
+    /// The progress it writes (changelog positions are filled in as markers land).
+    progress: Progress,
+    /// Range markers sent so far (one per store, in store order), each with its offset slot.
+    markers: Vec<Arc<AtomicU64>>,
 }
 
 /// A range commit that finished: the engine's tracker learns that every record of
@@ -230,6 +235,14 @@ impl SubTask {
                     let _ = done.send(());
                 }
             }
+            // Finish a sealed commit as soon as its records are acknowledged, not a commit
+            // interval later.
+            if !core.failed && core.sealed.is_some() {
+                if let Err(e) = core.advance_sealed(&self.id, false, &shared) {
+                    core.failed = true;
+                    shared.fail(e);
+                }
+            }
         }
         self.depth.fetch_sub(records, Ordering::SeqCst);
         shared.work_done(n);
@@ -348,52 +361,72 @@ impl Core {
         durable: bool,
         shared: &Shared,
     ) -> Result<(), EngineError> {
-        // 1. Write the sealed commit once its outputs are acknowledged; otherwise try again at
+        // 1. Finish the sealed commit once its records are acknowledged; otherwise try again at
         //    the next commit item (one sealed commit at a time).
-        if !self.write_sealed(id, durable, shared)? {
+        if !self.advance_sealed(id, durable, shared)? {
             return Ok(());
         }
         let dirty = self.state.as_ref().is_some_and(SubTaskState::is_dirty);
         if self.processed == self.committed && !dirty {
             return Ok(());
         }
-        // 2. Seal state, progress and the outputs sent so far.
-        let epoch = self.deliveries.seal();
-        if let Some(state) = self.state.as_mut() {
-            let names = shared.topic_names(id.sub_topology);
-            let progress = Progress {
-                version: 1,
-                hash_id: HASH_ID,
-                range_start: id.range.start,
-                range_end: id.range.end,
-                offsets: self
-                    .processed
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, o)| {
-                        o.map(|next_offset| TopicOffset {
-                            topic: names[i].clone(),
-                            next_offset,
-                        })
+        // 2. Seal state, progress and the outputs sent so far; send the changelog data.
+        let names = shared.topic_names(id.sub_topology);
+        let mut progress = Progress {
+            version: 1,
+            hash_id: HASH_ID,
+            range_start: id.range.start,
+            range_end: id.range.end,
+            offsets: self
+                .processed
+                .iter()
+                .enumerate()
+                .filter_map(|(i, o)| {
+                    o.map(|next_offset| TopicOffset {
+                        topic: names[i].clone(),
+                        next_offset,
                     })
-                    .collect(),
-                changelog_offset: None,
-                origins: self
-                    .origins
-                    .iter()
-                    .map(
-                        |(&(partition, range_start, range_end), &(offset, seq))| StoredOrigin {
-                            partition,
-                            range_start,
-                            range_end,
-                            offset,
-                            seq,
-                        },
-                    )
-                    .collect(),
-            };
-            state.seal(progress)?;
+                })
+                .collect(),
+            changelog_offset: None,
+            origins: self
+                .origins
+                .iter()
+                .map(
+                    |(&(partition, range_start, range_end), &(offset, seq))| StoredOrigin {
+                        partition,
+                        range_start,
+                        range_end,
+                        offset,
+                        seq,
+                    },
+                )
+                .collect(),
+            changelogs: Vec::new(),
+            commit_seq: 0,
+        };
+        if let Some(state) = self.state.as_mut() {
+            let last = state.committed_progress();
+            progress.commit_seq = last.map_or(0, |p| p.commit_seq) + 1;
+            // Positions of stores this commit does not reach stay as they were.
+            progress.changelogs = last.map(|p| p.changelogs.clone()).unwrap_or_default();
+            let sealed = state.seal()?;
+            if shared.config.changelogs {
+                for (store, entries) in sealed {
+                    let topic = changelog_topic(&shared.config.application_id, &store);
+                    for (key, value) in entries {
+                        let ticket = self.deliveries.ticket();
+                        shared.sink.send(
+                            &topic,
+                            Some(id.partition),
+                            data_record(key, value),
+                            ticket,
+                        )?;
+                    }
+                }
+            }
         }
+        let epoch = self.deliveries.seal();
         self.sealed = Some(Sealed {
             epoch,
             next: self
@@ -402,41 +435,72 @@ impl Core {
                 .enumerate()
                 .filter_map(|(i, o)| o.map(|o| (i, o)))
                 .collect(),
+            progress,
+            markers: Vec::new(),
         });
         self.committed = self.processed.clone();
-        // 3. Write it now when its outputs are already acknowledged (or must be waited for).
-        self.write_sealed(id, durable, shared)?;
+        // 3. Move it along now when its records are already acknowledged (or must be waited for).
+        self.advance_sealed(id, durable, shared)?;
         Ok(())
     }
 
-    /// Writes the sealed commit (state + progress in one WriteBatch) and tells the tracker, once
-    /// every output it covers is acknowledged; `wait` blocks for that. True when nothing is left
-    /// sealed.
-    fn write_sealed(
+    /// Moves the sealed commit through its steps as far as acknowledgements allow (`wait`
+    /// blocks for them): range markers store by store, then state + progress in one
+    /// WriteBatch, then the report to the tracker. True when nothing is left sealed.
+    pub(crate) fn advance_sealed(
         &mut self,
         id: &SubTaskId,
         wait: bool,
         shared: &Shared,
     ) -> Result<bool, EngineError> {
-        let Some(sealed) = &self.sealed else {
-            return Ok(true);
-        };
-        if wait {
-            self.deliveries
-                .wait_through(sealed.epoch, DELIVERY_TIMEOUT)?;
-        } else if !self.deliveries.written_through(sealed.epoch)? {
-            return Ok(false);
-        }
-        if let Some(state) = self.state.as_mut() {
-            state.write_sealed()?;
-        }
-        if let Some(sealed) = self.sealed.take() {
+        loop {
+            let Some(sealed) = self.sealed.as_mut() else {
+                return Ok(true);
+            };
+            if wait {
+                self.deliveries
+                    .wait_through(sealed.epoch, DELIVERY_TIMEOUT)?;
+            } else if !self.deliveries.written_through(sealed.epoch)? {
+                return Ok(false);
+            }
+            let stores: &[String] = match (&self.state, shared.config.changelogs) {
+                (Some(_), true) => &shared.topology.sub_topologies()[id.sub_topology].stores,
+                _ => &[],
+            };
+            if let Some(store) = stores.get(sealed.markers.len()) {
+                // The previous marker landed: record its position, send the next one.
+                if let Some(slot) = sealed.markers.last() {
+                    let prev = &stores[sealed.markers.len() - 1];
+                    set_position(&mut sealed.progress, shared, prev, slot);
+                }
+                let slot = Arc::new(AtomicU64::new(0));
+                let ticket = self.deliveries.ticket_with_offset(slot.clone());
+                let topic = changelog_topic(&shared.config.application_id, store);
+                shared.sink.send(
+                    &topic,
+                    Some(id.partition),
+                    marker_record(&sealed.progress),
+                    ticket,
+                )?;
+                sealed.markers.push(slot);
+                sealed.epoch = self.deliveries.seal();
+                continue;
+            }
+            if let (Some(slot), Some(store)) = (sealed.markers.last(), stores.last()) {
+                set_position(&mut sealed.progress, shared, store, slot);
+            }
+            let Some(sealed) = self.sealed.take() else {
+                return Ok(true);
+            };
+            if let Some(state) = self.state.as_mut() {
+                state.write_sealed(sealed.progress)?;
+            }
             shared.report(CommitReport {
                 id: *id,
                 next: sealed.next,
             });
+            return Ok(true);
         }
-        Ok(true)
     }
 
     /// Every entry of `store` in this sub-task's range (committed and cached).
@@ -457,6 +521,16 @@ impl Core {
 }
 
 /// The [`TaskEnv`] of one sub-task while it processes one item.
+/// Records in `progress` that `store`'s changelog continues after the marker in `slot`.
+fn set_position(progress: &mut Progress, shared: &Shared, store: &str, slot: &AtomicU64) {
+    let topic = changelog_topic(&shared.config.application_id, store);
+    let next_offset = slot.load(Ordering::SeqCst) + 1;
+    match progress.changelogs.iter_mut().find(|o| o.topic == topic) {
+        Some(o) => o.next_offset = next_offset,
+        None => progress.changelogs.push(TopicOffset { topic, next_offset }),
+    }
+}
+
 struct Env<'a> {
     shared: &'a Shared,
     id: &'a SubTaskId,

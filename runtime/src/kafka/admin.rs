@@ -1,4 +1,5 @@
-//! Topics: partition counts of source topics and creation of internal (repartition) topics.
+//! Topics: partition counts of source topics and creation of internal (repartition, changelog)
+//! topics.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -48,13 +49,29 @@ pub fn create_topics(
     topics: &[(String, u32)],
     timeout: Duration,
 ) -> Result<(), KafkaError> {
+    create_topics_with(cfg, topics, &[], timeout)
+}
+
+/// Creates `topics` like [`create_topics`], each with the topic settings `configs`
+/// (`cleanup.policy=compact` for changelogs).
+pub fn create_topics_with(
+    cfg: &ClientConfig,
+    topics: &[(String, u32)],
+    configs: &[(&str, &str)],
+    timeout: Duration,
+) -> Result<(), KafkaError> {
     if topics.is_empty() {
         return Ok(());
     }
     let admin: AdminClient<DefaultClientContext> = cfg.create()?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
-        .map(|(name, n)| NewTopic::new(name, *n as i32, TopicReplication::Fixed(-1)))
+        .map(|(name, n)| {
+            configs.iter().fold(
+                NewTopic::new(name, *n as i32, TopicReplication::Fixed(-1)),
+                |t, (k, v)| t.set(k, v),
+            )
+        })
         .collect();
     let opts = AdminOptions::new().operation_timeout(Some(timeout));
     let rt = tokio::runtime::Builder::new_current_thread()

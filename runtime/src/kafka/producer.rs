@@ -11,6 +11,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext, ThreadedProducer};
+use rdkafka::Message;
 use rill_topology::RawRecord;
 
 use crate::sink::{RecordSink, SinkError, Ticket};
@@ -24,7 +25,11 @@ impl ClientContext for DeliveryContext {}
 impl ProducerContext for DeliveryContext {
     type DeliveryOpaque = Box<Ticket>;
     fn delivery(&self, result: &DeliveryResult<'_>, ticket: Box<Ticket>) {
-        ticket.delivered(result.as_ref().map(|_| ()).map_err(|(e, _)| e.to_string()));
+        let result = match result {
+            Ok(m) => Ok(m.offset().max(0) as u64),
+            Err((e, _)) => Err(e.to_string()),
+        };
+        ticket.delivered(result);
     }
 }
 

@@ -1,0 +1,114 @@
+//! Reading a store changelog partition from Kafka for restore.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{Message, Offset, TopicPartitionList};
+
+use super::source::raw_record;
+use crate::engine::changelog::ChangelogReader;
+use crate::engine::EngineError;
+use rill_topology::RawRecord;
+
+/// How long restore waits for the broker before it gives up on a changelog partition.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Reads changelog partitions with a group-less consumer of its own (Kafka Streams' restore
+/// consumer), so the group consumer keeps its assignment and offsets untouched.
+pub struct KafkaChangelogReader {
+    config: ClientConfig,
+}
+
+impl KafkaChangelogReader {
+    /// A reader over the brokers of `config` (a client config with the user's `kafka.*`).
+    pub fn new(mut config: ClientConfig) -> Self {
+        config
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "false")
+            .set("group.id", "rill-restore-unused")
+            .set("fetch.wait.max.ms", "50");
+        KafkaChangelogReader { config }
+    }
+
+    fn read_kafka(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        visit: &mut dyn FnMut(u64, RawRecord) -> Result<(), EngineError>,
+    ) -> Result<u64, ReadError> {
+        let consumer: BaseConsumer = self.config.create()?;
+        let (low, high) = consumer.fetch_watermarks(topic, partition as i32, READ_TIMEOUT)?;
+        let start = (from as i64).max(low);
+        if start >= high {
+            return Ok(0);
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition as i32, Offset::Offset(start))?;
+        consumer.assign(&tpl)?;
+        let mut seen = 0u64;
+        let mut last_progress = Instant::now();
+        // Compaction leaves gaps, so stop at the first record at or past the end, or at the end.
+        let mut next = start;
+        while next < high {
+            match consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) => {
+                    next = m.offset() + 1;
+                    seen += 1;
+                    last_progress = Instant::now();
+                    visit(m.offset() as u64, raw_record(&m))?;
+                }
+                Some(Err(e)) => return Err(e.into()),
+                None => {
+                    let position = consumer
+                        .position()?
+                        .find_partition(topic, partition as i32)
+                        .and_then(|e| match e.offset() {
+                            Offset::Offset(o) => Some(o),
+                            _ => None,
+                        });
+                    if position.is_some_and(|p| p >= high) {
+                        break;
+                    }
+                    if last_progress.elapsed() > READ_TIMEOUT {
+                        return Err(ReadError::Stalled(next, high));
+                    }
+                }
+            }
+        }
+        Ok(seen)
+    }
+}
+
+/// Why a changelog partition could not be read.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("no progress at offset {0} of {1} for a minute")]
+    Stalled(i64, i64),
+}
+
+impl ChangelogReader for KafkaChangelogReader {
+    fn read(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        visit: &mut dyn FnMut(u64, RawRecord) -> Result<(), EngineError>,
+    ) -> Result<u64, EngineError> {
+        self.read_kafka(topic, partition, from, visit)
+            .map_err(|e| match e {
+                ReadError::Engine(e) => e,
+                other => EngineError::Restore {
+                    topic: topic.to_string(),
+                    partition,
+                    message: other.to_string(),
+                },
+            })
+    }
+}
