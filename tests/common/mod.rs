@@ -1,6 +1,8 @@
 //! Helpers for tests against the real Kafka broker that `scripts/test` starts.
 #![allow(dead_code)]
 
+pub mod service;
+
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
