@@ -244,6 +244,7 @@ impl Runtime {
             committed: Mutex::new(HashMap::new()),
             error: Mutex::new(None),
             rebalances: AtomicU64::new(0),
+            restoring: Mutex::new(std::collections::BTreeSet::new()),
             held_limit: c.mailbox_capacity,
         };
         let mut cfg = client_config(&self.bootstrap, &c.kafka);

@@ -29,6 +29,7 @@
 //! only the tail, and a missing one restores from the start.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rill_state::{Progress, SubTaskState, TopicOffset};
 use rill_topology::{key_hash, range_of, Headers, KeyRange, RawRecord};
@@ -104,13 +105,15 @@ struct RangeRestore {
 }
 
 /// Restores the sub-task states of one task (partition `partition`, ranges in order) from the
-/// changelogs of `stores`, then writes each advanced range's progress. Returns what it did.
+/// changelogs of `stores`, then writes each advanced range's progress. Returns what it did;
+/// stops with an error soon after `cancel` is set.
 pub fn restore(
     reader: &dyn ChangelogReader,
     application_id: &str,
     stores: &[String],
     partition: u32,
     states: &mut [SubTaskState],
+    cancel: &AtomicBool,
 ) -> Result<RestoreSummary, EngineError> {
     let mut summary = RestoreSummary::default();
     let Some((last, others)) = stores.split_last() else {
@@ -147,6 +150,13 @@ pub fn restore(
             .map(|s| s.committed_progress().map_or(0, |p| p.commit_seq))
             .collect();
         let n = reader.read(&topic, partition, from, &mut |offset, record| {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(EngineError::Restore {
+                    topic: topic.clone(),
+                    partition,
+                    message: "cancelled (the partition was revoked)".into(),
+                });
+            }
             let is_marker = record.headers.last(MARKER_HEADER).is_some();
             if is_marker {
                 let progress = Progress::from_bytes(record.value.as_deref().unwrap_or_default())
@@ -323,6 +333,7 @@ mod tests {
         }
         e.assign("in", 0, &std::collections::HashMap::new())
             .unwrap();
+        assert!(e.wait_restored(Duration::from_secs(20)).unwrap());
         e
     }
 

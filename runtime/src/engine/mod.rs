@@ -336,11 +336,24 @@ pub struct PartitionProgress {
 }
 
 struct Task {
+    /// Empty while the task restores.
     subtasks: Vec<Arc<SubTask>>,
     /// One tracker per source topic of the sub-topology.
     trackers: Vec<ProgressTracker>,
     /// Per source topic, ranges (possibly of another factor) and the offset each had applied.
     resume: Vec<Vec<(KeyRange, u64)>>,
+    /// The restore in progress, if any; the task takes no records until it is done.
+    restoring: Option<Restoring>,
+}
+
+/// A task's stores being restored from their changelogs on a thread of their own, so the other
+/// partitions keep processing.
+struct Restoring {
+    /// Invariant: the thread sends exactly once, its states or its error, then ends.
+    done: Receiver<Result<Vec<SubTaskState>, EngineError>>,
+    /// Set to make the thread stop early (the partition was revoked).
+    cancel: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 /// The engine of one process: its assigned tasks and their sub-tasks.
@@ -450,42 +463,6 @@ impl Engine {
         self.changelog_reader = Some(reader);
     }
 
-    /// Restores the states of task (`sub`, `partition`) and logs and counts what it did.
-    fn restore(
-        &self,
-        reader: &dyn ChangelogReader,
-        sub: usize,
-        partition: u32,
-        states: &mut [SubTaskState],
-    ) -> Result<(), EngineError> {
-        let stores = &self.shared.topology.sub_topologies()[sub].stores;
-        let started = std::time::Instant::now();
-        let summary = changelog::restore(
-            reader,
-            &self.shared.config.application_id,
-            stores,
-            partition,
-            states,
-        )?;
-        for (store, n) in &summary.records {
-            metrics::counter!("rill_restore_records_total", "store" => store.clone()).increment(*n);
-        }
-        let records: u64 = summary.records.iter().map(|(_, n)| n).sum();
-        tracing::info!(
-            sub_topology = sub,
-            partition,
-            records,
-            ranges_restored = summary.ranges_restored,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "restored from changelogs"
-        );
-        self.shared
-            .stats
-            .restored
-            .fetch_add(records, Ordering::Relaxed);
-        Ok(())
-    }
-
     /// The (sub-topology, topic index) reading resolved topic `topic`.
     fn source(&self, topic: &str) -> Result<&Arc<Source>, EngineError> {
         self.sources
@@ -531,11 +508,20 @@ impl Engine {
                 });
             }
         }
-        let mut subtasks = Vec::with_capacity(p);
-        let mut resume_ranges: Vec<Vec<(KeyRange, u64)>> = names
+        let resume_ranges: Vec<Vec<(KeyRange, u64)>> = names
             .iter()
             .map(|n| resume.get(n).cloned().unwrap_or_default())
             .collect();
+        let trackers = names
+            .iter()
+            .map(|_| ProgressTracker::new(ranges(p)))
+            .collect();
+        let mut task = Task {
+            subtasks: Vec::new(),
+            trackers,
+            resume: resume_ranges,
+            restoring: None,
+        };
         let mut states = Vec::new();
         if let (Some(db), true) = (&self.db, st.is_stateful()) {
             for range in ranges(p) {
@@ -547,43 +533,160 @@ impl Engine {
                 )?);
             }
             if let Some(reader) = &self.changelog_reader {
-                self.restore(reader.as_ref(), sub, partition, &mut states)?;
+                task.restoring =
+                    Some(self.start_restore(reader.clone(), sub, partition, states)?);
+                self.tasks.insert((sub, partition), task);
+                return Ok(());
             }
         }
+        self.open_subtasks(&mut task, sub, partition, states)?;
+        self.tasks.insert((sub, partition), task);
+        Ok(())
+    }
+
+    /// Opens the sub-tasks of a task over its (restored) states and adds their local progress
+    /// to the task's resume offsets.
+    fn open_subtasks(
+        &self,
+        task: &mut Task,
+        sub: usize,
+        partition: u32,
+        states: Vec<SubTaskState>,
+    ) -> Result<(), EngineError> {
+        let topics = task.trackers.len();
         let mut states = states.into_iter();
-        for (index, range) in ranges(p).into_iter().enumerate() {
+        for (index, range) in ranges(self.shared.config.parallelising_factor)
+            .into_iter()
+            .enumerate()
+        {
             let id = SubTaskId {
                 sub_topology: sub,
                 partition,
                 index,
                 range,
             };
-            let state = states.next();
-            let (subtask, local) = SubTask::open(id, &self.shared, state, names.len())?;
+            let (subtask, local) = SubTask::open(id, &self.shared, states.next(), topics)?;
             for (i, next) in local {
-                resume_ranges[i].push((range, next));
+                task.resume[i].push((range, next));
             }
-            subtasks.push(subtask);
+            task.subtasks.push(subtask);
         }
-        let trackers = names
-            .iter()
-            .map(|_| ProgressTracker::new(ranges(p)))
-            .collect();
-        self.tasks.insert(
-            (sub, partition),
-            Task {
-                subtasks,
-                trackers,
-                resume: resume_ranges,
-            },
-        );
         Ok(())
+    }
+
+    /// Starts restoring `states` of task (`sub`, `partition`) on a thread.
+    fn start_restore(
+        &self,
+        reader: Arc<dyn ChangelogReader>,
+        sub: usize,
+        partition: u32,
+        mut states: Vec<SubTaskState>,
+    ) -> Result<Restoring, EngineError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let shared = self.shared.clone();
+        let stop = cancel.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("rill-restore-{partition}"))
+            .spawn(move || {
+                let stores = &shared.topology.sub_topologies()[sub].stores;
+                let started = std::time::Instant::now();
+                let result = changelog::restore(
+                    reader.as_ref(),
+                    &shared.config.application_id,
+                    stores,
+                    partition,
+                    &mut states,
+                    &stop,
+                );
+                let result = result.map(|summary| {
+                    for (store, n) in &summary.records {
+                        metrics::counter!("rill_restore_records_total", "store" => store.clone())
+                            .increment(*n);
+                    }
+                    let records: u64 = summary.records.iter().map(|(_, n)| n).sum();
+                    shared.stats.restored.fetch_add(records, Ordering::Relaxed);
+                    tracing::info!(
+                        sub_topology = sub,
+                        partition,
+                        records,
+                        ranges_restored = summary.ranges_restored,
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "restored from changelogs"
+                    );
+                    states
+                });
+                let _ = tx.send(result);
+            })
+            .map_err(|e| EngineError::Pool(format!("starting a restore thread: {e}")))?;
+        Ok(Restoring {
+            done: rx,
+            cancel,
+            thread: Some(thread),
+        })
+    }
+
+    /// Opens the tasks whose restore finished; returns how many tasks still restore. A failed
+    /// restore is an error.
+    pub fn finish_restores(&mut self) -> Result<usize, EngineError> {
+        let finished: Vec<(usize, u32)> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.restoring.as_ref().is_some_and(|r| !r.done.is_empty()))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in finished {
+            let Some(mut task) = self.tasks.remove(&key) else {
+                continue;
+            };
+            let Some(mut restoring) = task.restoring.take() else {
+                continue;
+            };
+            if let Some(t) = restoring.thread.take() {
+                let _ = t.join();
+            }
+            let states = restoring.done.recv().map_err(|_| {
+                EngineError::Pool("a restore thread ended without a result".into())
+            })??;
+            self.open_subtasks(&mut task, key.0, key.1, states)?;
+            self.tasks.insert(key, task);
+        }
+        Ok(self.restoring())
     }
 
     /// Whether records of `topic`/`partition` are accepted.
     pub fn is_assigned(&self, topic: &str, partition: u32) -> bool {
         self.source(topic)
             .is_ok_and(|s| self.tasks.contains_key(&(s.sub, partition)))
+    }
+
+    /// Tasks still restoring.
+    pub fn restoring(&self) -> usize {
+        self.tasks
+            .values()
+            .filter(|t| t.restoring.is_some())
+            .count()
+    }
+
+    /// Whether the task of `topic`/`partition` is restoring.
+    pub fn is_restoring(&self, topic: &str, partition: u32) -> bool {
+        self.source(topic).is_ok_and(|s| {
+            self.tasks
+                .get(&(s.sub, partition))
+                .is_some_and(|t| t.restoring.is_some())
+        })
+    }
+
+    /// Waits until no task restores, or `timeout` passes; true when none does.
+    pub fn wait_restored(&mut self, timeout: Duration) -> Result<bool, EngineError> {
+        let deadline = std::time::Instant::now() + timeout;
+        while self.finish_restores()? > 0 {
+            if std::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(true)
     }
 
     /// The smallest offset some range still needs, from local progress and `resume`, if known.
@@ -639,6 +742,9 @@ impl Engine {
             self.shared.stats.skipped.fetch_add(1, Ordering::Relaxed);
             return Ok(Dispatch::Skipped);
         }
+        if task.restoring.is_some() {
+            return Ok(Dispatch::Full(raw));
+        }
         let index = range_of(hash, task.subtasks.len());
         let subtask = &task.subtasks[index];
         if subtask.depth.load(Ordering::SeqCst) >= self.shared.config.mailbox_capacity {
@@ -660,6 +766,9 @@ impl Engine {
     /// a paused partition (resuming sooner makes librdkafka drop and refetch its prefetched
     /// records on every pause, which costs far more than the wait).
     pub fn has_room(&self, topic: &str, partition: u32) -> bool {
+        if self.is_restoring(topic, partition) {
+            return false;
+        }
         let half = self.shared.config.mailbox_capacity / 2;
         self.mailbox_depth(topic, partition)
             .iter()
@@ -777,9 +886,18 @@ impl Engine {
         let Ok(sub) = self.source(topic).map(|s| s.sub) else {
             return (true, Vec::new());
         };
-        let Some(task) = self.tasks.get(&(sub, partition)) else {
+        let Some(task) = self.tasks.get_mut(&(sub, partition)) else {
             return (true, Vec::new());
         };
+        if let Some(mut restoring) = task.restoring.take() {
+            // Nothing was processed yet: stop the restore and let the states go.
+            restoring.cancel.store(true, Ordering::SeqCst);
+            if let Some(t) = restoring.thread.take() {
+                let _ = t.join();
+            }
+            self.tasks.remove(&(sub, partition));
+            return (true, Vec::new());
+        }
         // Only this task's sub-tasks drain; the other partitions keep processing.
         let (done, handled) = crossbeam_channel::unbounded();
         for s in &task.subtasks {
@@ -833,6 +951,14 @@ impl Engine {
 impl Drop for Engine {
     /// Waits (bounded) for running sub-task jobs, so their state is closed when this returns.
     fn drop(&mut self) {
+        for task in self.tasks.values_mut() {
+            if let Some(mut restoring) = task.restoring.take() {
+                restoring.cancel.store(true, Ordering::SeqCst);
+                if let Some(t) = restoring.thread.take() {
+                    let _ = t.join();
+                }
+            }
+        }
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         while self.shared.jobs.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));

@@ -49,6 +49,10 @@ pub struct SourceContext {
     pub held_limit: usize,
     /// Rebalances seen.
     pub rebalances: std::sync::atomic::AtomicU64,
+    /// Partitions paused while their task restores; the loop resumes each once it is done.
+    /// Invariant: an entry here is paused in the consumer and assigned. Taken after `engine`
+    /// when both are held.
+    pub restoring: Mutex<BTreeSet<(String, u32)>>,
 }
 
 impl ClientContext for SourceContext {}
@@ -86,15 +90,16 @@ impl ConsumerContext for SourceContext {
             RebalanceProtocol::Cooperative
         );
         let result = match err {
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                self.on_assign(consumer, tpl).and_then(|()| {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => self
+                .on_assign(consumer, tpl)
+                .and_then(|()| {
                     if cooperative {
                         consumer.incremental_assign(tpl)
                     } else {
                         consumer.assign(tpl)
                     }
                 })
-            }
+                .and_then(|()| self.pause_restoring(consumer, tpl)),
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 self.on_revoke(consumer, tpl);
                 if cooperative {
@@ -184,7 +189,39 @@ impl SourceContext {
         Ok(())
     }
 
+    /// Pauses the newly assigned partitions whose task restores, until it is done.
+    fn pause_restoring(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        tpl: &TopicPartitionList,
+    ) -> Result<(), KafkaError> {
+        let engine = self.engine.lock();
+        let mut pause = TopicPartitionList::new();
+        let mut restoring = self.restoring.lock();
+        for e in tpl.elements() {
+            if engine.is_restoring(e.topic(), e.partition() as u32) {
+                pause.add_partition(e.topic(), e.partition());
+                restoring.insert((e.topic().to_string(), e.partition() as u32));
+                tracing::info!(
+                    topic = e.topic(),
+                    partition = e.partition(),
+                    "restoring state before processing"
+                );
+            }
+        }
+        if pause.count() > 0 {
+            consumer.pause(&pause)?;
+        }
+        Ok(())
+    }
+
     fn on_revoke(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
+        {
+            let mut restoring = self.restoring.lock();
+            for e in tpl.elements() {
+                restoring.remove(&(e.topic().to_string(), e.partition() as u32));
+            }
+        }
         let mut last = Vec::new();
         {
             let mut engine = self.engine.lock();
@@ -302,6 +339,9 @@ pub fn run(
         if let Some(e) = ctx.error.lock().take() {
             break Err(SourceError::Rebalance(e));
         }
+        if let Err(e) = resume_restored(consumer, &ctx) {
+            break Err(e);
+        }
         if let Err(e) = retry_held(consumer, &ctx, &mut held, &mut paused) {
             break Err(e);
         }
@@ -401,6 +441,39 @@ fn pause(consumer: &BaseConsumer<SourceContext>, key: &(String, u32)) -> Result<
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(&key.0, key.1 as i32);
     consumer.pause(&tpl)
+}
+
+/// Resumes the partitions whose task finished restoring.
+fn resume_restored(
+    consumer: &BaseConsumer<SourceContext>,
+    ctx: &SourceContext,
+) -> Result<(), SourceError> {
+    if ctx.restoring.lock().is_empty() {
+        return Ok(());
+    }
+    // Lock order, as in the rebalance callback: engine, then restoring.
+    let mut engine = ctx.engine.lock();
+    engine.finish_restores()?;
+    let done: Vec<(String, u32)> = {
+        let mut restoring = ctx.restoring.lock();
+        let done: Vec<_> = restoring
+            .iter()
+            .filter(|(t, p)| !engine.is_restoring(t, *p))
+            .cloned()
+            .collect();
+        for key in &done {
+            restoring.remove(key);
+        }
+        done
+    };
+    drop(engine);
+    for key in done {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&key.0, key.1 as i32);
+        tracing::info!(topic = %key.0, partition = key.1, "restored: processing");
+        consumer.resume(&tpl)?;
+    }
+    Ok(())
 }
 
 /// Offers held records again, in order; resumes each partition whose queue empties.
