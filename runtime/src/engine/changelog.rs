@@ -416,4 +416,76 @@ mod tests {
         );
         assert_eq!(count(&e, "k7"), Some(4));
     }
+
+    /// A crash between the markers of a two-store commit: the first store's changelog has the
+    /// newer marker, the last store's does not. Restore applies the older commit to both.
+    #[test]
+    fn a_commit_without_its_last_stores_marker_is_applied_to_no_store() {
+        let b = StreamsBuilder::new();
+        let grouped = b.stream("in", StringSerde, StringSerde).group_by_key();
+        grouped.count("first");
+        grouped.count("second");
+        let topology = Arc::new(b.build().unwrap());
+        let stores = topology.sub_topologies()[0].stores.clone();
+        assert_eq!(stores.len(), 2);
+        let engine = |dir: &std::path::Path, log: &Arc<MemoryChangelog>| {
+            let db = StateDb::open(&StateConfig {
+                dir: dir.to_path_buf(),
+                memory_bytes: 16 << 20,
+            })
+            .unwrap();
+            let config = EngineConfig {
+                application_id: "app".into(),
+                changelogs: true,
+                ..EngineConfig::default()
+            };
+            let mut e = Engine::new(
+                topology.clone(),
+                config,
+                Some(db),
+                log.clone(),
+                std::collections::HashMap::new(),
+            )
+            .unwrap();
+            e.restore_from(log.clone());
+            e.assign("in", 0, &std::collections::HashMap::new())
+                .unwrap();
+            assert!(e.wait_restored(Duration::from_secs(20)).unwrap());
+            e
+        };
+        let get = |e: &Engine, store: &str| {
+            e.store_get(store, b"k")
+                .unwrap()
+                .map(|v| I64Serde.deserialize(&v).unwrap())
+        };
+        let log = Arc::new(MemoryChangelog::default());
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut e = engine(dir.path(), &log);
+            feed(&mut e, 0, &["k", "k"]);
+            feed(&mut e, 2, &["k"]);
+            assert_eq!((get(&e, "first"), get(&e, "second")), (Some(3), Some(3)));
+        }
+        // Drop the last store's newest marker, as if the process died before sending it.
+        let last = changelog_topic("app", &stores[1]);
+        {
+            let mut logs = log.logs.lock();
+            let l = logs.get_mut(&(last, 0)).unwrap();
+            let newest = l
+                .iter()
+                .rposition(|r| r.headers.last(MARKER_HEADER).is_some())
+                .unwrap();
+            l.remove(newest);
+        }
+        let fresh = tempfile::tempdir().unwrap();
+        let mut e = engine(fresh.path(), &log);
+        assert_eq!(
+            (get(&e, "first"), get(&e, "second")),
+            (Some(2), Some(2)),
+            "both stores at the last commit every store confirmed"
+        );
+        // The input of the unconfirmed commit is processed again, once.
+        feed(&mut e, 0, &["k", "k", "k"]);
+        assert_eq!((get(&e, "first"), get(&e, "second")), (Some(3), Some(3)));
+    }
 }
