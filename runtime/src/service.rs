@@ -278,6 +278,9 @@ impl Runtime {
             .name("rill-source".into())
             .spawn(move || {
                 let r = source::run(&consumer, &stop2, interval);
+                if let Err(e) = &r {
+                    tracing::error!(error = %e, "processing stopped on an error");
+                }
                 // Leaving the group fires the last revocation while the engine still exists.
                 consumer.unsubscribe();
                 drop(consumer);
@@ -347,6 +350,16 @@ impl RunningRuntime {
     /// Records processed so far.
     pub fn processed(&self) -> u64 {
         self.engine.lock().stats().processed()
+    }
+
+    /// Changelog records read by restores so far.
+    pub fn restored(&self) -> u64 {
+        self.engine.lock().stats().restored()
+    }
+
+    /// Tasks restoring their stores right now.
+    pub fn restoring(&self) -> usize {
+        self.engine.lock().restoring()
     }
 
     /// Records discarded for `reason` so far.

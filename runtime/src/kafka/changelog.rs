@@ -27,7 +27,8 @@ impl KafkaChangelogReader {
         config
             .set("enable.auto.commit", "false")
             .set("enable.partition.eof", "false")
-            .set("group.id", "rill-restore-unused")
+            // librdkafka refuses assign() without a group id; this group never joins or commits.
+            .set("group.id", "rill-restore")
             .set("fetch.wait.max.ms", "50");
         KafkaChangelogReader { config }
     }

@@ -222,6 +222,7 @@ impl SourceContext {
                 restoring.remove(&(e.topic().to_string(), e.partition() as u32));
             }
         }
+        let started = Instant::now();
         let mut last = Vec::new();
         {
             let mut engine = self.engine.lock();
@@ -234,11 +235,15 @@ impl SourceContext {
                 last.extend(progress);
             }
         }
+        let drained_ms = started.elapsed().as_millis() as u64;
         self.commit_sync(consumer, &last);
+        let committed_ms = started.elapsed().as_millis() as u64;
         for e in tpl.elements() {
             tracing::info!(
                 topic = e.topic(),
                 partition = e.partition(),
+                drained_ms,
+                committed_ms,
                 "partition revoked"
             );
         }
