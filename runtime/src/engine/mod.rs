@@ -524,20 +524,14 @@ impl Engine {
         };
         let mut states = Vec::new();
         if let (Some(db), true) = (&self.db, st.is_stateful()) {
-            for range in ranges(p) {
-                states.push(SubTaskState::open(
-                    db.clone(),
-                    &st.stores,
-                    partition,
-                    range,
-                )?);
-            }
             if let Some(reader) = &self.changelog_reader {
+                // Opening column families and restoring both take time: off this thread.
                 task.restoring =
-                    Some(self.start_restore(reader.clone(), sub, partition, states)?);
+                    Some(self.start_restore(reader.clone(), db.clone(), sub, partition)?);
                 self.tasks.insert((sub, partition), task);
                 return Ok(());
             }
+            states = open_states(db, &st.stores, partition, p)?;
         }
         self.open_subtasks(&mut task, sub, partition, states)?;
         self.tasks.insert((sub, partition), task);
@@ -578,9 +572,9 @@ impl Engine {
     fn start_restore(
         &self,
         reader: Arc<dyn ChangelogReader>,
+        db: Arc<StateDb>,
         sub: usize,
         partition: u32,
-        mut states: Vec<SubTaskState>,
     ) -> Result<Restoring, EngineError> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -591,14 +585,19 @@ impl Engine {
             .spawn(move || {
                 let stores = &shared.topology.sub_topologies()[sub].stores;
                 let started = std::time::Instant::now();
-                let result = changelog::restore(
-                    reader.as_ref(),
-                    &shared.config.application_id,
-                    stores,
-                    partition,
-                    &mut states,
-                    &stop,
-                );
+                let p = shared.config.parallelising_factor;
+                let mut states = Vec::new();
+                let result = open_states(&db, stores, partition, p).and_then(|opened| {
+                    states = opened;
+                    changelog::restore(
+                        reader.as_ref(),
+                        &shared.config.application_id,
+                        stores,
+                        partition,
+                        &mut states,
+                        &stop,
+                    )
+                });
                 let result = result.map(|summary| {
                     for (store, n) in &summary.records {
                         metrics::counter!("rill_restore_records_total", "store" => store.clone())
@@ -946,6 +945,19 @@ impl Engine {
         }
         Ok(None)
     }
+}
+
+/// Opens (creating when missing) the state of each of the `p` ranges of `partition`.
+fn open_states(
+    db: &Arc<StateDb>,
+    stores: &[String],
+    partition: u32,
+    p: usize,
+) -> Result<Vec<SubTaskState>, EngineError> {
+    ranges(p)
+        .into_iter()
+        .map(|range| SubTaskState::open(db.clone(), stores, partition, range).map_err(Into::into))
+        .collect()
 }
 
 impl Drop for Engine {
