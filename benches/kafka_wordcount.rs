@@ -102,7 +102,22 @@ fn ceiling(topic: &str) -> f64 {
     lines() as f64 / start.elapsed().as_secs_f64()
 }
 
-fn rill_run(input: &str, p: usize, truth: &HashMap<String, i64>) -> f64 {
+/// CPU seconds this process has used (user + system), from /proc/self/stat.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    f.iter().sum::<u64>() as f64 / 100.0
+}
+
+/// Lines per second and CPU seconds per million lines of one rill run.
+fn rill_run(input: &str, p: usize, truth: &HashMap<String, i64>) -> (f64, f64) {
     let output = format!("{input}-out-{}", stamp());
     create_topics(
         &client_config(&bootstrap(), &BTreeMap::new()),
@@ -132,6 +147,7 @@ fn rill_run(input: &str, p: usize, truth: &HashMap<String, i64>) -> f64 {
         .expect("reader");
     reader.subscribe(&[output.as_str()]).expect("subscribe");
     let runtime = Runtime::new(topology(input, &output), config).expect("runtime");
+    let cpu = cpu_seconds();
     let start = Instant::now();
     let running = runtime.start().expect("start");
     let mut latest: HashMap<String, i64> = HashMap::new();
@@ -144,9 +160,10 @@ fn rill_run(input: &str, p: usize, truth: &HashMap<String, i64>) -> f64 {
         }
     }
     let secs = start.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu;
     running.shutdown().expect("shutdown");
     assert_eq!(latest, *truth, "counts must be exact");
-    lines() as f64 / secs
+    (lines() as f64 / secs, cpu / lines() as f64 * 1e6)
 }
 
 fn main() {
@@ -179,9 +196,9 @@ fn main() {
             ceiling(&input)
         );
         for &p in &factors {
+            let (rate, cpu) = rill_run(&input, p, &truth);
             println!(
-                "  rill wordcount P = {p}:      {:>10.0} lines/s",
-                rill_run(&input, p, &truth)
+                "  rill wordcount P = {p}:      {rate:>10.0} lines/s  {cpu:>6.1} CPU-s per million lines"
             );
         }
     }

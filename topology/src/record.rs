@@ -10,6 +10,11 @@ impl Headers {
         Headers(Vec::new())
     }
 
+    /// No headers yet, with room for `n`.
+    pub fn with_capacity(n: usize) -> Self {
+        Headers(Vec::with_capacity(n))
+    }
+
     /// Appends a header.
     pub fn add(&mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> &mut Self {
         self.0.push((name.into(), Some(value.into())));

@@ -65,14 +65,16 @@ impl RecordSink for KafkaSink {
         record: RawRecord,
         ticket: Ticket,
     ) -> Result<(), SinkError> {
-        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
-        for (name, value) in record.headers.iter() {
-            headers = headers.insert(Header { key: name, value });
-        }
         let mut r: BaseRecord<'_, [u8], [u8], Box<Ticket>> =
-            BaseRecord::with_opaque_to(topic, Box::new(ticket))
-                .timestamp(record.timestamp)
-                .headers(headers);
+            BaseRecord::with_opaque_to(topic, Box::new(ticket)).timestamp(record.timestamp);
+        // librdkafka allocates a header list even for none: only build one when needed.
+        if !record.headers.is_empty() {
+            let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
+            for (name, value) in record.headers.iter() {
+                headers = headers.insert(Header { key: name, value });
+            }
+            r = r.headers(headers);
+        }
         if let Some(k) = record.key.as_deref() {
             r = r.key(k);
         }

@@ -292,6 +292,7 @@ impl SourceContext {
 pub fn raw_record(m: &BorrowedMessage<'_>) -> RawRecord {
     let mut headers = Headers::new();
     if let Some(hs) = m.headers() {
+        headers = Headers::with_capacity(hs.count());
         for h in hs.iter() {
             match h.value {
                 Some(v) => headers.add(h.key, v),
