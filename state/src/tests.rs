@@ -640,17 +640,26 @@ fn memory_stays_within_the_budget_with_many_column_families() {
     }
     // The write-buffer manager switches memtables as soon as the total passes its limit, but
     // it does not stall writers (allow_stall = false), so on a busy machine immutable memtables
-    // can pile up until the background flushes catch up. Wait for them to settle.
+    // can pile up until the background flushes catch up. It acts on writes, so keep a trickle
+    // of small commits going (as a running service would) while waiting for them to settle.
     let memtable_limit = budget / 2;
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(60);
     let mut settled = db.memory_usage();
+    let mut tick = 0u64;
     while settled.memtable_bytes > memtable_limit + MIB && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
+        let i = (tick % p as u64) as usize;
+        states[i].store("s").unwrap().put(b"tick", b"1").unwrap();
+        states[i]
+            .commit(Progress::new(KeyRange::nth(i, p), "t", 4 + tick))
+            .unwrap();
+        tick += 1;
+        std::thread::sleep(Duration::from_millis(20));
         settled = db.memory_usage();
     }
     // Read everything back to fill the block cache too.
     for st in &mut states {
-        assert_eq!(st.store("s").unwrap().all().unwrap().len(), 3000);
+        let n = st.store("s").unwrap().all().unwrap().len();
+        assert!(n == 3000 || n == 3001, "{n} entries");
     }
     let end = db.memory_usage();
     eprintln!("memory budget {budget}: peak {peak:?}, settled {settled:?}, after reads {end:?}");

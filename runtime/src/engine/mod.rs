@@ -232,9 +232,12 @@ pub(crate) struct Shared {
     internal_partitions: HashMap<Topic, u32>,
     /// Broker name of each internal topic.
     internal_names: HashMap<Topic, String>,
-    /// Work items queued or running, with a condvar for `wait_idle`.
-    /// Invariant: incremented before an item is queued, decremented after it is processed.
-    in_flight: Mutex<usize>,
+    /// Work items queued or running. Invariant: incremented before an item is queued,
+    /// decremented after it is processed. An atomic, so the per-record path takes no lock.
+    in_flight: std::sync::atomic::AtomicUsize,
+    /// `wait_idle` sleeps on `idle` under `idle_lock`; whoever takes `in_flight` to zero
+    /// notifies under the same lock, so a waiter that saw work cannot miss the wake-up.
+    idle_lock: Mutex<()>,
     idle: Condvar,
     /// Sub-task jobs spawned and not yet finished; the engine drops its sub-tasks (and so
     /// closes their state) only once this is zero.
@@ -274,13 +277,12 @@ impl Shared {
     }
 
     fn work_added(&self, n: usize) {
-        *self.in_flight.lock() += n;
+        self.in_flight.fetch_add(n, Ordering::SeqCst);
     }
 
     fn work_done(&self, n: usize) {
-        let mut f = self.in_flight.lock();
-        *f -= n;
-        if *f == 0 {
+        if self.in_flight.fetch_sub(n, Ordering::SeqCst) == n {
+            let _guard = self.idle_lock.lock();
             self.idle.notify_all();
         }
     }
@@ -427,7 +429,8 @@ impl Engine {
                 pool,
                 internal_names,
                 internal_partitions,
-                in_flight: Mutex::new(0),
+                in_flight: std::sync::atomic::AtomicUsize::new(0),
+                idle_lock: Mutex::new(()),
                 idle: Condvar::new(),
                 jobs: std::sync::atomic::AtomicUsize::new(0),
                 failure: Mutex::new(None),
@@ -830,10 +833,16 @@ impl Engine {
     /// Blocks until every queued item is processed, or `timeout` passes; true when idle.
     pub fn wait_idle(&self, timeout: Duration) -> bool {
         let deadline = std::time::Instant::now() + timeout;
-        let mut f = self.shared.in_flight.lock();
-        while *f > 0 {
-            if self.shared.idle.wait_until(&mut f, deadline).timed_out() {
-                return *f == 0;
+        let busy = || self.shared.in_flight.load(Ordering::SeqCst) > 0;
+        let mut guard = self.shared.idle_lock.lock();
+        while busy() {
+            if self
+                .shared
+                .idle
+                .wait_until(&mut guard, deadline)
+                .timed_out()
+            {
+                return !busy();
             }
         }
         true
