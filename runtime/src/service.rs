@@ -1,9 +1,25 @@
 //! `Runtime`: runs a topology against Kafka as a consumer-group member until told to stop.
 //!
-//! Start-up, in order: validate the config (done by [`crate::config`]), start the embedded cluster
-//! when `bootstrap.servers` is unset, wait for the brokers (retrying with backoff), check that
-//! every source topic exists, create internal topics with the partition count of their inputs,
-//! open the state dir, then join the group `application.id` and process.
+//! Start-up, in order: validate the config (done by [`crate::config`]) and log it (secrets
+//! redacted), start the embedded cluster when `bootstrap.servers` is unset, serve HTTP on
+//! `metrics.addr` (`/health` answers from here on, `/ready` once the group assigned partitions),
+//! wait for the brokers (retrying with backoff), check that every source topic exists, create
+//! internal topics with the partition count of their inputs, open the state dir, then join the
+//! group `application.id` and process.
+//!
+//! # Shutdown
+//!
+//! 1. SIGTERM or SIGINT (or [`RunningRuntime::shutdown`]) sets the stop flag and marks the runtime
+//!    not ready.
+//! 2. The source loop stops fetching, asks every sub-task to range-commit, and waits for the
+//!    mailboxes to drain, bounded by `shutdown.timeout.ms`.
+//! 3. It commits each partition's low watermark (with the range offsets) synchronously, then
+//!    leaves the group (the last revocation commits again, idempotently).
+//! 4. The engine is dropped once its jobs end, which closes RocksDB; the HTTP endpoint closes;
+//!    `run_until_signal` returns `Ok` and the process exits 0.
+//!
+//! A second signal during 2-4 exits at once with status 130, without draining: state stays
+//! consistent (range commits are atomic), and the records after the last commit are replayed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,8 +33,10 @@ use rdkafka::error::KafkaError;
 use rill_state::{StateConfig, StateDb};
 use rill_topology::{Topic, Topology};
 
-use crate::config::Config;
+use crate::config::{Config, MetricsAddr};
 use crate::engine::{Engine, EngineConfig, EngineError};
+use crate::health::Health;
+use crate::http::{HttpError, HttpServer};
 use crate::kafka::admin::{client_config, create_topics, is_transient, partition_counts};
 use crate::kafka::embedded::EmbeddedCluster;
 use crate::kafka::producer::KafkaSink;
@@ -53,6 +71,12 @@ pub enum RuntimeError {
     /// The processing thread panicked.
     #[error("the processing thread panicked")]
     Panicked,
+    /// The metrics recorder could not be installed.
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
+    /// The HTTP endpoint could not start.
+    #[error(transparent)]
+    Http(#[from] HttpError),
 }
 
 /// A topology bound to its configuration, ready to start.
@@ -66,6 +90,12 @@ pub struct Runtime {
 impl Runtime {
     /// Binds `topology` to `config`; starts the embedded cluster when no brokers are configured.
     pub fn new(topology: Topology, config: Config) -> Result<Self, RuntimeError> {
+        let effective: Vec<String> = config
+            .redacted()
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        tracing::info!(config = %effective.join(" "), "effective configuration");
         let (bootstrap, embedded) = match &config.bootstrap_servers {
             Some(b) => (b.clone(), None),
             None => {
@@ -160,8 +190,18 @@ impl Runtime {
 
     /// Starts processing on a background thread.
     pub fn start(&self) -> Result<RunningRuntime, RuntimeError> {
-        let partitions = self.prepare_topics()?;
         let c = &self.config;
+        let health = Arc::new(Health::new());
+        // Before anything registers metric handles: handles taken earlier would be no-ops.
+        let http = match c.metrics_addr {
+            MetricsAddr::Off => None,
+            MetricsAddr::On(addr) => {
+                let server = HttpServer::start(addr, crate::metrics::install()?, health.clone())?;
+                tracing::info!(addr = %server.local_addr(), "serving /metrics, /health and /ready");
+                Some(server)
+            }
+        };
+        let partitions = self.prepare_topics()?;
         tracing::info!(
             application_id = %c.application_id,
             bootstrap = %self.bootstrap,
@@ -214,6 +254,7 @@ impl Runtime {
             error: Mutex::new(None),
             rebalances: AtomicU64::new(0),
             held_limit: c.mailbox_capacity,
+            health: health.clone(),
         };
         let mut cfg = client_config(&self.bootstrap, &c.kafka);
         cfg.set("group.id", &c.application_id)
@@ -227,7 +268,9 @@ impl Runtime {
             // the 500 ms default turned every backpressure pause into a half-second stall.
             .set("fetch.wait.max.ms", "10")
             .set("fetch.queue.backoff.ms", "10")
-            .set("fetch.error.backoff.ms", "10");
+            .set("fetch.error.backoff.ms", "10")
+            // Statistics feed rill_consumer_lag_records (see `metrics::set_lag_from_statistics`).
+            .set("statistics.interval.ms", "1000");
         for (k, v) in &c.kafka {
             cfg.set(k, v);
         }
@@ -241,11 +284,14 @@ impl Runtime {
         let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
         consumer.subscribe(&refs)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (stop2, interval) = (stop.clone(), c.commit_interval);
+        let (stop2, interval, health2) = (stop.clone(), c.commit_interval, health.clone());
         let thread = std::thread::Builder::new()
             .name("rill-source".into())
             .spawn(move || {
                 let r = source::run(&consumer, &stop2, interval);
+                if r.is_err() {
+                    health2.set_failed();
+                }
                 // Leaving the group fires the last revocation while the engine still exists.
                 consumer.unsubscribe();
                 drop(consumer);
@@ -256,6 +302,8 @@ impl Runtime {
             stop,
             thread: Some(thread),
             engine,
+            health,
+            http,
         })
     }
 
@@ -263,16 +311,16 @@ impl Runtime {
     /// once.
     pub fn run_until_signal(&self) -> Result<(), RuntimeError> {
         let running = self.start()?;
-        let stop = running.stop.clone();
+        let (stop, health) = (running.stop.clone(), running.health.clone());
         std::thread::Builder::new()
             .name("rill-signals".into())
-            .spawn(move || wait_for_signals(&stop))
+            .spawn(move || wait_for_signals(&stop, &health))
             .map_err(|_| RuntimeError::Panicked)?;
         running.join()
     }
 }
 
-fn wait_for_signals(stop: &AtomicBool) {
+fn wait_for_signals(stop: &AtomicBool, health: &Health) {
     let Ok(rt) = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -294,6 +342,7 @@ fn wait_for_signals(stop: &AtomicBool) {
             _ = int.recv() => {}
         }
         tracing::info!("signal received: draining and committing (a second signal exits at once)");
+        health.set_stopping();
         stop.store(true, Ordering::SeqCst);
         tokio::select! {
             _ = term.recv() => {}
@@ -309,6 +358,9 @@ pub struct RunningRuntime {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Result<(), SourceError>>>,
     engine: Arc<Mutex<Engine>>,
+    health: Arc<Health>,
+    /// Dropped after the loop ends, so `/metrics` answers during the drain.
+    http: Option<HttpServer>,
 }
 
 impl RunningRuntime {
@@ -322,6 +374,17 @@ impl RunningRuntime {
         self.engine.lock().stats().discarded(reason)
     }
 
+    /// Where `/metrics`, `/health` and `/ready` are served (the bound port when 0 was asked for);
+    /// `None` with `metrics.addr=off`.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.http.as_ref().map(HttpServer::local_addr)
+    }
+
+    /// Liveness and readiness (the changelog restore holds readiness back through it).
+    pub fn health(&self) -> &Arc<Health> {
+        &self.health
+    }
+
     /// Whether processing stopped (on an error, or after `shutdown`).
     pub fn is_finished(&self) -> bool {
         self.thread.as_ref().is_none_or(JoinHandle::is_finished)
@@ -329,6 +392,7 @@ impl RunningRuntime {
 
     /// Stops fetching, drains, commits, closes state and returns the loop's result.
     pub fn shutdown(self) -> Result<(), RuntimeError> {
+        self.health.set_stopping();
         self.stop.store(true, Ordering::SeqCst);
         self.join()
     }
@@ -339,6 +403,7 @@ impl RunningRuntime {
             Some(t) => t.join().map_err(|_| RuntimeError::Panicked)?,
             None => Ok(()),
         };
+        self.health.set_stopping();
         tracing::info!("stopped");
         r.map_err(RuntimeError::from)
     }

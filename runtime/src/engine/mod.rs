@@ -176,6 +176,7 @@ impl EngineStats {
     }
     fn count_discarded(&self, reason: &'static str) {
         *self.discarded.lock().entry(reason).or_default() += 1;
+        crate::metrics::record_discarded(reason);
     }
     /// Records run through the topology.
     pub fn processed(&self) -> u64 {
@@ -218,6 +219,8 @@ pub(crate) struct Shared {
     failure: Mutex<Option<Arc<EngineError>>>,
     reports: Sender<CommitReport>,
     stats: EngineStats,
+    /// Metric handles registered once (see `crate::metrics`).
+    metrics: crate::metrics::EngineMetrics,
 }
 
 impl Shared {
@@ -251,6 +254,7 @@ impl Shared {
 
     fn fail(&self, e: EngineError) {
         tracing::error!(error = %e, "processing stopped");
+        crate::metrics::record_error(crate::metrics::engine_error_code(&e));
         let mut f = self.failure.lock();
         if f.is_none() {
             *f = Some(Arc::new(e));
@@ -293,6 +297,8 @@ struct Task {
     trackers: Vec<ProgressTracker>,
     /// Per source topic, ranges (possibly of another factor) and the offset each had applied.
     resume: Vec<Vec<(KeyRange, u64)>>,
+    /// Metric handles of this task.
+    metrics: crate::metrics::TaskMetrics,
 }
 
 /// The engine of one process: its assigned tasks and their sub-tasks.
@@ -345,6 +351,7 @@ impl Engine {
             }
         }
         let (tx, rx) = crossbeam_channel::unbounded();
+        let metrics = crate::metrics::EngineMetrics::new(output_topics(&topology, &config));
         Ok(Engine {
             shared: Arc::new(Shared {
                 topology,
@@ -358,6 +365,7 @@ impl Engine {
                 failure: Mutex::new(None),
                 reports: tx,
                 stats: EngineStats::default(),
+                metrics,
             }),
             db,
             tasks: BTreeMap::new(),
@@ -463,6 +471,7 @@ impl Engine {
                 subtasks,
                 trackers,
                 resume: resume_ranges,
+                metrics: crate::metrics::TaskMetrics::new(&names, partition, p),
             },
         );
         Ok(())
@@ -522,6 +531,7 @@ impl Engine {
             .iter()
             .any(|(r, next)| r.contains(hash) && offset < *next);
         if applied {
+            task.metrics.consumed[topic_index].increment(1);
             tracker.skipped(offset);
             self.shared.stats.skipped.fetch_add(1, Ordering::Relaxed);
             return Ok(Dispatch::Skipped);
@@ -532,6 +542,7 @@ impl Engine {
             return Ok(Dispatch::Full);
         }
         tracker.dispatched(index, offset);
+        task.metrics.consumed[topic_index].increment(1);
         subtask.push(
             Work::Record(Input {
                 topic: t,
@@ -568,6 +579,25 @@ impl Engine {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// Sets the gauges: queue depth per sub-task, open sub-tasks, RocksDB memory (call on the
+    /// commit interval, not per record).
+    pub fn publish_metrics(&self) {
+        let m = &self.shared.metrics;
+        let mut open = 0;
+        for task in self.tasks.values() {
+            for (s, g) in task.subtasks.iter().zip(&task.metrics.queue_depth) {
+                g.set(s.depth.load(Ordering::Relaxed) as f64);
+            }
+            open += task.subtasks.len();
+        }
+        m.subtasks.set(open as f64);
+        if let Some(db) = &self.db {
+            let usage = db.memory_usage();
+            m.block_cache.set(usage.block_cache_bytes as f64);
+            m.memtables.set(usage.memtable_bytes as f64);
+        }
     }
 
     /// Asks every sub-task to range-commit after the records dispatched so far.
@@ -683,6 +713,19 @@ impl Engine {
         }
         Ok(None)
     }
+}
+
+/// Every resolved topic the engine may write: sinks, repartition topics, the dead-letter topic.
+fn output_topics(topology: &Topology, config: &EngineConfig) -> Vec<String> {
+    let mut out: Vec<String> = topology
+        .sub_topologies()
+        .iter()
+        .flat_map(|s| s.sinks.iter().map(|t| t.resolve(&config.application_id)))
+        .collect();
+    if let DeserializationHandler::DeadLetter(t) = &config.deserialization_handler {
+        out.push(t.clone());
+    }
+    out
 }
 
 impl Drop for Engine {

@@ -79,6 +79,8 @@ pub(crate) struct Core {
     /// Highest origin applied per upstream (partition, range start, range end).
     origins: BTreeMap<(u32, u64, u64), (u64, u32)>,
     failed: bool,
+    /// `rill_records_processed_total` per source topic index.
+    processed_total: Vec<metrics::Counter>,
 }
 
 pub(crate) struct SubTask {
@@ -122,6 +124,7 @@ impl SubTask {
                 origins.insert((o.partition, o.range_start, o.range_end), (o.offset, o.seq));
             }
         }
+        let names = shared.topic_names(id.sub_topology);
         let core = Core {
             instance,
             state,
@@ -129,6 +132,7 @@ impl SubTask {
             committed,
             origins,
             failed: false,
+            processed_total: crate::metrics::processed_counters(&names, id.partition, id.index),
         };
         Ok((
             Arc::new(SubTask {
@@ -287,6 +291,7 @@ impl Core {
             }
         };
         if let Some(record) = record {
+            let started = std::time::Instant::now();
             let mut env = Env::new(shared, id, self.state.as_mut());
             env.origin_offset = input.offset;
             let r = self.instance.process(&input.topic, record, &meta, &mut env);
@@ -296,6 +301,8 @@ impl Core {
                 source: e,
             })?;
             shared.stats.count_processed();
+            shared.metrics.process_latency.record(started.elapsed());
+            self.processed_total[input.topic_index].increment(1);
         }
         self.processed[input.topic_index] = Some(input.offset + 1);
         Ok(())
@@ -307,6 +314,7 @@ impl Core {
         if self.processed == self.committed && !dirty {
             return Ok(());
         }
+        let started = std::time::Instant::now();
         // 1. Outputs of the processed records are durable before progress claims them.
         shared.sink.flush()?;
         // 2. State and progress in one WriteBatch.
@@ -353,6 +361,8 @@ impl Core {
             .filter_map(|(i, o)| o.map(|o| (i, o)))
             .collect();
         self.committed = self.processed.clone();
+        shared.metrics.commits.increment(1);
+        shared.metrics.commit_latency.record(started.elapsed());
         shared.report(CommitReport { id: *id, next });
         Ok(())
     }
@@ -435,6 +445,7 @@ impl TaskEnv for Env<'_> {
             self.error = Some(e.into());
         } else {
             self.shared.stats.count_produced();
+            self.shared.metrics.produced(&resolved);
         }
     }
 
