@@ -315,7 +315,7 @@ impl ConfigBuilder {
                 bad(
                     "metrics.addr",
                     v,
-                    "host:port (e.g. 127.0.0.1:9898) or `off`",
+                    "an IP address and port (127.0.0.1:9898, 0.0.0.0:9898, [::1]:9898; port 0 picks a free port) or `off`",
                 )
             })?),
         };

@@ -68,6 +68,22 @@ const COMMIT_LATENCY_BUCKETS: &[f64] = &[
     0.000_1, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
     10.0, 30.0, 60.0,
 ];
+/// Reasons of [`DISCARDED_RECORDS`] rill itself uses.
+const DISCARD_REASONS: &[&str] = &["deserialization", "null_key"];
+/// Codes of [`ERRORS`] rill itself uses (see [`engine_error_code`] and the Kafka source).
+const ERROR_CODES: &[&str] = &[
+    "config",
+    "deserialization",
+    "processor",
+    "state",
+    "sink",
+    "store",
+    "routing",
+    "worker_pool",
+    "offset_commit",
+    "consumer",
+    "rebalance",
+];
 /// How often the exporter's upkeep folds histogram samples into their buckets.
 const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -258,8 +274,24 @@ pub(crate) struct EngineMetrics {
 }
 
 impl EngineMetrics {
-    /// Registers the handles; `outputs` are the resolved topics the engine may write.
-    pub fn new(outputs: impl IntoIterator<Item = String>) -> Self {
+    /// Registers the handles; `outputs` are the resolved topics the engine may write, `stores`
+    /// the topology's stores. Labelled counters whose label values are known up front start at
+    /// 0, so dashboards and `rate()` see them before the first event.
+    pub fn new(
+        outputs: impl IntoIterator<Item = String>,
+        stores: impl IntoIterator<Item = String>,
+    ) -> Self {
+        for store in stores {
+            metrics::counter!(RESTORE_RECORDS, "store" => store).increment(0);
+        }
+        for reason in DISCARD_REASONS {
+            metrics::counter!(DISCARDED_RECORDS, "reason" => *reason).increment(0);
+        }
+        for code in ERROR_CODES {
+            metrics::counter!(ERRORS, "error_code" => *code).increment(0);
+        }
+        metrics::counter!(REBALANCES).increment(0);
+        metrics::counter!(COMMIT_METADATA_OVERFLOW).increment(0);
         EngineMetrics {
             commits: metrics::counter!(COMMITS),
             commit_latency: metrics::histogram!(COMMIT_LATENCY),

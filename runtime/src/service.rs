@@ -311,11 +311,7 @@ impl Runtime {
     /// once.
     pub fn run_until_signal(&self) -> Result<(), RuntimeError> {
         let running = self.start()?;
-        let (stop, health) = (running.stop.clone(), running.health.clone());
-        std::thread::Builder::new()
-            .name("rill-signals".into())
-            .spawn(move || wait_for_signals(&stop, &health))
-            .map_err(|_| RuntimeError::Panicked)?;
+        running.stop_on_signal()?;
         running.join()
     }
 }
@@ -390,6 +386,17 @@ impl RunningRuntime {
         self.thread.as_ref().is_none_or(JoinHandle::is_finished)
     }
 
+    /// Makes SIGTERM or SIGINT stop the runtime as [`RunningRuntime::shutdown`] does (then
+    /// [`RunningRuntime::join`] returns); a second signal exits the process at once (status 130).
+    pub fn stop_on_signal(&self) -> Result<(), RuntimeError> {
+        let (stop, health) = (self.stop.clone(), self.health.clone());
+        std::thread::Builder::new()
+            .name("rill-signals".into())
+            .spawn(move || wait_for_signals(&stop, &health))
+            .map_err(|_| RuntimeError::Panicked)?;
+        Ok(())
+    }
+
     /// Stops fetching, drains, commits, closes state and returns the loop's result.
     pub fn shutdown(self) -> Result<(), RuntimeError> {
         self.health.set_stopping();
@@ -406,6 +413,33 @@ impl RunningRuntime {
         self.health.set_stopping();
         tracing::info!("stopped");
         r.map_err(RuntimeError::from)
+    }
+}
+
+/// For a service's `main`: `Ok` is success; an error is printed to stderr with its causes, and
+/// the exit code is 2 for a configuration error (nothing was started), 1 otherwise.
+///
+/// ```no_run
+/// fn run() -> Result<(), Box<dyn std::error::Error>> { Ok(()) }
+/// fn main() -> std::process::ExitCode {
+///     rill_runtime::service::exit_code(run())
+/// }
+/// ```
+pub fn exit_code(result: Result<(), Box<dyn std::error::Error>>) -> std::process::ExitCode {
+    let Err(e) = result else {
+        return std::process::ExitCode::SUCCESS;
+    };
+    let mut message = format!("error: {e}");
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        message.push_str(&format!("\n  caused by: {c}"));
+        cause = c.source();
+    }
+    eprintln!("{message}");
+    if e.is::<crate::config::ConfigError>() {
+        std::process::ExitCode::from(2)
+    } else {
+        std::process::ExitCode::FAILURE
     }
 }
 

@@ -351,7 +351,10 @@ impl Engine {
             }
         }
         let (tx, rx) = crossbeam_channel::unbounded();
-        let metrics = crate::metrics::EngineMetrics::new(output_topics(&topology, &config));
+        let metrics = crate::metrics::EngineMetrics::new(
+            output_topics(&topology, &config),
+            topology.stores(),
+        );
         Ok(Engine {
             shared: Arc::new(Shared {
                 topology,
