@@ -217,6 +217,9 @@ pub(crate) struct Shared {
     jobs: std::sync::atomic::AtomicUsize,
     /// The first failure; once set, the engine refuses new work.
     failure: Mutex<Option<Arc<EngineError>>>,
+    /// Set when a shutdown gives up draining: jobs drop queued work without running it (it was
+    /// never committed, so it is replayed after a restart). Only ever goes false -> true.
+    abandoned: std::sync::atomic::AtomicBool,
     reports: Sender<CommitReport>,
     stats: EngineStats,
     /// Metric handles registered once (see `crate::metrics`).
@@ -366,6 +369,7 @@ impl Engine {
                 idle: Condvar::new(),
                 jobs: std::sync::atomic::AtomicUsize::new(0),
                 failure: Mutex::new(None),
+                abandoned: std::sync::atomic::AtomicBool::new(false),
                 reports: tx,
                 stats: EngineStats::default(),
                 metrics,
@@ -610,6 +614,12 @@ impl Engine {
                 s.push(Work::Commit, &self.shared);
             }
         }
+    }
+
+    /// Gives up on queued work (a shutdown whose drain timed out): sub-tasks drop what is left in
+    /// their mailboxes without processing or committing it, so their jobs end promptly.
+    pub fn abandon(&self) {
+        self.shared.abandoned.store(true, Ordering::SeqCst);
     }
 
     /// Fires wall-clock punctuations due at `now_ms` in every sub-task.

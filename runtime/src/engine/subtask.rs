@@ -191,7 +191,7 @@ impl SubTask {
                 if matches!(work, Work::Record(_)) {
                     records += 1;
                 }
-                if core.failed {
+                if core.failed || shared.abandoned.load(Ordering::Relaxed) {
                     continue;
                 }
                 if let Err(e) = core.handle(&self.id, work, &shared) {

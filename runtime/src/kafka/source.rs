@@ -410,7 +410,8 @@ pub fn run(
         let mut engine = ctx.engine.lock();
         engine.commit();
         if !engine.wait_idle(ctx.drain_timeout) {
-            tracing::warn!("sub-tasks did not drain within the shutdown timeout");
+            tracing::warn!("sub-tasks did not drain within shutdown.timeout.ms: leaving the rest uncommitted (it is replayed after a restart)");
+            engine.abandon();
         }
         engine.progress()
     };
