@@ -51,7 +51,11 @@ fn get(addr: SocketAddr, path: &str) -> Result<String, Error> {
     write!(s, "GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n")?;
     let mut text = String::new();
     s.read_to_string(&mut text)?;
-    Ok(text.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("").to_string())
+    Ok(text
+        .split_once("\r\n\r\n")
+        .map(|x| x.1)
+        .unwrap_or("")
+        .to_string())
 }
 
 fn producer(bootstrap: &str) -> Result<ThreadedProducer<DefaultProducerContext>, Error> {
@@ -192,7 +196,11 @@ fn scrape() -> Result<(), Error> {
     let started = Instant::now();
     while running.processed() < 20_000 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1000));
-        println!("{:>5.1}s processed {}", started.elapsed().as_secs_f64(), running.processed());
+        println!(
+            "{:>5.1}s processed {}",
+            started.elapsed().as_secs_f64(),
+            running.processed()
+        );
     }
     std::thread::sleep(Duration::from_secs(2));
     let addr = running.metrics_addr().ok_or("metrics.addr is off")?;
@@ -204,7 +212,10 @@ fn scrape() -> Result<(), Error> {
         let text = get(addr, "/metrics")?;
         times.push(t.elapsed());
         size = text.len();
-        series = text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).count();
+        series = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .count();
     }
     times.sort();
     println!(
@@ -255,11 +266,8 @@ fn overhead_run(metrics_on: bool, n: u64) -> Result<f64, Error> {
     let started = Instant::now();
     let mut last_commit = Instant::now();
     for (offset, r) in records.into_iter().enumerate() {
-        loop {
-            match engine.dispatch("in", 0, offset as u64, r.clone())? {
-                Dispatch::Full => std::thread::sleep(Duration::from_micros(200)),
-                _ => break,
-            }
+        while let Dispatch::Full = engine.dispatch("in", 0, offset as u64, r.clone())? {
+            std::thread::sleep(Duration::from_micros(200));
         }
         if last_commit.elapsed() >= Duration::from_millis(100) {
             last_commit = Instant::now();
@@ -288,10 +296,9 @@ fn overhead() -> Result<(), Error> {
                 .args(["overhead-run", mode, &n.to_string()])
                 .output()?;
             let text = String::from_utf8_lossy(&o.stdout);
-            let rate: f64 = text
-                .trim()
-                .parse()
-                .map_err(|_| format!("child said: {text} {}", String::from_utf8_lossy(&o.stderr)))?;
+            let rate: f64 = text.trim().parse().map_err(|_| {
+                format!("child said: {text} {}", String::from_utf8_lossy(&o.stderr))
+            })?;
             println!("round {round}: metrics {mode:>3}: {rate:>10.0} records/s");
             out.push(rate);
         }
@@ -310,7 +317,10 @@ fn overhead() -> Result<(), Error> {
 }
 
 fn main() -> Result<(), Error> {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
     match args.first().map(String::as_str) {
         Some("produce") => produce(&args[1], &args[2], args[3].parse()?),
         Some("memory") => memory(),
