@@ -231,9 +231,22 @@ fn scrape() -> Result<(), Error> {
     Ok(())
 }
 
+/// CPU time (user + system) this process has used, in seconds.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let rest = stat.rsplit_once(')').map_or("", |x| x.1);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
+}
+
 /// Child process: records/s of the engine (dispatch, P = 4 sub-tasks, count into RocksDB,
-/// output to memory) over `n` records, with the Prometheus recorder installed or not.
-fn overhead_run(metrics_on: bool, n: u64) -> Result<f64, Error> {
+/// output to memory) over `n` records, with the Prometheus recorder installed or not, and the
+/// CPU time per record in microseconds.
+fn overhead_run(metrics_on: bool, n: u64) -> Result<(f64, f64), Error> {
     if metrics_on {
         rill::runtime::metrics::install()?;
     }
@@ -246,7 +259,7 @@ fn overhead_run(metrics_on: bool, n: u64) -> Result<f64, Error> {
         Arc::new(count_topology("in", "out")?),
         EngineConfig {
             parallelising_factor: 4,
-            worker_threads: 2,
+            worker_threads: 1,
             mailbox_capacity: 10_000,
             ..EngineConfig::default()
         },
@@ -263,7 +276,7 @@ fn overhead_run(metrics_on: bool, n: u64) -> Result<f64, Error> {
             headers: Headers::new(),
         })
         .collect();
-    let started = Instant::now();
+    let (started, cpu) = (Instant::now(), cpu_seconds());
     let mut last_commit = Instant::now();
     for (offset, r) in records.into_iter().enumerate() {
         while let Dispatch::Full = engine.dispatch("in", 0, offset as u64, r.clone())? {
@@ -280,7 +293,48 @@ fn overhead_run(metrics_on: bool, n: u64) -> Result<f64, Error> {
     if !engine.wait_idle(Duration::from_secs(600)) {
         return Err("the engine did not finish".into());
     }
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    Ok((rate, (cpu_seconds() - cpu) * 1e6 / n as f64))
+}
+
+/// Nanoseconds per record of exactly what the runtime's hot path does for metrics (consumed,
+/// processed and produced counters through kept handles; two clock reads and one histogram
+/// sample for one record in `LATENCY_SAMPLE_EVERY`), with the recorder installed: a figure the
+/// machine's load does not blur.
+fn instrumentation_ns() -> Result<f64, Error> {
+    use rill::runtime::metrics as m;
+    m::install()?;
+    let consumed = metrics::counter!(m::RECORDS_CONSUMED, "topic" => "t", "partition" => "0");
+    let processed =
+        metrics::counter!(m::RECORDS_PROCESSED, "topic" => "t", "partition" => "0", "range" => "0");
+    let latency = metrics::histogram!(m::PROCESS_LATENCY);
+    let produced: Vec<(String, metrics::Counter)> = ["changelog-topic", "out-topic"]
+        .into_iter()
+        .map(|t| {
+            (
+                t.to_string(),
+                metrics::counter!(m::RECORDS_PRODUCED, "topic" => t),
+            )
+        })
+        .collect();
+    let n = 5_000_000u32;
+    let mut tick = 0u32;
+    let started = Instant::now();
+    for _ in 0..n {
+        consumed.increment(1);
+        tick = tick.wrapping_add(1);
+        if tick % m::LATENCY_SAMPLE_EVERY == 0 {
+            let t = Instant::now();
+            std::hint::black_box(&t);
+            latency.record(t.elapsed());
+        }
+        processed.increment(1);
+        let topic = std::hint::black_box("out-topic");
+        if let Some((_, c)) = produced.iter().find(|(t, _)| t == topic) {
+            c.increment(1);
+        }
+    }
+    Ok(started.elapsed().as_nanos() as f64 / f64::from(n))
 }
 
 fn overhead() -> Result<(), Error> {
@@ -288,30 +342,40 @@ fn overhead() -> Result<(), Error> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1_000_000);
-    let rounds = 5;
-    let (mut off, mut on) = (Vec::new(), Vec::new());
+    let rounds = 7;
+    let (mut off, mut on) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
     for round in 0..rounds {
         for (mode, out) in [("off", &mut off), ("on", &mut on)] {
             let o = Command::new(std::env::current_exe()?)
                 .args(["overhead-run", mode, &n.to_string()])
                 .output()?;
             let text = String::from_utf8_lossy(&o.stdout);
-            let rate: f64 = text.trim().parse().map_err(|_| {
-                format!("child said: {text} {}", String::from_utf8_lossy(&o.stderr))
-            })?;
-            println!("round {round}: metrics {mode:>3}: {rate:>10.0} records/s");
-            out.push(rate);
+            let mut fields = text.split_whitespace().map(str::parse::<f64>);
+            let (Some(Ok(rate)), Some(Ok(cpu))) = (fields.next(), fields.next()) else {
+                let err = String::from_utf8_lossy(&o.stderr);
+                return Err(format!("child said: {text} {err}").into());
+            };
+            println!(
+                "round {round}: metrics {mode:>3}: {rate:>10.0} records/s, {cpu:.2} µs CPU/record"
+            );
+            out.0.push(rate);
+            out.1.push(cpu);
         }
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(|a, b| a.total_cmp(b));
         v[v.len() / 2]
     };
-    let (off_m, on_m) = (median(&mut off), median(&mut on));
+    let ns = instrumentation_ns()?;
+    println!("instrumentation alone: {ns:.0} ns per record");
+    let (off_r, on_r) = (median(&mut off.0), median(&mut on.0));
+    let (off_c, on_c) = (median(&mut off.1), median(&mut on.1));
     println!(
-        "overhead: engine throughput ({n} records, P = 4, count into RocksDB), median of {rounds}: \
-         metrics off {off_m:.0} records/s, on {on_m:.0} records/s ({:+.1}%)",
-        (on_m / off_m - 1.0) * 100.0
+        "overhead: engine ({n} records, P = 4, 1 worker, count into RocksDB), median of {rounds}: \
+         metrics off {off_r:.0} records/s and {off_c:.2} µs CPU/record; on {on_r:.0} records/s \
+         ({:+.1}%) and {on_c:.2} µs CPU/record ({:+.1}%)",
+        (on_r / off_r - 1.0) * 100.0,
+        (on_c / off_c - 1.0) * 100.0
     );
     Ok(())
 }
@@ -326,9 +390,16 @@ fn main() -> Result<(), Error> {
         Some("memory") => memory(),
         Some("scrape") => scrape(),
         Some("overhead") => overhead(),
+        Some("instrumentation") => {
+            println!(
+                "instrumentation alone: {:.0} ns per record",
+                instrumentation_ns()?
+            );
+            Ok(())
+        }
         Some("overhead-run") => {
-            let rate = overhead_run(args[1] == "on", args[2].parse()?)?;
-            println!("{rate:.0}");
+            let (rate, cpu) = overhead_run(args[1] == "on", args[2].parse()?)?;
+            println!("{rate:.0} {cpu:.4}");
             Ok(())
         }
         _ => {

@@ -222,6 +222,7 @@ fn http_serves_metrics_that_grow_with_processing_and_shutdown_commits_offsets() 
     );
 
     produce_lines(&bootstrap, input, 500, 500);
+    let repartition = format!("topic=\"{app}-counts-store-repartition\"");
     let second = wait_for(
         Duration::from_secs(60),
         "all metrics after 1000 lines",
@@ -229,7 +230,9 @@ fn http_serves_metrics_that_grow_with_processing_and_shutdown_commits_offsets() 
             let (status, text) = get(addr, "/metrics");
             assert_eq!(status, "HTTP/1.1 200 OK");
             let all = PROMISED.iter().all(|m| sum(&text, m, &[]).is_some());
-            (consumed(&text) == Some(1000.0) && all).then_some(text)
+            // 4 words per line go to the repartition topic.
+            let produced = sum(&text, "rill_records_produced_total", &[&repartition]);
+            (consumed(&text) == Some(1000.0) && produced == Some(4000.0) && all).then_some(text)
         },
     );
     let problems = lint(&second);
@@ -237,12 +240,6 @@ fn http_serves_metrics_that_grow_with_processing_and_shutdown_commits_offsets() 
     assert!(
         sum(&second, "rill_records_processed_total", &[&topic]).unwrap_or(0.0) > processed_before,
         "processed grows"
-    );
-    let repartition = format!("topic=\"{app}-counts-store-repartition\"");
-    assert_eq!(
-        sum(&second, "rill_records_produced_total", &[&repartition]),
-        Some(4000.0),
-        "4 words per line to the repartition topic"
     );
     assert!(sum(&second, "rill_commits_total", &[]).unwrap_or(0.0) > 0.0);
     assert!(sum(&second, "rill_rebalances_total", &[]).unwrap_or(0.0) >= 1.0);
@@ -261,9 +258,10 @@ fn http_serves_metrics_that_grow_with_processing_and_shutdown_commits_offsets() 
         "restore counter present per store before any restore"
     );
     let latency_count = sum(&second, "rill_process_latency_seconds_count", &[]).unwrap_or(0.0);
+    let processed = sum(&second, "rill_records_processed_total", &[]).unwrap_or(0.0);
     assert!(
-        latency_count >= 1000.0,
-        "latency observed per record: {latency_count}"
+        latency_count > 0.0 && latency_count <= processed / 8.0,
+        "latency sampled (1 in 16): {latency_count} of {processed}"
     );
 
     running.shutdown().expect("clean shutdown");

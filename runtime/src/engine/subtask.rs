@@ -81,6 +81,8 @@ pub(crate) struct Core {
     failed: bool,
     /// `rill_records_processed_total` per source topic index.
     processed_total: Vec<metrics::Counter>,
+    /// Records processed, for sampling `rill_process_latency_seconds`.
+    latency_tick: u32,
 }
 
 pub(crate) struct SubTask {
@@ -133,6 +135,7 @@ impl SubTask {
             origins,
             failed: false,
             processed_total: crate::metrics::processed_counters(&names, id.partition, id.index),
+            latency_tick: 0,
         };
         Ok((
             Arc::new(SubTask {
@@ -291,7 +294,8 @@ impl Core {
             }
         };
         if let Some(record) = record {
-            let started = std::time::Instant::now();
+            self.latency_tick = self.latency_tick.wrapping_add(1);
+            let started = crate::metrics::sample_latency(self.latency_tick);
             let mut env = Env::new(shared, id, self.state.as_mut());
             env.origin_offset = input.offset;
             let r = self.instance.process(&input.topic, record, &meta, &mut env);
@@ -301,7 +305,9 @@ impl Core {
                 source: e,
             })?;
             shared.stats.count_processed();
-            shared.metrics.process_latency.record(started.elapsed());
+            if let Some(started) = started {
+                shared.metrics.process_latency.record(started.elapsed());
+            }
             self.processed_total[input.topic_index].increment(1);
         }
         self.processed[input.topic_index] = Some(input.offset + 1);
