@@ -172,9 +172,11 @@ impl ConfigBuilder {
             let Some(rest) = name.strip_prefix("RILL_") else {
                 continue;
             };
-            // Variables of the tooling around rill (test broker, logs), not config keys.
+            // Variables of the tooling around rill (tests, test broker, benches, logs, the config
+            // file name), not config keys.
             if rest.starts_with("TEST_")
                 || rest.starts_with("BROKER_")
+                || rest.starts_with("BENCH_")
                 || rest == "CONFIG"
                 || rest == "LOG"
             {
@@ -535,6 +537,7 @@ mod tests {
                 ("RILL_KAFKA_SECURITY_PROTOCOL", "plaintext"),
                 ("RILL_TEST_BOOTSTRAP", "ignored"),
                 ("RILL_BROKER_PORT", "9092"),
+                ("RILL_BENCH_LINES", "1000"),
                 ("PATH", "/bin"),
             ]))
             .build()
