@@ -10,10 +10,11 @@
 //! RILL_BOOTSTRAP_SERVERS=127.0.0.1:9092 RILL_PARALLELISING_FACTOR=4 \
 //!     cargo run --release --example wordcount             # a real cluster: only processes, until SIGTERM
 //! ```
-//! Settings come from `RILL_*` environment variables (see `rill_runtime::config`); `--input T` and
-//! `--output T` change the topic names.
+//! Settings come from `--config FILE` (TOML), `RILL_CONFIG` and `RILL_*` environment variables
+//! (see `rill_runtime::config`); `--input T` and `--output T` change the topic names.
 
 use std::collections::HashMap;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -115,7 +116,11 @@ fn show(
     Ok(())
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> ExitCode {
+    rill::runtime::service::exit_code(run())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     rill::runtime::service::init_logging();
     let args: Vec<String> = std::env::args().collect();
     let arg = |name: &str| -> Option<String> {
@@ -134,7 +139,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = ConfigBuilder::new()
         .set("application.id", "streams-wordcount")
         .set("parallelising.factor", 4)
-        .with_env()
+        .with_config_file_and_env()
         .build()?;
     let runtime = Runtime::new(topology(&input, &output)?, config)?;
     let Some(cluster) = runtime.embedded() else {

@@ -1,9 +1,25 @@
 //! `Runtime`: runs a topology against Kafka as a consumer-group member until told to stop.
 //!
-//! Start-up, in order: validate the config (done by [`crate::config`]), start the embedded cluster
-//! when `bootstrap.servers` is unset, wait for the brokers (retrying with backoff), check that
-//! every source topic exists, create internal topics with the partition count of their inputs,
-//! open the state dir, then join the group `application.id` and process.
+//! Start-up, in order: validate the config (done by [`crate::config`]) and log it (secrets
+//! redacted), start the embedded cluster when `bootstrap.servers` is unset, serve HTTP on
+//! `metrics.addr` (`/health` answers from here on, `/ready` once the group assigned partitions),
+//! wait for the brokers (retrying with backoff), check that every source topic exists, create
+//! internal topics with the partition count of their inputs, open the state dir, then join the
+//! group `application.id` and process.
+//!
+//! # Shutdown
+//!
+//! 1. SIGTERM or SIGINT (or [`RunningRuntime::shutdown`]) sets the stop flag and marks the runtime
+//!    not ready.
+//! 2. The source loop stops fetching, asks every sub-task to range-commit, and waits for the
+//!    mailboxes to drain, bounded by `shutdown.timeout.ms`.
+//! 3. It commits each partition's low watermark (with the range offsets) synchronously, then
+//!    leaves the group (the last revocation commits again, idempotently).
+//! 4. The engine is dropped once its jobs end, which closes RocksDB; the HTTP endpoint closes;
+//!    `run_until_signal` returns `Ok` and the process exits 0.
+//!
+//! A second signal during 2-4 exits at once with status 130, without draining: state stays
+//! consistent (range commits are atomic), and the records after the last commit are replayed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,9 +33,11 @@ use rdkafka::error::KafkaError;
 use rill_state::{StateConfig, StateDb};
 use rill_topology::{Topic, Topology};
 
-use crate::config::Config;
+use crate::config::{Config, MetricsAddr};
 use crate::engine::changelog::changelog_topic;
 use crate::engine::{Engine, EngineConfig, EngineError};
+use crate::health::Health;
+use crate::http::{HttpError, HttpServer};
 use crate::kafka::admin::{
     client_config, create_topics, create_topics_with, is_transient, partition_counts,
 };
@@ -57,6 +75,12 @@ pub enum RuntimeError {
     /// The processing thread panicked.
     #[error("the processing thread panicked")]
     Panicked,
+    /// The metrics recorder could not be installed.
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
+    /// The HTTP endpoint could not start.
+    #[error(transparent)]
+    Http(#[from] HttpError),
 }
 
 /// A topology bound to its configuration, ready to start.
@@ -70,6 +94,12 @@ pub struct Runtime {
 impl Runtime {
     /// Binds `topology` to `config`; starts the embedded cluster when no brokers are configured.
     pub fn new(topology: Topology, config: Config) -> Result<Self, RuntimeError> {
+        let effective: Vec<String> = config
+            .redacted()
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        tracing::info!(config = %effective.join(" "), "effective configuration");
         let (bootstrap, embedded) = match &config.bootstrap_servers {
             Some(b) => (b.clone(), None),
             None => {
@@ -185,8 +215,18 @@ impl Runtime {
 
     /// Starts processing on a background thread.
     pub fn start(&self) -> Result<RunningRuntime, RuntimeError> {
-        let partitions = self.prepare_topics()?;
         let c = &self.config;
+        let health = Arc::new(Health::new());
+        // Before anything registers metric handles: handles taken earlier would be no-ops.
+        let http = match c.metrics_addr {
+            MetricsAddr::Off => None,
+            MetricsAddr::On(addr) => {
+                let server = HttpServer::start(addr, crate::metrics::install()?, health.clone())?;
+                tracing::info!(addr = %server.local_addr(), "serving /metrics, /health and /ready");
+                Some(server)
+            }
+        };
+        let partitions = self.prepare_topics()?;
         tracing::info!(
             application_id = %c.application_id,
             bootstrap = %self.bootstrap,
@@ -246,6 +286,7 @@ impl Runtime {
             rebalances: AtomicU64::new(0),
             restoring: Mutex::new(std::collections::BTreeSet::new()),
             held_limit: c.mailbox_capacity,
+            health: health.clone(),
         };
         let mut cfg = client_config(&self.bootstrap, &c.kafka);
         cfg.set("group.id", &c.application_id)
@@ -259,7 +300,9 @@ impl Runtime {
             // the 500 ms default turned every backpressure pause into a half-second stall.
             .set("fetch.wait.max.ms", "10")
             .set("fetch.queue.backoff.ms", "10")
-            .set("fetch.error.backoff.ms", "10");
+            .set("fetch.error.backoff.ms", "10")
+            // Statistics feed rill_consumer_lag_records (see `metrics::set_lag_from_statistics`).
+            .set("statistics.interval.ms", "1000");
         for (k, v) in &c.kafka {
             cfg.set(k, v);
         }
@@ -273,13 +316,14 @@ impl Runtime {
         let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
         consumer.subscribe(&refs)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (stop2, interval) = (stop.clone(), c.commit_interval);
+        let (stop2, interval, health2) = (stop.clone(), c.commit_interval, health.clone());
         let thread = std::thread::Builder::new()
             .name("rill-source".into())
             .spawn(move || {
                 let r = source::run(&consumer, &stop2, interval);
                 if let Err(e) = &r {
                     tracing::error!(error = %e, "processing stopped on an error");
+                    health2.set_failed();
                 }
                 // Leaving the group fires the last revocation while the engine still exists.
                 consumer.unsubscribe();
@@ -291,6 +335,8 @@ impl Runtime {
             stop,
             thread: Some(thread),
             engine,
+            health,
+            http,
         })
     }
 
@@ -298,16 +344,12 @@ impl Runtime {
     /// once.
     pub fn run_until_signal(&self) -> Result<(), RuntimeError> {
         let running = self.start()?;
-        let stop = running.stop.clone();
-        std::thread::Builder::new()
-            .name("rill-signals".into())
-            .spawn(move || wait_for_signals(&stop))
-            .map_err(|_| RuntimeError::Panicked)?;
+        running.stop_on_signal()?;
         running.join()
     }
 }
 
-fn wait_for_signals(stop: &AtomicBool) {
+fn wait_for_signals(stop: &AtomicBool, health: &Health) {
     let Ok(rt) = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -329,6 +371,7 @@ fn wait_for_signals(stop: &AtomicBool) {
             _ = int.recv() => {}
         }
         tracing::info!("signal received: draining and committing (a second signal exits at once)");
+        health.set_stopping();
         stop.store(true, Ordering::SeqCst);
         tokio::select! {
             _ = term.recv() => {}
@@ -344,6 +387,9 @@ pub struct RunningRuntime {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Result<(), SourceError>>>,
     engine: Arc<Mutex<Engine>>,
+    health: Arc<Health>,
+    /// Dropped after the loop ends, so `/metrics` answers during the drain.
+    http: Option<HttpServer>,
 }
 
 impl RunningRuntime {
@@ -367,13 +413,36 @@ impl RunningRuntime {
         self.engine.lock().stats().discarded(reason)
     }
 
+    /// Where `/metrics`, `/health` and `/ready` are served (the bound port when 0 was asked for);
+    /// `None` with `metrics.addr=off`.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.http.as_ref().map(HttpServer::local_addr)
+    }
+
+    /// Liveness and readiness (the changelog restore holds readiness back through it).
+    pub fn health(&self) -> &Arc<Health> {
+        &self.health
+    }
+
     /// Whether processing stopped (on an error, or after `shutdown`).
     pub fn is_finished(&self) -> bool {
         self.thread.as_ref().is_none_or(JoinHandle::is_finished)
     }
 
+    /// Makes SIGTERM or SIGINT stop the runtime as [`RunningRuntime::shutdown`] does (then
+    /// [`RunningRuntime::join`] returns); a second signal exits the process at once (status 130).
+    pub fn stop_on_signal(&self) -> Result<(), RuntimeError> {
+        let (stop, health) = (self.stop.clone(), self.health.clone());
+        std::thread::Builder::new()
+            .name("rill-signals".into())
+            .spawn(move || wait_for_signals(&stop, &health))
+            .map_err(|_| RuntimeError::Panicked)?;
+        Ok(())
+    }
+
     /// Stops fetching, drains, commits, closes state and returns the loop's result.
     pub fn shutdown(self) -> Result<(), RuntimeError> {
+        self.health.set_stopping();
         self.stop.store(true, Ordering::SeqCst);
         self.join()
     }
@@ -384,8 +453,36 @@ impl RunningRuntime {
             Some(t) => t.join().map_err(|_| RuntimeError::Panicked)?,
             None => Ok(()),
         };
+        self.health.set_stopping();
         tracing::info!("stopped");
         r.map_err(RuntimeError::from)
+    }
+}
+
+/// For a service's `main`: `Ok` is success; an error is printed to stderr with its causes, and
+/// the exit code is 2 for a configuration error (nothing was started), 1 otherwise.
+///
+/// ```no_run
+/// fn run() -> Result<(), Box<dyn std::error::Error>> { Ok(()) }
+/// fn main() -> std::process::ExitCode {
+///     rill_runtime::service::exit_code(run())
+/// }
+/// ```
+pub fn exit_code(result: Result<(), Box<dyn std::error::Error>>) -> std::process::ExitCode {
+    let Err(e) = result else {
+        return std::process::ExitCode::SUCCESS;
+    };
+    let mut message = format!("error: {e}");
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        message.push_str(&format!("\n  caused by: {c}"));
+        cause = c.source();
+    }
+    eprintln!("{message}");
+    if e.is::<crate::config::ConfigError>() {
+        std::process::ExitCode::from(2)
+    } else {
+        std::process::ExitCode::FAILURE
     }
 }
 

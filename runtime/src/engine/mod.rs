@@ -195,6 +195,7 @@ impl EngineStats {
     }
     fn count_discarded(&self, reason: &'static str) {
         *self.discarded.lock().entry(reason).or_default() += 1;
+        crate::metrics::record_discarded(reason);
     }
     /// Changelog records read by restores.
     pub fn restored(&self) -> u64 {
@@ -244,8 +245,13 @@ pub(crate) struct Shared {
     jobs: std::sync::atomic::AtomicUsize,
     /// The first failure; once set, the engine refuses new work.
     failure: Mutex<Option<Arc<EngineError>>>,
+    /// Set when a shutdown gives up draining: jobs drop queued work without running it (it was
+    /// never committed, so it is replayed after a restart). Only ever goes false -> true.
+    abandoned: std::sync::atomic::AtomicBool,
     reports: Sender<CommitReport>,
     stats: EngineStats,
+    /// Metric handles registered once (see `crate::metrics`).
+    metrics: crate::metrics::EngineMetrics,
 }
 
 impl Shared {
@@ -289,6 +295,7 @@ impl Shared {
 
     fn fail(&self, e: EngineError) {
         tracing::error!(error = %e, "processing stopped");
+        crate::metrics::record_error(crate::metrics::engine_error_code(&e));
         let mut f = self.failure.lock();
         if f.is_none() {
             *f = Some(Arc::new(e));
@@ -346,6 +353,8 @@ struct Task {
     resume: Vec<Vec<(KeyRange, u64)>>,
     /// The restore in progress, if any; the task takes no records until it is done.
     restoring: Option<Restoring>,
+    /// Metric handles of this task.
+    metrics: crate::metrics::TaskMetrics,
 }
 
 /// A task's stores being restored from their changelogs on a thread of their own, so the other
@@ -421,6 +430,10 @@ impl Engine {
             .map(|t| (t.clone(), t.resolve(&config.application_id)))
             .collect();
         let (tx, rx) = crossbeam_channel::unbounded();
+        let metrics = crate::metrics::EngineMetrics::new(
+            output_topics(&topology, &config),
+            topology.stores(),
+        );
         Ok(Engine {
             shared: Arc::new(Shared {
                 topology,
@@ -434,8 +447,10 @@ impl Engine {
                 idle: Condvar::new(),
                 jobs: std::sync::atomic::AtomicUsize::new(0),
                 failure: Mutex::new(None),
+                abandoned: std::sync::atomic::AtomicBool::new(false),
                 reports: tx,
                 stats: EngineStats::default(),
+                metrics,
             }),
             db,
             tasks: BTreeMap::new(),
@@ -524,6 +539,7 @@ impl Engine {
             trackers,
             resume: resume_ranges,
             restoring: None,
+            metrics: crate::metrics::TaskMetrics::new(&names, partition, p),
         };
         let mut states = Vec::new();
         if let (Some(db), true) = (&self.db, st.is_stateful()) {
@@ -603,8 +619,7 @@ impl Engine {
                 });
                 let result = result.map(|summary| {
                     for (store, n) in &summary.records {
-                        metrics::counter!("rill_restore_records_total", "store" => store.clone())
-                            .increment(*n);
+                        crate::metrics::record_restored(store, *n);
                     }
                     let records: u64 = summary.records.iter().map(|(_, n)| n).sum();
                     shared.stats.restored.fetch_add(records, Ordering::Relaxed);
@@ -740,6 +755,7 @@ impl Engine {
             .iter()
             .any(|(r, next)| r.contains(hash) && offset < *next);
         if applied {
+            task.metrics.consumed[topic_index].increment(1);
             tracker.skipped(offset);
             self.shared.stats.skipped.fetch_add(1, Ordering::Relaxed);
             return Ok(Dispatch::Skipped);
@@ -753,6 +769,7 @@ impl Engine {
             return Ok(Dispatch::Full(raw));
         }
         tracker.dispatched(index, offset);
+        task.metrics.consumed[topic_index].increment(1);
         subtask.push(
             Work::Record(Input {
                 source,
@@ -793,6 +810,25 @@ impl Engine {
             .unwrap_or_default()
     }
 
+    /// Sets the gauges: queue depth per sub-task, open sub-tasks, RocksDB memory (call on the
+    /// commit interval, not per record).
+    pub fn publish_metrics(&self) {
+        let m = &self.shared.metrics;
+        let mut open = 0;
+        for task in self.tasks.values() {
+            for (s, g) in task.subtasks.iter().zip(&task.metrics.queue_depth) {
+                g.set(s.depth.load(Ordering::Relaxed) as f64);
+            }
+            open += task.subtasks.len();
+        }
+        m.subtasks.set(open as f64);
+        if let Some(db) = &self.db {
+            let usage = db.memory_usage();
+            m.block_cache.set(usage.block_cache_bytes as f64);
+            m.memtables.set(usage.memtable_bytes as f64);
+        }
+    }
+
     /// Asks every sub-task to range-commit after the records dispatched so far; a range whose
     /// outputs are still in flight writes at a later commit (step 2 of the protocol).
     pub fn commit(&mut self) {
@@ -819,6 +855,12 @@ impl Engine {
                 s.push(work, &self.shared);
             }
         }
+    }
+
+    /// Gives up on queued work (a shutdown whose drain timed out): sub-tasks drop what is left in
+    /// their mailboxes without processing or committing it, so their jobs end promptly.
+    pub fn abandon(&self) {
+        self.shared.abandoned.store(true, Ordering::SeqCst);
     }
 
     /// Fires wall-clock punctuations due at `now_ms` in every sub-task.
@@ -967,6 +1009,28 @@ fn open_states(
         .into_iter()
         .map(|range| SubTaskState::open(db.clone(), stores, partition, range).map_err(Into::into))
         .collect()
+}
+
+/// Every resolved topic the engine may write: sinks, repartition topics, the dead-letter topic.
+fn output_topics(topology: &Topology, config: &EngineConfig) -> Vec<String> {
+    let mut out: Vec<String> = topology
+        .sub_topologies()
+        .iter()
+        .flat_map(|s| s.sinks.iter().map(|t| t.resolve(&config.application_id)))
+        .collect();
+    if let DeserializationHandler::DeadLetter(t) = &config.deserialization_handler {
+        out.push(t.clone());
+    }
+    if config.changelogs {
+        for s in topology.sub_topologies() {
+            out.extend(
+                s.stores
+                    .iter()
+                    .map(|store| changelog::changelog_topic(&config.application_id, store)),
+            );
+        }
+    }
+    out
 }
 
 impl Drop for Engine {

@@ -85,6 +85,8 @@ struct Sealed {
     progress: Progress,
     /// Range markers sent so far (one per store, in store order), each with its offset slot.
     markers: Vec<Arc<AtomicU64>>,
+    /// When it was sealed (commit latency runs from here to the write).
+    sealed_at: std::time::Instant,
 }
 
 /// A range commit that finished: the engine's tracker learns that every record of
@@ -110,6 +112,10 @@ pub(crate) struct Core {
     /// Highest origin applied per upstream (partition, range start, range end).
     origins: BTreeMap<(u32, u64, u64), (u64, u32)>,
     failed: bool,
+    /// `rill_records_processed_total` per source topic index.
+    processed_total: Vec<metrics::Counter>,
+    /// Records processed, for sampling `rill_process_latency_seconds`.
+    latency_tick: u32,
 }
 
 pub(crate) struct SubTask {
@@ -154,6 +160,7 @@ impl SubTask {
                 origins.insert((o.partition, o.range_start, o.range_end), (o.offset, o.seq));
             }
         }
+        let names = shared.topic_names(id.sub_topology);
         let core = Core {
             instance,
             state,
@@ -163,6 +170,8 @@ impl SubTask {
             deliveries,
             origins,
             failed: false,
+            processed_total: crate::metrics::processed_counters(&names, id.partition, id.index),
+            latency_tick: 0,
         };
         Ok((
             Arc::new(SubTask {
@@ -225,7 +234,7 @@ impl SubTask {
                     Work::Commit { done, .. } => done.clone(),
                     _ => None,
                 };
-                if !core.failed {
+                if !core.failed && !shared.abandoned.load(Ordering::Relaxed) {
                     if let Err(e) = core.handle(&self.id, work, &shared) {
                         core.failed = true;
                         shared.fail(e);
@@ -338,6 +347,8 @@ impl Core {
             }
         };
         if let Some(record) = record {
+            self.latency_tick = self.latency_tick.wrapping_add(1);
+            let started = crate::metrics::sample_latency(self.latency_tick);
             let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
             env.origin_offset = input.offset;
             let r = self
@@ -349,6 +360,10 @@ impl Core {
                 source: e,
             })?;
             shared.stats.count_processed();
+            if let Some(started) = started {
+                shared.metrics.process_latency.record(started.elapsed());
+            }
+            self.processed_total[source.index].increment(1);
         }
         self.processed[source.index] = Some(input.offset + 1);
         Ok(())
@@ -437,6 +452,7 @@ impl Core {
                 .collect(),
             progress,
             markers: Vec::new(),
+            sealed_at: std::time::Instant::now(),
         });
         self.committed = self.processed.clone();
         // 3. Move it along now when its records are already acknowledged (or must be waited for).
@@ -495,6 +511,11 @@ impl Core {
             if let Some(state) = self.state.as_mut() {
                 state.write_sealed(sealed.progress)?;
             }
+            shared.metrics.commits.increment(1);
+            shared
+                .metrics
+                .commit_latency
+                .record(sealed.sealed_at.elapsed());
             shared.report(CommitReport {
                 id: *id,
                 next: sealed.next,
@@ -599,6 +620,7 @@ impl TaskEnv for Env<'_> {
             self.error = Some(e.into());
         } else {
             self.shared.stats.count_produced();
+            self.shared.metrics.produced(&resolved);
         }
     }
 

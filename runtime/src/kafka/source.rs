@@ -53,9 +53,17 @@ pub struct SourceContext {
     /// Invariant: an entry here is paused in the consumer and assigned. Taken after `engine`
     /// when both are held.
     pub restoring: Mutex<BTreeSet<(String, u32)>>,
+    /// Readiness: assigned, and no task restoring.
+    pub health: Arc<crate::health::Health>,
 }
 
-impl ClientContext for SourceContext {}
+impl ClientContext for SourceContext {
+    /// librdkafka's statistics (every `statistics.interval.ms`, served by `poll` on the loop's
+    /// thread): sets `rill_consumer_lag_records` from each partition's `consumer_lag`.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        crate::metrics::set_lag_from_statistics(&statistics);
+    }
+}
 
 fn is_coordinator_busy(e: &KafkaError) -> bool {
     use rdkafka::error::RDKafkaErrorCode as C;
@@ -74,6 +82,7 @@ impl ConsumerContext for SourceContext {
         if let Err(e) = result {
             // Forget what we think is committed, so the next interval commits again.
             tracing::debug!(error = %e, "async offset commit failed; retrying next interval");
+            crate::metrics::record_error("offset_commit");
             self.committed.lock().clear();
         }
     }
@@ -85,10 +94,12 @@ impl ConsumerContext for SourceContext {
         tpl: &mut TopicPartitionList,
     ) {
         self.rebalances.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::record_rebalance();
         let cooperative = matches!(
             consumer.rebalance_protocol(),
             RebalanceProtocol::Cooperative
         );
+        tracing::info!(event = ?err, partitions = tpl.count(), cooperative, "rebalance");
         let result = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => self
                 .on_assign(consumer, tpl)
@@ -117,9 +128,17 @@ impl ConsumerContext for SourceContext {
                 }
             }
         };
-        if let Err(e) = result {
-            tracing::error!(error = %e, "rebalance failed");
-            *self.error.lock() = Some(format!("rebalance failed: {e}"));
+        match result {
+            Err(e) => {
+                tracing::error!(error = %e, "rebalance failed");
+                crate::metrics::record_error("rebalance");
+                *self.error.lock() = Some(format!("rebalance failed: {e}"));
+            }
+            // Ready once assigned; a changelog restore holds readiness back through `health`.
+            Ok(()) if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                self.health.set_assigned();
+            }
+            Ok(()) => {}
         }
     }
 }
@@ -137,6 +156,7 @@ impl SourceContext {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "offset commit failed");
+                    crate::metrics::record_error("offset_commit");
                     self.committed.lock().clear();
                     return;
                 }
@@ -201,7 +221,9 @@ impl SourceContext {
         for e in tpl.elements() {
             if engine.is_restoring(e.topic(), e.partition() as u32) {
                 pause.add_partition(e.topic(), e.partition());
-                restoring.insert((e.topic().to_string(), e.partition() as u32));
+                if restoring.insert((e.topic().to_string(), e.partition() as u32)) {
+                    self.health.restore_started();
+                }
                 tracing::info!(
                     topic = e.topic(),
                     partition = e.partition(),
@@ -219,7 +241,9 @@ impl SourceContext {
         {
             let mut restoring = self.restoring.lock();
             for e in tpl.elements() {
-                restoring.remove(&(e.topic().to_string(), e.partition() as u32));
+                if restoring.remove(&(e.topic().to_string(), e.partition() as u32)) {
+                    self.health.restore_finished();
+                }
             }
         }
         let started = Instant::now();
@@ -274,7 +298,7 @@ impl SourceContext {
                 Err(e) => {
                     tracing::warn!(topic = %p.topic, partition = p.partition, error = %e,
                         "range offsets do not fit in the commit metadata; committing the low watermark alone");
-                    metrics::counter!("rill_commit_metadata_overflow_total").increment(1);
+                    metrics::counter!(crate::metrics::COMMIT_METADATA_OVERFLOW).increment(1);
                 }
             }
             committed.insert(key, p.low_watermark);
@@ -387,9 +411,10 @@ pub fn run(
             // A broker that goes away is retried by librdkafka; say so, but not on every poll.
             Some(Err(e)) if last_error_log.elapsed() > Duration::from_secs(5) => {
                 tracing::warn!(error = %e, "consumer error (retrying)");
+                crate::metrics::record_error("consumer");
                 last_error_log = Instant::now();
             }
-            Some(Err(_)) => {}
+            Some(Err(_)) => crate::metrics::record_error("consumer"),
             Some(Ok(m)) => {
                 let (topic, partition) = (m.topic(), m.partition() as u32);
                 let offset = m.offset() as u64;
@@ -422,10 +447,12 @@ pub fn run(
                     break Err(SourceError::Rebalance(e.to_string()));
                 }
                 engine.commit();
+                engine.publish_metrics();
                 engine.progress()
             };
             if let Err(e) = ctx.commit(consumer, &progress, CommitMode::Async) {
                 tracing::warn!(error = %e, "offset commit failed (will retry)");
+                crate::metrics::record_error("offset_commit");
             }
         }
     };
@@ -434,7 +461,8 @@ pub fn run(
         let mut engine = ctx.engine.lock();
         engine.commit_durable();
         if !engine.wait_idle(ctx.drain_timeout) {
-            tracing::warn!("sub-tasks did not drain within the shutdown timeout");
+            tracing::warn!("sub-tasks did not drain within shutdown.timeout.ms: leaving the rest uncommitted (it is replayed after a restart)");
+            engine.abandon();
         }
         engine.progress()
     };
@@ -468,7 +496,9 @@ fn resume_restored(
             .cloned()
             .collect();
         for key in &done {
-            restoring.remove(key);
+            if restoring.remove(key) {
+                ctx.health.restore_finished();
+            }
         }
         done
     };

@@ -1,0 +1,130 @@
+//! Enrichment with a slow per-record call: why the parallelising factor exists.
+//!
+//! Each click (key: user id) is enriched by a lookup that takes a few milliseconds, simulated
+//! with a sleep (think: an HTTP call to a profile service). Kafka Streams runs one task per
+//! partition, so a one-partition topic is processed one lookup at a time, whatever the number of
+//! threads. rill splits the partition into `parallelising.factor` key ranges that run
+//! concurrently, each keeping its keys in order, so throughput grows with the factor.
+//!
+//! ```sh
+//! cargo run --release --example enrich                    # P = 1, 4, 16 on one partition, side by side
+//! cargo run --release --example enrich -- --factor 8      # one service at P = 8, until Ctrl-C
+//! cargo run --release --example enrich -- --records 5000 --latency-ms 5
+//! ```
+//! The lookup blocks its worker thread, so the example sets `worker.threads` to the factor; with
+//! non-blocking work the default (one thread per core) is right. Settings also come from
+//! `--config FILE`, `RILL_CONFIG` and `RILL_*` variables (see `rill_runtime::config`).
+
+mod common;
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use rill::prelude::*;
+use rill::runtime::{ConfigBuilder, Runtime};
+
+const INPUT: &str = "clicks";
+const OUTPUT: &str = "clicks-enriched";
+
+/// The topology: click -> click with the user's profile, one slow lookup per record.
+fn topology(lookup: Duration) -> Result<Topology, TopologyError> {
+    let builder = StreamsBuilder::new();
+    builder
+        .stream(INPUT, StringSerde, StringSerde)
+        .map_values(move |click: String| {
+            std::thread::sleep(lookup); // the per-record I/O call
+            format!("{click} country=NL tier=gold")
+        })
+        .to_with(OUTPUT, StringSerde, StringSerde);
+    builder.build()
+}
+
+/// A runtime at factor `p` on its own embedded cluster, with `records` clicks waiting on a
+/// one-partition topic.
+fn prepare(p: u64, records: u64, lookup: Duration) -> Result<Runtime, common::Error> {
+    let config = ConfigBuilder::new()
+        .set("application.id", "enrich")
+        .set("parallelising.factor", p)
+        .set("worker.threads", p)
+        .with_config_file_and_env()
+        .build()?;
+    let runtime = Runtime::new(topology(lookup)?, config)?;
+    let cluster = runtime.embedded().ok_or(
+        "this example feeds an embedded cluster: leave bootstrap.servers unset (RILL_BOOTSTRAP_SERVERS)",
+    )?;
+    cluster.create_topic(INPUT, 1)?;
+    cluster.create_topic(OUTPUT, 1)?;
+    let producer = common::producer(runtime.bootstrap_servers())?;
+    for i in 0..records {
+        let user = format!("user-{}", i % 1000);
+        common::send(
+            &producer,
+            INPUT,
+            user.as_bytes(),
+            format!("click {i}").as_bytes(),
+        )?;
+    }
+    common::flush(&producer)?;
+    Ok(runtime)
+}
+
+/// Processes `records` clicks at factor `p`; returns records per second (from the first record,
+/// so the consumer group's start-up is not counted).
+fn measure(p: u64, records: u64, lookup: Duration) -> Result<f64, common::Error> {
+    let runtime = prepare(p, records, lookup)?;
+    let running = runtime.start()?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut first = None;
+    while running.processed() < records && Instant::now() < deadline && !running.is_finished() {
+        if first.is_none() && running.processed() > 0 {
+            first = Some((Instant::now(), running.processed()));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let done = running.processed();
+    running.shutdown()?;
+    let (t0, n0) = first.ok_or("nothing was processed")?;
+    Ok((done - n0) as f64 / t0.elapsed().as_secs_f64())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    rill::runtime::service::init_logging();
+    let records = common::number_arg("--records", 2000)?;
+    let lookup = Duration::from_millis(common::number_arg("--latency-ms", 2)?);
+    if let Some(p) = common::arg("--factor") {
+        let p: u64 = p.parse().map_err(|_| "--factor takes a whole number")?;
+        let runtime = prepare(p, records, lookup).map_err(|e| e.to_string())?;
+        let running = runtime.start()?;
+        running.stop_on_signal()?;
+        println!("P = {p}: enriching {records} clicks on one partition (Ctrl-C stops)");
+        let mut last = (Instant::now(), 0);
+        while !running.is_finished() {
+            std::thread::sleep(Duration::from_millis(100));
+            if last.0.elapsed() >= Duration::from_secs(1) {
+                let n = running.processed();
+                println!(
+                    "{n:>8} processed, {:>8.0} records/s",
+                    (n - last.1) as f64 / last.0.elapsed().as_secs_f64()
+                );
+                last = (Instant::now(), n);
+            }
+        }
+        running.join()?;
+        return Ok(());
+    }
+    println!("one partition, {records} clicks, a {lookup:?} lookup per click:");
+    let mut base = None;
+    for p in [1, 4, 16] {
+        let rate = measure(p, records, lookup).map_err(|e| e.to_string())?;
+        let b = *base.get_or_insert(rate);
+        println!(
+            "  parallelising.factor = {p:>2}: {rate:>8.0} records/s ({:.1}x)",
+            rate / b
+        );
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    rill::runtime::service::exit_code(run())
+}

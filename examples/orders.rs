@@ -1,0 +1,165 @@
+//! Orders: JSON values through serde, a running total per customer with `aggregate`, written to a
+//! topic.
+//!
+//! Input `orders` (key: customer id, value: an `Order` as JSON) is grouped by customer; the store
+//! `customer-totals-store` keeps a `CustomerTotals` per customer (as JSON too), and every update
+//! is written to `customer-totals`.
+//!
+//! ```sh
+//! cargo run --release --example orders                  # embedded cluster, feeds itself, Ctrl-C stops
+//! cargo run --release --example orders -- --seconds 20  # the same, stopping after 20 s
+//! RILL_BOOTSTRAP_SERVERS=127.0.0.1:9092 cargo run --release --example orders  # a real cluster
+//! ```
+//! Settings also come from `--config FILE`, `RILL_CONFIG` and `RILL_*` variables.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rill::prelude::*;
+use rill::runtime::{ConfigBuilder, Runtime};
+use serde::{Deserialize, Serialize};
+
+const INPUT: &str = "orders";
+const OUTPUT: &str = "customer-totals";
+
+/// One order, as the shop writes it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Order {
+    order_id: u64,
+    customer: String,
+    amount_cents: i64,
+}
+
+/// What the topology keeps per customer.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+struct CustomerTotals {
+    orders: u64,
+    total_cents: i64,
+    largest_cents: i64,
+}
+
+/// The topology: orders by customer -> running totals -> `customer-totals`.
+fn topology() -> Result<Topology, TopologyError> {
+    let builder = StreamsBuilder::new();
+    builder
+        .stream(INPUT, StringSerde, JsonSerde::<Order>::new())
+        .group_by_key()
+        .aggregate(
+            "customer-totals-store",
+            CustomerTotals::default,
+            |_customer, order: Order, mut t: CustomerTotals| {
+                t.orders += 1;
+                t.total_cents += order.amount_cents;
+                t.largest_cents = t.largest_cents.max(order.amount_cents);
+                t
+            },
+            JsonSerde::<CustomerTotals>::new(),
+        )
+        .to_stream()
+        .to(OUTPUT);
+    builder.build()
+}
+
+/// Writes random orders for 20 customers until `stop`.
+fn feed(bootstrap: String, stop: Arc<AtomicBool>) -> Result<(), common::Error> {
+    let producer = common::producer(&bootstrap)?;
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut order_id = 0;
+    while !stop.load(Ordering::SeqCst) {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        order_id += 1;
+        let order = Order {
+            order_id,
+            customer: format!("customer-{:02}", seed % 20),
+            amount_cents: (seed % 10_000) as i64 + 100,
+        };
+        let json = serde_json::to_vec(&order)?;
+        common::send(&producer, INPUT, order.customer.as_bytes(), &json)?;
+        if order_id % 100 == 0 {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    common::flush(&producer)
+}
+
+/// Prints the latest totals every two seconds until `stop`.
+fn show(bootstrap: String, stop: Arc<AtomicBool>) -> Result<(), common::Error> {
+    let mut latest: BTreeMap<String, CustomerTotals> = BTreeMap::new();
+    let mut last = Instant::now();
+    common::read(&bootstrap, OUTPUT, &stop, |k, v| {
+        if let Ok(t) = serde_json::from_slice(v) {
+            latest.insert(String::from_utf8_lossy(k).into_owned(), t);
+        }
+        if last.elapsed() >= Duration::from_secs(2) {
+            last = Instant::now();
+            println!("customer        orders     total   largest");
+            for (c, t) in latest.iter().take(5) {
+                println!(
+                    "{c:<12} {:>9} {:>9.2} {:>9.2}",
+                    t.orders,
+                    t.total_cents as f64 / 100.0,
+                    t.largest_cents as f64 / 100.0
+                );
+            }
+        }
+    })
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    rill::runtime::service::init_logging();
+    let seconds = common::arg("--seconds")
+        .map(|s| {
+            s.parse::<u64>()
+                .map_err(|_| "--seconds takes a whole number")
+        })
+        .transpose()?;
+    let config = ConfigBuilder::new()
+        .set("application.id", "orders")
+        .set("parallelising.factor", 4)
+        .with_config_file_and_env()
+        .build()?;
+    let runtime = Runtime::new(topology()?, config)?;
+    let Some(cluster) = runtime.embedded() else {
+        return Ok(runtime.run_until_signal()?);
+    };
+    cluster.create_topic(INPUT, 2)?;
+    cluster.create_topic(OUTPUT, 2)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let bootstrap = runtime.bootstrap_servers().to_string();
+    let helpers = [feed as fn(_, _) -> _, show].map(|f| {
+        let (b, s) = (bootstrap.clone(), stop.clone());
+        std::thread::spawn(move || {
+            if let Err(e) = f(b, s) {
+                eprintln!("example helper failed: {e}");
+            }
+        })
+    });
+    let running = runtime.start()?;
+    match seconds {
+        Some(s) => {
+            std::thread::sleep(Duration::from_secs(s));
+            println!("processed {} orders; stopping", running.processed());
+            running.shutdown()?;
+        }
+        None => {
+            running.stop_on_signal()?;
+            running.join()?;
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    for h in helpers {
+        let _ = h.join();
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    rill::runtime::service::exit_code(run())
+}

@@ -1,0 +1,102 @@
+//! Liveness and readiness, shared by the runtime (which sets them) and the HTTP endpoint (which
+//! serves them as `/health` and `/ready`).
+//!
+//! - **live** (`/health`): the processing loop has not stopped on an error.
+//! - **ready** (`/ready`): live, the consumer has received its assignment, no store is restoring,
+//!   and no shutdown has begun. A load balancer or an orchestrator's rolling update waits for it.
+//!
+//! The changelog restore calls [`Health::restore_started`] / [`Health::restore_finished`] around
+//! each store partition it rebuilds, so `/ready` holds back until every assigned task is restored.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+/// Liveness and readiness flags of one runtime.
+///
+/// Invariant: each flag is written by one kind of event only (the loop's end, an assignment,
+/// a restore, a shutdown) and read independently; no decision needs two flags consistent with
+/// each other at one instant, so plain atomics with SeqCst suffice.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// Set when the processing loop stopped on an error.
+    failed: AtomicBool,
+    /// Set once the consumer group gave this member its (possibly empty) assignment.
+    assigned: AtomicBool,
+    /// Store partitions being restored right now.
+    restoring: AtomicUsize,
+    /// Set when shutdown begins (a signal or `RunningRuntime::shutdown`).
+    stopping: AtomicBool,
+}
+
+impl Health {
+    /// A runtime that is live and not yet ready.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether the process is live (the loop has not failed).
+    pub fn is_live(&self) -> bool {
+        !self.failed.load(Ordering::SeqCst)
+    }
+
+    /// Whether every assigned task is ready (assigned, restored) and no shutdown has begun.
+    pub fn is_ready(&self) -> bool {
+        self.is_live()
+            && self.assigned.load(Ordering::SeqCst)
+            && self.restoring.load(Ordering::SeqCst) == 0
+            && !self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Marks the loop as stopped on an error.
+    pub fn set_failed(&self) {
+        self.failed.store(true, Ordering::SeqCst);
+    }
+
+    /// Marks that the group assigned this member its partitions.
+    pub fn set_assigned(&self) {
+        self.assigned.store(true, Ordering::SeqCst);
+    }
+
+    /// Marks that shutdown began: not ready any more.
+    pub fn set_stopping(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    /// A store partition starts restoring: not ready until it finishes.
+    pub fn restore_started(&self) {
+        self.restoring.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A store partition finished restoring (call once per `restore_started`).
+    pub fn restore_finished(&self) {
+        // Saturating, so an unpaired call cannot wrap the count and block readiness for good.
+        let _ = self
+            .restoring
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_needs_assignment_and_no_restore_and_no_shutdown() {
+        let h = Health::new();
+        assert!(h.is_live());
+        assert!(!h.is_ready(), "not ready before the assignment");
+        h.set_assigned();
+        assert!(h.is_ready());
+        h.restore_started();
+        h.restore_started();
+        h.restore_finished();
+        assert!(!h.is_ready(), "one store still restoring");
+        h.restore_finished();
+        h.restore_finished();
+        assert!(h.is_ready(), "an extra finish does not wrap the count");
+        h.set_stopping();
+        assert!(!h.is_ready());
+        assert!(h.is_live());
+        h.set_failed();
+        assert!(!h.is_live());
+    }
+}
