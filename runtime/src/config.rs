@@ -8,7 +8,7 @@
 //! | `worker.threads` | cores | threads of the worker pool |
 //! | `state.dir` | `/tmp/rill/<application.id>` | where the RocksDB state lives |
 //! | `commit.interval.ms` | 100 | how often ranges commit and offsets are committed |
-//! | `mailbox.capacity` | 10000 | records a sub-task may queue before its partition pauses |
+//! | `mailbox.capacity` | 10000 | records a sub-task may queue before its partition pauses; with many sub-tasks each gets less, so that all queue at most 16 x this (at least 256 each) |
 //! | `processing.guarantee` | `at_least_once` | outputs at least once, state exactly once |
 //! | `metrics.addr` | `127.0.0.1:9898` | HTTP for /metrics, /health, /ready; `off` disables |
 //! | `rocksdb.memory.bytes` | 268435456 | one budget for block cache and memtables |

@@ -308,6 +308,11 @@ impl Shared {
     }
 }
 
+/// All mailboxes of a process together queue at most this many times `mailbox.capacity` records.
+pub const QUEUED_PER_PROCESS: usize = 16;
+/// A sub-task may always queue this many records (unless `mailbox.capacity` is smaller).
+pub const MIN_QUEUE: usize = 256;
+
 /// A source topic of the topology, as records carry it to their sub-task.
 pub(crate) struct Source {
     /// Sub-topology that reads it.
@@ -378,6 +383,8 @@ pub struct Engine {
     reports: Receiver<CommitReport>,
     /// Where tasks restore their stores from on assignment, when changelogs are on.
     changelog_reader: Option<Arc<dyn ChangelogReader>>,
+    /// Records one sub-task may queue now (see [`Engine::queue_limit`]).
+    queue_limit: usize,
 }
 
 impl Engine {
@@ -457,7 +464,9 @@ impl Engine {
             sources,
             reports: rx,
             changelog_reader: None,
-        })
+            queue_limit: 0,
+        }
+        .with_queue_limit())
     }
 
     /// The topology being run.
@@ -548,12 +557,14 @@ impl Engine {
                 task.restoring =
                     Some(self.start_restore(reader.clone(), db.clone(), sub, partition)?);
                 self.tasks.insert((sub, partition), task);
+                self.update_queue_limit();
                 return Ok(());
             }
             states = open_states(db, &st.stores, partition, p)?;
         }
         self.open_subtasks(&mut task, sub, partition, states)?;
         self.tasks.insert((sub, partition), task);
+        self.update_queue_limit();
         Ok(())
     }
 
@@ -677,6 +688,26 @@ impl Engine {
             .is_ok_and(|s| self.tasks.contains_key(&(s.sub, partition)))
     }
 
+    /// Records one sub-task may queue before its partition backs off: `mailbox.capacity`, cut
+    /// down when many sub-tasks share the process so that all mailboxes together hold at most
+    /// [`QUEUED_PER_PROCESS`] x `mailbox.capacity` records (but at least [`MIN_QUEUE`] each).
+    pub fn queue_limit(&self) -> usize {
+        self.queue_limit
+    }
+
+    /// Recomputes [`Engine::queue_limit`] for the sub-tasks assigned now.
+    fn with_queue_limit(mut self) -> Self {
+        self.update_queue_limit();
+        self
+    }
+
+    fn update_queue_limit(&mut self) {
+        let cap = self.shared.config.mailbox_capacity;
+        let p = self.shared.config.parallelising_factor;
+        let subtasks = (self.tasks.len() * p).max(1);
+        self.queue_limit = cap.min((QUEUED_PER_PROCESS * cap / subtasks).max(MIN_QUEUE.min(cap)));
+    }
+
     /// Tasks still restoring.
     pub fn restoring(&self) -> usize {
         self.tasks
@@ -765,7 +796,7 @@ impl Engine {
         }
         let index = range_of(hash, task.subtasks.len());
         let subtask = &task.subtasks[index];
-        if subtask.depth.load(Ordering::SeqCst) >= self.shared.config.mailbox_capacity {
+        if subtask.depth.load(Ordering::SeqCst) >= self.queue_limit {
             return Ok(Dispatch::Full(raw));
         }
         tracker.dispatched(index, offset);
@@ -788,7 +819,7 @@ impl Engine {
         if self.is_restoring(topic, partition) {
             return false;
         }
-        let half = self.shared.config.mailbox_capacity / 2;
+        let half = self.queue_limit / 2;
         self.mailbox_depth(topic, partition)
             .iter()
             .all(|&d| d <= half)
@@ -946,6 +977,7 @@ impl Engine {
                 let _ = t.join();
             }
             self.tasks.remove(&(sub, partition));
+            self.update_queue_limit();
             return (true, Vec::new());
         }
         // Only this task's sub-tasks drain; the other partitions keep processing.
@@ -970,6 +1002,7 @@ impl Engine {
             })
             .collect();
         self.tasks.remove(&(sub, partition));
+        self.update_queue_limit();
         (idle, last)
     }
 
@@ -1243,5 +1276,40 @@ mod tests {
         let r = ranges_of(&mut e);
         assert_eq!(next_of(&r, held_range), Some(3), "{r:?}");
         assert_eq!(e.progress()[0].low_watermark, 3);
+    }
+
+    /// Many sub-tasks share one bound on queued records; few get the full `mailbox.capacity`.
+    #[test]
+    fn the_queue_limit_shrinks_as_sub_tasks_are_assigned_and_grows_back_on_revoke() {
+        let builder = StreamsBuilder::new();
+        builder.stream("in", StringSerde, StringSerde).to("out");
+        let config = EngineConfig {
+            parallelising_factor: 16,
+            worker_threads: 1,
+            mailbox_capacity: 1000,
+            ..EngineConfig::default()
+        };
+        let topology = Arc::new(builder.build().unwrap());
+        let sink = Arc::new(MemorySink::new());
+        let mut e = Engine::new(topology, config, None, sink, HashMap::new()).unwrap();
+        assert_eq!(e.queue_limit(), 1000);
+        e.assign("in", 0, &HashMap::new()).unwrap();
+        assert_eq!(
+            e.queue_limit(),
+            1000,
+            "16 sub-tasks x 1000 is the process bound"
+        );
+        for p in 1..4 {
+            e.assign("in", p, &HashMap::new()).unwrap();
+        }
+        assert_eq!(e.queue_limit(), 250_usize.max(MIN_QUEUE), "64 sub-tasks");
+        for p in 4..40 {
+            e.assign("in", p, &HashMap::new()).unwrap();
+        }
+        assert_eq!(e.queue_limit(), MIN_QUEUE, "never below the floor");
+        for p in 1..40 {
+            e.revoke("in", p, Duration::from_secs(5));
+        }
+        assert_eq!(e.queue_limit(), 1000);
     }
 }

@@ -381,6 +381,11 @@ pub fn run(
         // STALL_LIMIT are the backed-up partitions paused, so the others move on: a pause makes
         // librdkafka drop and refetch the partition's prefetched records, which costs far more
         // than a short stall (measured: ~1 s per pause/resume cycle).
+        let held_limit = if held.is_empty() {
+            held_limit
+        } else {
+            held_limit.min(ctx.engine.lock().queue_limit())
+        };
         let backed_up: Vec<(String, u32)> = held
             .iter()
             .filter(|(_, q)| q.len() >= held_limit)
