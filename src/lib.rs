@@ -25,6 +25,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#![warn(missing_docs)]
+
 pub use rill_runtime as runtime;
 pub use rill_state as state;
 pub use rill_topology as topology;

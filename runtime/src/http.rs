@@ -1,7 +1,7 @@
 //! The HTTP endpoint on `metrics.addr`: `/metrics` (Prometheus text format), `/health`, `/ready`.
 //!
 //! A small blocking server on one thread: scrapes and probes are rare and tiny, so connections are
-//! served one at a time, each bounded by [`IO_TIMEOUT`] so a stalled client cannot hold the others
+//! served one at a time, each bounded by `IO_TIMEOUT` (2 s) so a stalled client cannot hold the others
 //! back for long. It binds before the runtime connects to Kafka, so probes answer during start-up
 //! (`/health` 200, `/ready` 503). Dropping the [`HttpServer`] stops it and frees the port.
 

@@ -5,6 +5,8 @@
 //! - [`sink`]: where outputs go (the Kafka producer, or memory in tests);
 //! - [`service`]: the long-lived `Runtime` with [`config`], [`metrics`], [`http`] and [`health`].
 
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod driver;
 pub mod engine;

@@ -10,6 +10,8 @@
 //! The engine that feeds records and owns state lives in `rill-runtime`; stores live in
 //! `rill-state`.
 
+#![warn(missing_docs)]
+
 pub mod dsl;
 pub mod exec;
 pub mod graph;
