@@ -7,7 +7,8 @@
 //! Arguments: `--quick` (small inputs, one run, no warm-up), `--scenarios s1,s3` (a subset),
 //! `--runs N`, `--report-only` (regenerate BENCHMARKS.md and the SVG from benches/results/*.json).
 //! Environment: `RILL_BENCH_BOOTSTRAP` (the broker), `RILL_BENCH_PEERS` (where the peer jars are,
-//! default benches/peers), `RILL_BENCH_SET` (`key=value,...` extra rill config for experiments).
+//! default benches/peers), `RILL_BENCH_SET` (`key=value,...` extra rill config for experiments),
+//! `RILL_BENCH_SYSTEMS` (comma-separated substrings of the system names to run).
 //!
 //! Every system under test runs as a child process (this binary with `--child rill|bare`, or
 //! `java -jar` of a peer) with a fresh consumer group. The orchestrator measures from outside:
@@ -165,6 +166,7 @@ fn child_bare(a: &BTreeMap<String, String>) {
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "true")
         .set("fetch.wait.max.ms", "10")
+        .set("socket.nagle.disable", "true")
         .create()
         .expect("consumer");
     consumer
@@ -176,6 +178,7 @@ fn child_bare(a: &BTreeMap<String, String>) {
         .set("linger.ms", "5")
         .set("compression.type", "lz4")
         .set("partitioner", "murmur2_random")
+        .set("socket.nagle.disable", "true")
         .create()
         .expect("producer");
     let output = a["output"].as_str();
@@ -219,6 +222,9 @@ struct Run {
     p50_ms: Option<f64>,
     p99_ms: Option<f64>,
     max_ms: Option<f64>,
+    /// 1-minute load average of the machine when the run started (other work shares the cores).
+    #[serde(default)]
+    load_avg: f64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug)]
@@ -270,6 +276,7 @@ fn median(runs: &[Run]) -> Option<Run> {
         p50_ms: med_opt(&|r| r.p50_ms),
         p99_ms: med_opt(&|r| r.p99_ms),
         max_ms: med_opt(&|r| r.max_ms),
+        load_avg: med(&|r| r.load_avg),
     })
 }
 
@@ -278,10 +285,21 @@ fn median(runs: &[Run]) -> Option<Run> {
 
 #[derive(Clone, Debug)]
 enum Kind {
-    Rill { p: usize, threads: Option<usize> },
+    /// `set`: extra config, `key=value,...` (passed as RILL_BENCH_SET).
+    Rill {
+        p: usize,
+        threads: Option<usize>,
+        set: &'static str,
+    },
     Bare,
-    Streams { threads: usize },
-    ParallelConsumer { concurrency: usize },
+    Streams {
+        threads: usize,
+    },
+    ParallelConsumer {
+        concurrency: usize,
+    },
+    /// S4 only: the orchestrator produces straight to the topic it reads (no system).
+    Direct,
 }
 
 #[derive(Clone, Debug)]
@@ -299,17 +317,23 @@ impl System {
     }
     fn config(&self) -> String {
         match &self.kind {
-            Kind::Rill { p, threads } => format!(
-                "parallelising.factor={p}, worker.threads={}, other settings default",
-                threads.map_or("default (cores)".to_string(), |t| t.to_string())
+            Kind::Rill { p, threads, set } => format!(
+                "parallelising.factor={p}, worker.threads={}{}, other settings default",
+                threads.map_or("default (cores)".to_string(), |t| t.to_string()),
+                if set.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {set}")
+                }
             ),
-            Kind::Bare => "rdkafka BaseConsumer + ThreadedProducer (rill's producer settings: idempotent, linger 5 ms, lz4), one thread".into(),
+            Kind::Bare => "rdkafka BaseConsumer + ThreadedProducer, one thread; rill's producer settings (idempotent, linger 5 ms, lz4) and consumer fetch.wait.max.ms=10, Nagle off".into(),
             Kind::Streams { threads } => format!(
                 "num.stream.threads={threads}, commit.interval.ms=100, other settings default (caching on, changelog on)"
             ),
             Kind::ParallelConsumer { concurrency } => {
                 format!("ProcessingOrder.KEY, maxConcurrency={concurrency}, pollAndProduce")
             }
+            Kind::Direct => "no system: produce to the output topic and read it back (the measurement's floor)".into(),
         }
     }
 }
@@ -381,7 +405,7 @@ fn spawn(ctx: &Ctx, sys: &System, scenario: &str, input: &str, output: &str, tag
     let _ = fs::remove_dir_all(&state);
     let log = fs::File::create(ctx.tmp.join(format!("{tag}.log"))).expect("child log");
     let mut cmd = match &sys.kind {
-        Kind::Rill { p, threads } => {
+        Kind::Rill { p, threads, set } => {
             let mut c = Command::new(std::env::current_exe().expect("exe"));
             c.args(["--child", "rill", "--scenario", scenario, "--p"])
                 .arg(p.to_string())
@@ -392,6 +416,9 @@ fn spawn(ctx: &Ctx, sys: &System, scenario: &str, input: &str, output: &str, tag
                 c.arg("--threads").arg(t.to_string());
             }
             c.env("RILL_LOG", "warn");
+            if !set.is_empty() {
+                c.env("RILL_BENCH_SET", set);
+            }
             c
         }
         Kind::Bare => {
@@ -411,6 +438,7 @@ fn spawn(ctx: &Ctx, sys: &System, scenario: &str, input: &str, output: &str, tag
                 .arg(threads.to_string());
             c
         }
+        Kind::Direct => unreachable!("nothing to spawn"),
         Kind::ParallelConsumer { concurrency } => {
             let mut c = Command::new("java");
             c.arg("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn")
@@ -463,6 +491,7 @@ fn producer(bootstrap: &str, linger: &str) -> ThreadedProducer<DefaultProducerCo
         .set("linger.ms", linger)
         .set("compression.type", "lz4")
         .set("queue.buffering.max.messages", "1000000")
+        .set("socket.nagle.disable", "true")
         .create()
         .expect("producer")
 }
@@ -491,6 +520,7 @@ fn reader(ctx: &Ctx, topic: &str, group: &str) -> BaseConsumer {
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
         .set("fetch.wait.max.ms", "5")
+        .set("socket.nagle.disable", "true")
         .create()
         .expect("reader");
     c.subscribe(&[topic]).expect("subscribe");
@@ -535,7 +565,16 @@ impl Sc {
         }
     }
     fn systems(self) -> Vec<System> {
-        let rill = |name: &str, p, threads| System::new(name, Kind::Rill { p, threads });
+        let rill = |name: &str, p, threads| {
+            System::new(
+                name,
+                Kind::Rill {
+                    p,
+                    threads,
+                    set: "",
+                },
+            )
+        };
         match self {
             Sc::S1 => vec![
                 rill("rill P=1", 1, Some(64)),
@@ -551,9 +590,25 @@ impl Sc {
                 rill("rill P=1", 1, None),
                 System::new("Kafka Streams", Kind::Streams { threads: 4 }),
             ],
-            Sc::S3 | Sc::S4 => vec![
+            Sc::S3 => vec![
                 System::new("bare rdkafka loop", Kind::Bare),
                 rill("rill P=1", 1, None),
+                System::new("Kafka Streams", Kind::Streams { threads: 4 }),
+            ],
+            Sc::S4 => vec![
+                System::new("broker round trip", Kind::Direct),
+                System::new("bare rdkafka loop", Kind::Bare),
+                rill("rill P=1", 1, None),
+                // librdkafka leaves Nagle's algorithm on by default; rill does not turn it off
+                // (yet). This variant shows what that costs in latency.
+                System::new(
+                    "rill P=1, Nagle off",
+                    Kind::Rill {
+                        p: 1,
+                        threads: None,
+                        set: "kafka.socket.nagle.disable=true",
+                    },
+                ),
                 System::new("Kafka Streams", Kind::Streams { threads: 4 }),
             ],
         }
@@ -677,7 +732,8 @@ fn throughput_run(ctx: &Ctx, sc: Sc, sys: &System, input: &Input, tag: &str) -> 
     });
     let start = Instant::now();
     let mut latest = vec![0i64; input.truth.len()];
-    let mut final_keys = 0u64;
+    // Keys that never occur are final from the start (count 0, no output).
+    let mut final_keys = input.truth.iter().filter(|&&t| t == 0).count() as u64;
     let mut fail = None;
     loop {
         if start.elapsed() > timeout {
@@ -769,9 +825,18 @@ fn percentile(sorted: &[u64], q: f64) -> f64 {
 
 /// One latency run (S4): prime, then produce at a fixed rate and time each output record.
 fn latency_run(ctx: &Ctx, sys: &System, tag: &str, rate: u64, secs: u64) -> Run {
-    let (input, output) = (format!("{tag}-in"), format!("{tag}-out"));
-    create(ctx, &input, 4);
+    // Direct: no system in between; the orchestrator's own produce-to-read floor.
+    let direct = matches!(sys.kind, Kind::Direct);
+    let output = format!("{tag}-out");
+    let input = if direct {
+        output.clone()
+    } else {
+        format!("{tag}-in")
+    };
     create(ctx, &output, 4);
+    if !direct {
+        create(ctx, &input, 4);
+    }
     let latencies = Arc::new(Mutex::new(Vec::<u64>::new()));
     let primed = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -796,7 +861,7 @@ fn latency_run(ctx: &Ctx, sys: &System, tag: &str, rate: u64, secs: u64) -> Run 
             }
         }
     });
-    let mut h = spawn(ctx, sys, "s4", &input, &output, tag);
+    let mut h = (!direct).then(|| spawn(ctx, sys, "s4", &input, &output, tag));
     let p = producer(&ctx.bootstrap, "0");
     let mut rng = Rng(0xC0FF_EE00_D15E_A5E5);
     let mut prime_pass = 0;
@@ -809,7 +874,7 @@ fn latency_run(ctx: &Ctx, sys: &System, tag: &str, rate: u64, secs: u64) -> Run 
     let start = Instant::now();
     let mut fail = None;
     while primed.load(Ordering::Relaxed) < prime_pass {
-        if start.elapsed() > Duration::from_secs(120) || h.exited() {
+        if start.elapsed() > Duration::from_secs(120) || h.as_mut().is_some_and(Handle::exited) {
             fail = Some("never became ready (priming records did not come through)".to_string());
             break;
         }
@@ -819,7 +884,7 @@ fn latency_run(ctx: &Ctx, sys: &System, tag: &str, rate: u64, secs: u64) -> Run 
     let (mut cpu0, mut t0) = (0, Instant::now());
     if fail.is_none() {
         std::thread::sleep(Duration::from_secs(2));
-        cpu0 = cpu_ticks(h.pid()).unwrap_or(0);
+        cpu0 = h.as_ref().and_then(|h| cpu_ticks(h.pid())).unwrap_or(0);
         t0 = Instant::now();
         let total = rate * secs;
         let mut sent = 0u64;
@@ -842,10 +907,13 @@ fn latency_run(ctx: &Ctx, sys: &System, tag: &str, rate: u64, secs: u64) -> Run 
         }
     }
     let wall = t0.elapsed().as_secs_f64();
-    let pid = h.pid();
-    let cpu = cpu_ticks(pid).unwrap_or(0).saturating_sub(cpu0) as f64 / TICKS_PER_S;
-    let rss = peak_rss_mb(pid);
-    h.kill();
+    let (mut cpu, mut rss) = (0.0, 0.0);
+    if let Some(h) = h {
+        let pid = h.pid();
+        cpu = cpu_ticks(pid).unwrap_or(0).saturating_sub(cpu0) as f64 / TICKS_PER_S;
+        rss = peak_rss_mb(pid);
+        h.kill();
+    }
     stop.store(true, Ordering::Relaxed);
     let _ = reader_thread.join();
     let _ = fs::remove_dir_all(ctx.tmp.join(format!("state-{tag}")));
@@ -881,7 +949,15 @@ fn latency_run(ctx: &Ctx, sys: &System, tag: &str, rate: u64, secs: u64) -> Run 
         p50_ms: Some(percentile(&lat, 0.50)),
         p99_ms: Some(percentile(&lat, 0.99)),
         max_ms: Some(percentile(&lat, 1.0)),
+        ..Run::default()
     }
+}
+
+fn load_avg() -> f64 {
+    fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
 }
 
 fn sh(cmd: &str) -> String {
@@ -905,7 +981,13 @@ fn machine() -> String {
 
 fn run_scenario(ctx: &Ctx, sc: Sc, runs: usize) -> ScenarioResult {
     let stamp = now_us();
-    let systems = sc.systems();
+    // RILL_BENCH_SYSTEMS: comma-separated substrings of system names to run (development aid).
+    let only = std::env::var("RILL_BENCH_SYSTEMS").unwrap_or_default();
+    let systems: Vec<System> = sc
+        .systems()
+        .into_iter()
+        .filter(|s| only.is_empty() || only.split(',').any(|o| s.name.contains(o.trim())))
+        .collect();
     let mut results: Vec<SystemResult> = systems
         .iter()
         .map(|s| SystemResult {
@@ -953,21 +1035,31 @@ fn run_scenario(ctx: &Ctx, sc: Sc, runs: usize) -> ScenarioResult {
             let tag = format!(
                 "bench-{}-{}-r{round}-{stamp}",
                 sc.id(),
-                sys.name.replace([' ', '='], "-").to_lowercase()
+                sys.name
+                    .chars()
+                    .filter_map(|c| match c {
+                        'a'..='z' | 'A'..='Z' | '0'..='9' => Some(c.to_ascii_lowercase()),
+                        ' ' | '=' | '-' => Some('-'),
+                        _ => None,
+                    })
+                    .collect::<String>()
             );
             eprint!("[{}] round {round} {:<20} ", sc.id(), sys.name);
-            let run = match &input {
+            let load_avg = load_avg();
+            let mut run = match &input {
                 Some(input) => throughput_run(ctx, sc, sys, input, &tag),
                 None => latency_run(ctx, sys, &tag, rate, secs),
             };
+            run.load_avg = load_avg;
             eprintln!(
-                "{} {:>10.0} rec/s  cpu {:>6.2} s/M  rss {:>6.0} MB  p50 {:?} p99 {:?} {}",
+                "{} {:>10.0} rec/s  cpu {:>6.2} s/M  rss {:>6.0} MB  p50 {:?} p99 {:?} load {:.1} {}",
                 if run.ok { "ok  " } else { "FAIL" },
                 run.records_per_s,
                 run.cpu_s_per_m,
                 run.peak_rss_mb,
                 run.p50_ms,
                 run.p99_ms,
+                run.load_avg,
                 run.note
             );
             if round >= warmup as usize {
@@ -1011,7 +1103,9 @@ fn find<'a>(r: &'a ScenarioResult, name: &str) -> Option<&'a Run> {
 }
 
 fn fmt_num(x: f64) -> String {
-    if x >= 100.0 {
+    if x == 0.0 {
+        "0".into()
+    } else if x >= 100.0 {
         let s = format!("{x:.0}");
         let mut out = String::new();
         for (i, c) in s.chars().enumerate() {
@@ -1162,7 +1256,7 @@ fn write_markdown(all: &[ScenarioResult], path: &Path) {
             md.push_str(&format!("- {k}: {v}\n"));
         }
         md.push_str(&format!("- mode: {}, {}\n\n", r.mode, r.date));
-        md.push_str("| system | configuration | runs (records/s; S4: p99 ms) |\n|---|---|---|\n");
+        md.push_str("| system | configuration | runs: records/s (S4: p99 ms), with the 1-minute load average at the start of each run |\n|---|---|---|\n");
         for s in &r.systems {
             let runs: Vec<String> = s
                 .runs
@@ -1171,9 +1265,9 @@ fn write_markdown(all: &[ScenarioResult], path: &Path) {
                     if !x.ok {
                         format!("failed: {}", x.note)
                     } else if r.scenario == "s4" {
-                        format!("{:.1}", x.p99_ms.unwrap_or(0.0))
+                        format!("{:.1} (load {:.1})", x.p99_ms.unwrap_or(0.0), x.load_avg)
                     } else {
-                        fmt_num(x.records_per_s)
+                        format!("{} (load {:.1})", fmt_num(x.records_per_s), x.load_avg)
                     }
                 })
                 .collect();
@@ -1191,7 +1285,7 @@ fn write_markdown(all: &[ScenarioResult], path: &Path) {
 }
 
 const NOTES: &str = "## What is and is not comparable\n\n\
-- The broker, the orchestrator (producing S4's input and reading outputs) and the system under test share the same 2 cores: absolute figures are low and every system pays the same tax.\n\
+- The broker, the orchestrator (producing S4's input and reading outputs) and the system under test share the same 2 cores: absolute figures are low and every system pays the same tax. Other work on the machine (other engineers' builds and tests) was not under our control; the load average at the start of each run is listed with it.\n\
 - Kafka Streams writes a changelog for S2's count store (its default); rill does not have changelog topics yet, so rill does less I/O in S2 than Kafka Streams.\n\
 - Kafka Streams runs with `commit.interval.ms=100` (rill's default) instead of its 30 s default, which would hold cached count updates back for that long; record caching stays at its default (10 MB).\n\
 - Java peers run with the JVM's defaults (heap up to 1/4 of RAM); their peak RSS mostly reflects that default, and their CPU includes JIT compilation during the run (JVM start-up is excluded: CPU is counted from the first record on).\n\
@@ -1253,10 +1347,11 @@ fn write_svg(all: &[ScenarioResult], path: &Path) -> Result<(), Box<dyn std::err
             .margin(12)
             .x_label_area_size(30)
             .y_label_area_size(70)
-            .build_cartesian_2d((0..n).into_segmented(), 0.0..max * 1.18)?;
+            .build_cartesian_2d((0..n - 1).into_segmented(), 0.0..max * 1.18)?;
         chart
             .configure_mesh()
             .disable_x_mesh()
+            .light_line_style(TRANSPARENT)
             .x_labels(bars.len())
             .x_label_formatter(&|v| match v {
                 SegmentValue::CenterOf(i) => names.get(*i as usize).cloned().unwrap_or_default(),
