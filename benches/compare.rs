@@ -32,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use rdkafka::Message;
+use rdkafka::{Message, Offset, TopicPartitionList};
 use rill::prelude::*;
 use rill::runtime::kafka::admin::{client_config, create_topics};
 use rill::runtime::{ConfigBuilder, Runtime};
@@ -513,7 +513,9 @@ fn create(ctx: &Ctx, topic: &str, partitions: u32) {
     .expect("create topic");
 }
 
-fn reader(ctx: &Ctx, topic: &str, group: &str) -> BaseConsumer {
+/// A consumer of all of `topic` from the start, by assignment: no group membership, so nothing
+/// to rebalance when it is dropped (dropping a subscribed BaseConsumer hung in a rebalance).
+fn reader(ctx: &Ctx, topic: &str, partitions: u32, group: &str) -> BaseConsumer {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &ctx.bootstrap)
         .set("group.id", group)
@@ -523,7 +525,12 @@ fn reader(ctx: &Ctx, topic: &str, group: &str) -> BaseConsumer {
         .set("socket.nagle.disable", "true")
         .create()
         .expect("reader");
-    c.subscribe(&[topic]).expect("subscribe");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions as i32 {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("offset");
+    }
+    c.assign(&tpl).expect("assign");
     c
 }
 
@@ -722,7 +729,7 @@ fn produce_input(ctx: &Ctx, sc: Sc, stamp: u64) -> Input {
 fn throughput_run(ctx: &Ctx, sc: Sc, sys: &System, input: &Input, tag: &str) -> Run {
     let output = format!("{tag}-out");
     create(ctx, &output, input.partitions);
-    let watch = reader(ctx, &output, &format!("{tag}-reader"));
+    let watch = reader(ctx, &output, input.partitions, &format!("{tag}-reader"));
     let mut h = spawn(ctx, sys, sc.id(), &input.topic, &output, tag);
     let timeout = Duration::from_secs(match (sc, ctx.quick) {
         (Sc::S1, true) => 90,
@@ -840,7 +847,7 @@ fn latency_run(ctx: &Ctx, sys: &System, tag: &str, rate: u64, secs: u64) -> Run 
     let latencies = Arc::new(Mutex::new(Vec::<u64>::new()));
     let primed = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let rd = reader(ctx, &output, &format!("{tag}-reader"));
+    let rd = reader(ctx, &output, 4, &format!("{tag}-reader"));
     let (l2, p2, s2) = (latencies.clone(), primed.clone(), stop.clone());
     let out2 = output.clone();
     let reader_thread = std::thread::spawn(move || {
