@@ -844,7 +844,8 @@ fn latency_run(ctx: &Ctx, sys: &System, tag: &str, rate: u64, secs: u64) -> Run 
     if !direct {
         create(ctx, &input, 4);
     }
-    let latencies = Arc::new(Mutex::new(Vec::<u64>::new()));
+    // (produce time, latency) in microseconds.
+    let latencies = Arc::new(Mutex::new(Vec::<(u64, u64)>::new()));
     let primed = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let rd = reader(ctx, &output, 4, &format!("{tag}-reader"));
@@ -864,7 +865,7 @@ fn latency_run(ctx: &Ctx, sys: &System, tag: &str, rate: u64, secs: u64) -> Run 
             if ts == 0 {
                 p2.fetch_add(1, Ordering::Relaxed);
             } else {
-                l2.lock().unwrap().push(now.saturating_sub(ts));
+                l2.lock().unwrap().push((ts, now.saturating_sub(ts)));
             }
         }
     });
@@ -930,7 +931,19 @@ fn latency_run(ctx: &Ctx, sys: &System, tag: &str, rate: u64, secs: u64) -> Run 
             ..Run::default()
         };
     }
-    let mut lat = latencies.lock().unwrap().clone();
+    let mut timed = latencies.lock().unwrap().clone();
+    // The median latency per 2 s of input, to tell a steady delay from a backlog.
+    timed.sort_unstable();
+    if let Some(&(t0, _)) = timed.first() {
+        let mut line = String::from("p50 ms per 2 s of input:");
+        for chunk in timed.chunk_by(|a, b| (a.0 - t0) / 2_000_000 == (b.0 - t0) / 2_000_000) {
+            let mut l: Vec<u64> = chunk.iter().map(|x| x.1).collect();
+            l.sort_unstable();
+            line.push_str(&format!(" {:.0}", l[l.len() / 2] as f64 / 1000.0));
+        }
+        eprint!("\n    {line}\n    ");
+    }
+    let mut lat: Vec<u64> = timed.iter().map(|x| x.1).collect();
     lat.sort_unstable();
     let got = lat.len() as u64;
     if got == 0 {
@@ -1005,7 +1018,7 @@ fn run_scenario(ctx: &Ctx, sc: Sc, runs: usize) -> ScenarioResult {
             note: ctx.unavailable(s).unwrap_or_default(),
         })
         .collect();
-    let (rate, secs) = (20_000u64, if ctx.quick { 10 } else { 30 });
+    let (rate, secs) = (20_000u64, if ctx.quick { 10 } else { 20 });
     let mut params = BTreeMap::new();
     let input = if sc == Sc::S4 {
         params.insert("input rate".into(), format!("{rate} records/s"));
