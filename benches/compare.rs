@@ -1301,6 +1301,11 @@ fn write_markdown(all: &[ScenarioResult], path: &Path) {
         md.push('\n');
     }
     md.push_str(NOTES);
+    // Hand-written analysis of the committed run, kept beside the JSON it discusses.
+    if let Ok(notes) = fs::read_to_string(Path::new(ROOT).join("benches/results/ANALYSIS.md")) {
+        md.push('\n');
+        md.push_str(&notes);
+    }
     fs::write(path, md).expect("write BENCHMARKS.md");
 }
 
@@ -1310,7 +1315,11 @@ const NOTES: &str = "## What is and is not comparable\n\n\
 - Kafka Streams runs with `commit.interval.ms=100` (rill's default) instead of its 30 s default, which would hold cached count updates back for that long; record caching stays at its default (10 MB).\n\
 - Java peers run with the JVM's defaults (heap up to 1/4 of RAM); their peak RSS mostly reflects that default, and their CPU includes JIT compilation during the run (JVM start-up is excluded: CPU is counted from the first record on).\n\
 - The bare loop is the ceiling for rill: one consumer and one producer with rill's producer settings, no state, no framework.\n\
-- S1 records carry their sleep in the value, so every system sleeps the same total time (the sum is given above).\n";
+- S1 records carry their sleep in the value, so every system sleeps the same total time (the sum is given above).\n\
+- S4's `broker round trip` row is the measurement's floor: the orchestrator produces straight to the topic it reads. The orchestrator's clients turn Nagle's algorithm off (as Kafka's Java clients do); librdkafka leaves it on by default, and so does rill, hence the extra `rill P=1, Nagle off` row.\n\
+\n\
+## Shared target directories\n\n\
+Cargo names the artifacts of workspace members by a hash that leaves out the checkout's path, so two worktrees of this repository sharing one `CARGO_TARGET_DIR` overwrite each other's `rill-*` crates, and a build in one can silently link the other's (seen here: a compile error from another branch's `rill-state`). When several worktrees share the target directory, give this one its own artifacts with a harmless per-package profile override, e.g. `RILL_BENCH_CARGO_FLAGS=\"--config profile.release.package.rill-runtime.codegen-units=15 ...\"` (one `--config` per `rill`, `rill-topology`, `rill-state`, `rill-runtime`); RocksDB and librdkafka are unaffected and stay cached.\n";
 
 fn write_svg(all: &[ScenarioResult], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
