@@ -1189,7 +1189,7 @@ fn goal_lines(all: &[ScenarioResult]) -> Vec<String> {
         if let (Some(rill), Some(ks)) = (find(r, "rill P=1"), find(r, "Kafka Streams")) {
             if let (Some(a), Some(b)) = (rill.p99_ms, ks.p99_ms) {
                 out.push(format!(
-                    "- S4 (goal: p99 a tenth of Kafka Streams'): rill p99 {a:.1} ms vs Kafka Streams {b:.1} ms = {:.2}x ({}).",
+                    "- S4 (goal: p99 a tenth of Kafka Streams'): rill p99 {a:.1} ms vs Kafka Streams {b:.1} ms, i.e. {:.2}x Kafka Streams' p99 ({}).",
                     a / b,
                     verdict(a <= b / 10.0)
                 ));
