@@ -328,10 +328,10 @@ impl System {
             ),
             Kind::Bare => "rdkafka BaseConsumer + ThreadedProducer, one thread; rill's producer settings (idempotent, linger 5 ms, lz4) and consumer fetch.wait.max.ms=10, Nagle off".into(),
             Kind::Streams { threads } => format!(
-                "num.stream.threads={threads}, commit.interval.ms=100, other settings default (caching on, changelog on)"
+                "kafka-streams 4.4.0, num.stream.threads={threads}, commit.interval.ms=100, other settings default (caching on, changelog on)"
             ),
             Kind::ParallelConsumer { concurrency } => {
-                format!("ProcessingOrder.KEY, maxConcurrency={concurrency}, pollAndProduce")
+                format!("parallel-consumer-core 0.5.3.3 (kafka-clients 3.9.1), ProcessingOrder.KEY, maxConcurrency={concurrency}, pollAndProduce")
             }
             Kind::Direct => "no system: produce to the output topic and read it back (the measurement's floor)".into(),
         }
