@@ -15,39 +15,13 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rdkafka::config::ClientConfig;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use common::{bootstrap, producer, send, stamp};
+use rdkafka::producer::Producer;
 use rill::prelude::*;
 use rill::runtime::kafka::admin::{client_config, create_topics};
 use rill::runtime::{ConfigBuilder, RunningRuntime, Runtime};
 
-fn bootstrap() -> String {
-    std::env::var("RILL_TEST_BOOTSTRAP")
-        .expect("set RILL_TEST_BOOTSTRAP to a broker (scripts/kafka start)")
-}
-
-fn stamp() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
-}
-
-fn producer() -> ThreadedProducer<DefaultProducerContext> {
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("linger.ms", "20")
-        .set("compression.type", "lz4")
-        .create()
-        .expect("producer")
-}
-
-fn send(p: &ThreadedProducer<DefaultProducerContext>, topic: &str, key: &str) {
-    let mut r = BaseRecord::<str, str>::to(topic).key(key).payload("x");
-    while let Err((_, back)) = p.send(r) {
-        r = back;
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
+mod common;
 
 fn counting(input: &str) -> Topology {
     let b = StreamsBuilder::new();
@@ -89,12 +63,12 @@ fn restore_rate(keys: u64) {
         Duration::from_secs(30),
     )
     .expect("topic");
-    let p = producer();
+    let p = producer(&bootstrap()).expect("producer");
     let mut bytes = 0u64;
     for i in 0..keys {
         let key = format!("key-{i:09}");
         bytes += key.len() as u64 + 8; // the count is a big-endian i64
-        send(&p, &input, &key);
+        send(&p, &input, key.as_bytes(), b"x");
     }
     p.flush(Duration::from_secs(120)).expect("flush");
     let app = format!("restore-bench-{}", stamp());
@@ -115,7 +89,7 @@ fn restore_rate(keys: u64) {
     });
     let restore_began = Instant::now();
     for k in 0..4 {
-        send(&p, &input, &format!("new-{k}"));
+        send(&p, &input, format!("new-{k}").as_bytes(), b"x");
     }
     p.flush(Duration::from_secs(30)).expect("flush");
     wait_for("restores to finish", Duration::from_secs(900), || {
@@ -185,10 +159,10 @@ fn rebalance_pause() {
         let (stop, input) = (stop.clone(), input.clone());
         std::thread::spawn(move || {
             // About 2,000 records/s, spread over the partitions by key.
-            let p = producer();
+            let p = producer(&bootstrap()).expect("producer");
             let mut i = 0u64;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                send(&p, &input, &format!("k{}", i % 10_000));
+                send(&p, &input, format!("k{}", i % 10_000).as_bytes(), b"x");
                 i += 1;
                 if i % 20 == 0 {
                     std::thread::sleep(Duration::from_millis(10));

@@ -20,6 +20,10 @@ use rill::prelude::*;
 use rill::runtime::kafka::admin::{client_config, create_topics};
 use rill::runtime::{ConfigBuilder, Runtime};
 
+use common::{bootstrap, cpu_seconds, stamp};
+
+mod common;
+
 /// Lines per input topic (`RILL_BENCH_LINES` overrides).
 fn lines() -> usize {
     std::env::var("RILL_BENCH_LINES")
@@ -31,17 +35,6 @@ const WORDS: [&str; 16] = [
     "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
     "lambda", "mu", "nu", "xi", "omicron", "pi",
 ];
-
-fn bootstrap() -> String {
-    std::env::var("RILL_TEST_BOOTSTRAP")
-        .expect("set RILL_TEST_BOOTSTRAP to a broker (scripts/kafka start)")
-}
-
-fn stamp() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
-}
 
 fn topology(input: &str, output: &str) -> Topology {
     let builder = StreamsBuilder::new();
@@ -100,20 +93,6 @@ fn ceiling(topic: &str) -> f64 {
         }
     }
     lines() as f64 / start.elapsed().as_secs_f64()
-}
-
-/// CPU seconds this process has used (user + system), from /proc/self/stat.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    f.iter().sum::<u64>() as f64 / 100.0
 }
 
 /// Lines per second and CPU seconds per million lines of one rill run.

@@ -20,8 +20,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::config::ClientConfig;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::Producer;
 use rill::prelude::*;
 use rill::runtime::engine::{Dispatch, Engine, EngineConfig};
 use rill::runtime::kafka::admin::{client_config, create_topics};
@@ -56,22 +55,6 @@ fn get(addr: SocketAddr, path: &str) -> Result<String, Error> {
         .map(|x| x.1)
         .unwrap_or("")
         .to_string())
-}
-
-fn producer(bootstrap: &str) -> Result<ThreadedProducer<DefaultProducerContext>, Error> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("linger.ms", "20")
-        .set("compression.type", "lz4")
-        .create()?)
-}
-
-fn send(p: &ThreadedProducer<DefaultProducerContext>, topic: &str, key: &[u8], value: &[u8]) {
-    let mut r = BaseRecord::to(topic).key(key).payload(value);
-    while let Err((_, back)) = p.send(r) {
-        r = back;
-        p.poll(Duration::from_millis(5));
-    }
 }
 
 /// Child process: writes `n` records with distinct keys to `topic`.
@@ -235,18 +218,6 @@ fn scrape() -> Result<(), Error> {
     Ok(())
 }
 
-/// CPU time (user + system) this process has used, in seconds.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
-    let rest = stat.rsplit_once(')').map_or("", |x| x.1);
-    let f: Vec<f64> = rest
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0.0))
-        .collect();
-    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
-}
-
 /// Child process: records/s of the engine (dispatch, P = 4 sub-tasks, count into RocksDB,
 /// output to memory) over `n` records, with the Prometheus recorder installed or not, and the
 /// CPU time per record in microseconds.
@@ -385,6 +356,9 @@ fn overhead() -> Result<(), Error> {
     );
     Ok(())
 }
+
+mod common;
+use common::{cpu_seconds, producer, send};
 
 fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args()
