@@ -301,13 +301,14 @@ mod tests {
     use super::*;
     use crate::engine::{Engine, EngineConfig};
 
-    fn counting_engine(dir: &std::path::Path, log: &Arc<MemoryChangelog>, restore: bool) -> Engine {
-        let b = StreamsBuilder::new();
-        b.stream("in", StringSerde, StringSerde)
-            .group_by_key()
-            .count("counts")
-            .to_stream()
-            .to("out");
+    /// An engine over `dir` writing to and restoring from `log`, assigned partition 0 of `in`
+    /// and restored.
+    fn restored_engine(
+        topology: Arc<rill_topology::Topology>,
+        p: usize,
+        dir: &std::path::Path,
+        log: &Arc<MemoryChangelog>,
+    ) -> Engine {
         let db = StateDb::open(&StateConfig {
             dir: dir.to_path_buf(),
             memory_bytes: 16 << 20,
@@ -315,26 +316,29 @@ mod tests {
         .unwrap();
         let config = EngineConfig {
             application_id: "app".into(),
-            parallelising_factor: 4,
+            parallelising_factor: p,
             worker_threads: 2,
             changelogs: true,
             ..EngineConfig::default()
         };
-        let mut e = Engine::new(
-            Arc::new(b.build().unwrap()),
-            config,
-            Some(db),
-            log.clone(),
-            std::collections::HashMap::new(),
-        )
-        .unwrap();
-        if restore {
-            e.restore_from(log.clone());
-        }
+        let no_internal = std::collections::HashMap::new();
+        let mut e = Engine::new(topology, config, Some(db), log.clone(), no_internal).unwrap();
+        e.restore_from(log.clone());
         e.assign("in", 0, &std::collections::HashMap::new())
             .unwrap();
         assert!(e.wait_restored(Duration::from_secs(20)).unwrap());
         e
+    }
+
+    /// Count by key into store `counts` at P = 4.
+    fn counting_engine(dir: &std::path::Path, log: &Arc<MemoryChangelog>) -> Engine {
+        let b = StreamsBuilder::new();
+        b.stream("in", StringSerde, StringSerde)
+            .group_by_key()
+            .count("counts")
+            .to_stream()
+            .to("out");
+        restored_engine(Arc::new(b.build().unwrap()), 4, dir, log)
     }
 
     fn record(key: &str) -> RawRecord {
@@ -368,7 +372,7 @@ mod tests {
         let keys: Vec<String> = (0..40).map(|i| format!("k{}", i % 13)).collect();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         {
-            let mut e = counting_engine(first.path(), &log, true);
+            let mut e = counting_engine(first.path(), &log);
             feed(&mut e, 0, &keys[..25]);
             feed(&mut e, 25, &keys[25..]);
             assert_eq!(count(&e, "k0"), Some(4));
@@ -380,7 +384,7 @@ mod tests {
             data_record(b"k0".to_vec(), Some(I64Serde.serialize(&99).unwrap())),
         );
         let fresh = tempfile::tempdir().unwrap();
-        let mut e = counting_engine(fresh.path(), &log, true);
+        let mut e = counting_engine(fresh.path(), &log);
         assert!(e.stats().restored() > 0);
         for i in 0..13 {
             let k = format!("k{i}");
@@ -401,13 +405,13 @@ mod tests {
         let keys: Vec<String> = (0..200).map(|i| format!("k{}", i % 50)).collect();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         {
-            let mut e = counting_engine(dir.path(), &log, true);
+            let mut e = counting_engine(dir.path(), &log);
             for round in 0..4 {
                 feed(&mut e, round * 50, &keys[round as usize * 50..][..50]);
             }
         }
         let written = log.logs.lock()[&("app-counts-changelog".to_string(), 0)].len() as u64;
-        let e = counting_engine(dir.path(), &log, true);
+        let e = counting_engine(dir.path(), &log);
         // Only records after the oldest range's last marker: part of the last commit round.
         assert!(
             e.stats().restored() < written / 4,
@@ -429,29 +433,7 @@ mod tests {
         let stores = topology.sub_topologies()[0].stores.clone();
         assert_eq!(stores.len(), 2);
         let engine = |dir: &std::path::Path, log: &Arc<MemoryChangelog>| {
-            let db = StateDb::open(&StateConfig {
-                dir: dir.to_path_buf(),
-                memory_bytes: 16 << 20,
-            })
-            .unwrap();
-            let config = EngineConfig {
-                application_id: "app".into(),
-                changelogs: true,
-                ..EngineConfig::default()
-            };
-            let mut e = Engine::new(
-                topology.clone(),
-                config,
-                Some(db),
-                log.clone(),
-                std::collections::HashMap::new(),
-            )
-            .unwrap();
-            e.restore_from(log.clone());
-            e.assign("in", 0, &std::collections::HashMap::new())
-                .unwrap();
-            assert!(e.wait_restored(Duration::from_secs(20)).unwrap());
-            e
+            restored_engine(topology.clone(), 1, dir, log)
         };
         let get = |e: &Engine, store: &str| {
             e.store_get(store, b"k")
