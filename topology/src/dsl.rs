@@ -717,6 +717,48 @@ where
         )
     }
 
+    /// Writes the stream through the internal topic `<application.id>-<name>-repartition` and
+    /// reads it back, so that records are partitioned by their current key (Kafka Streams'
+    /// `repartition(Repartitioned.as(name))`); needs the stream's serdes.
+    pub fn repartition(&self, name: &str) -> KStream<K, V> {
+        let (Some(k), Some(v)) = (self.key_serde.clone(), self.value_serde.clone()) else {
+            let mut g = self.builder.inner.borrow_mut();
+            let node = g.nodes[self.node].name.clone();
+            let what = if self.key_serde.is_none() {
+                "key"
+            } else {
+                "value"
+            };
+            g.errors.push(TopologyError::MissingSerde {
+                node,
+                what,
+                hint: "KStream::group_by_key_with (or map with serdes) before repartition",
+            });
+            return self.clone();
+        };
+        let topic = Topic::Internal(format!("{name}-repartition"));
+        self.add_sink(topic.clone(), k.clone(), v.clone());
+        let node = {
+            let mut g = self.builder.inner.borrow_mut();
+            g.claim_name(name);
+            g.add(
+                format!("{name}-repartition-source"),
+                NodeKind::Source {
+                    topic,
+                    decode: decoder(k.clone(), v.clone()),
+                },
+                vec![],
+            )
+        };
+        KStream {
+            builder: self.builder.clone(),
+            node,
+            key_serde: Some(k),
+            value_serde: Some(v),
+            key_changed: false,
+        }
+    }
+
     /// Groups by the current key; repartitions first if an upstream operation changed the key.
     pub fn group_by_key(&self) -> KGroupedStream<K, V> {
         KGroupedStream {
