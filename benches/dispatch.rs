@@ -46,7 +46,8 @@ fn engine(p: usize) -> Engine {
         HashMap::new(),
     )
     .expect("engine");
-    e.assign("in", 0, &HashMap::new()).expect("assign");
+    e.assign("in", 0, rill::runtime::engine::Resume::default())
+        .expect("assign");
     e
 }
 

@@ -242,7 +242,7 @@ fn overhead_run(metrics_on: bool, n: u64) -> Result<(f64, f64), Error> {
         Arc::new(MemorySink::new()),
         HashMap::new(),
     )?;
-    engine.assign("in", 0, &HashMap::new())?;
+    engine.assign("in", 0, rill::runtime::engine::Resume::default())?;
     let records: Vec<RawRecord> = (0..n)
         .map(|i| RawRecord {
             key: Some(format!("key-{}", i % 100_000).into_bytes()),

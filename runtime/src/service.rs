@@ -41,10 +41,11 @@ use crate::http::{HttpError, HttpServer};
 use crate::kafka::admin::{
     client_config, create_topics, create_topics_with, is_transient, partition_counts,
 };
-use crate::kafka::changelog::KafkaChangelogReader;
+use crate::kafka::changelog_reader::KafkaChangelogReader;
 use crate::kafka::embedded::EmbeddedCluster;
 use crate::kafka::producer::KafkaSink;
-use crate::kafka::source::{self, SourceContext, SourceError};
+use crate::kafka::rebalance::SourceContext;
+use crate::kafka::source::{self, SourceError};
 use crate::sink::RecordSink;
 
 /// How long to wait for brokers at start before giving up.
@@ -267,6 +268,7 @@ impl Runtime {
                 mailbox_capacity: c.mailbox_capacity,
                 deserialization_handler: c.deserialization_handler.clone(),
                 changelogs: true,
+                cluster_id: String::new(),
             },
             db,
             sink,
@@ -281,7 +283,7 @@ impl Runtime {
         let ctx = SourceContext {
             engine: engine.clone(),
             drain_timeout: c.shutdown_timeout,
-            committed: Mutex::new(HashMap::new()),
+            committer: Default::default(),
             error: Mutex::new(None),
             rebalances: AtomicU64::new(0),
             restoring: Mutex::new(std::collections::BTreeSet::new()),

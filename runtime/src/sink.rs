@@ -149,6 +149,31 @@ impl Deliveries {
         Ok(())
     }
 
+    /// Like [`Deliveries::wait_through`], but returns early (`Ok`) soon after `stop` is set; the
+    /// caller checks `stop` to tell the two apart.
+    pub fn wait_through_unless(
+        &self,
+        epoch: u64,
+        timeout: Duration,
+        stop: &std::sync::atomic::AtomicBool,
+    ) -> Result<(), SinkError> {
+        /// How often a waiter looks at `stop`.
+        const SLICE: Duration = Duration::from_millis(50);
+        let deadline = Instant::now() + timeout;
+        loop {
+            if stop.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.wait_through(epoch, left.min(SLICE)) {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() >= deadline => return Err(e),
+                Err(e) if self.state.lock().failed.is_some() => return Err(e),
+                Err(_) => {}
+            }
+        }
+    }
+
     fn check(s: &DeliveryState, epoch: u64) -> Result<bool, SinkError> {
         if let Some(message) = &s.failed {
             return Err(SinkError {

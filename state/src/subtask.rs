@@ -454,6 +454,30 @@ impl SubTaskState {
         }
     }
 
+    /// Deletes every entry and the progress record of this sub-task's stores in one WriteBatch,
+    /// and drops uncommitted writes: the range then restores from scratch (used when its local
+    /// state cannot be trusted).
+    pub fn clear(&mut self) -> Result<(), StateError> {
+        let mut batch = WriteBatch::default();
+        for s in &self.stores {
+            let cf = cf_handle(&self.db, &s.cf).map_err(|e| StateError::backend("clear", e))?;
+            // Progress (0x00 ..) and data (0x01 ..) keys both sort below 0x02.
+            batch.delete_range_cf(&cf, [0x00u8].as_slice(), [DATA_PREFIX + 1].as_slice());
+        }
+        self.db
+            .db()
+            .write_opt(batch, &WriteOptions::default())
+            .map_err(|e| {
+                StateError::backend(
+                    format!("clear partition {} range {}", self.partition, self.range),
+                    e,
+                )
+            })?;
+        self.discard();
+        self.committed = None;
+        Ok(())
+    }
+
     /// Drops uncommitted writes, sealed ones included (used when a sub-task is abandoned).
     pub fn discard(&mut self) {
         for store in &mut self.stores {

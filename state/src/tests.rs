@@ -155,6 +155,8 @@ fn commit_applies_the_cache_and_progress_together_and_returns_the_last_write_per
         range_end: u64::MAX,
         offset: 41,
         seq: 3,
+        source_topic: 7,
+        via_topic: 8,
     });
     let applied = st.commit(progress.clone()).unwrap();
     assert_eq!(
@@ -325,7 +327,7 @@ fn restored_entries_are_written_directly_and_progress_only_when_given() {
     );
     assert!(st.committed_progress().is_none());
     let mut p = Progress::new(range, "t", 9);
-    p.commit_seq = 4;
+    p.attempt = 4;
     st.apply_restored(
         "u",
         &[(b"x".to_vec(), Some(b"2".to_vec()))],
@@ -738,4 +740,36 @@ fn the_types_cross_threads_as_the_engine_needs() {
     send_sync::<Arc<StateDb>>();
     send::<SubTaskState>();
     send::<StateError>();
+}
+
+#[test]
+fn clear_deletes_data_and_progress_of_every_store_and_nothing_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = StateDb::open(&cfg(tmp.path())).unwrap();
+    let (mine, other) = (KeyRange::nth(0, 2), KeyRange::nth(1, 2));
+    let mut st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, mine).unwrap();
+    let mut neighbour = SubTaskState::open(db.clone(), &names(&["s"]), 0, other).unwrap();
+    put(&mut st, "s", "a", "1");
+    put(&mut st, "u", "b", "2");
+    st.commit(Progress::new(mine, "t", 3)).unwrap();
+    put(&mut neighbour, "s", "a", "9");
+    neighbour.commit(Progress::new(other, "t", 4)).unwrap();
+    put(&mut st, "s", "pending", "x");
+    st.clear().unwrap();
+    assert!(st.committed_progress().is_none());
+    assert_eq!(
+        get(&mut st, "s", "pending"),
+        None,
+        "uncommitted writes dropped"
+    );
+    assert_eq!(on_disk(&db, "s", 0, mine, b"a"), None);
+    assert_eq!(on_disk(&db, "u", 0, mine, b"b"), None);
+    drop(st);
+    let st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, mine).unwrap();
+    assert!(
+        st.committed_progress().is_none(),
+        "no progress after reopen"
+    );
+    assert_eq!(on_disk(&db, "s", 0, other, b"a"), Some(b"9".to_vec()));
+    assert!(neighbour.committed_progress().is_some());
 }

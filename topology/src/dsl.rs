@@ -732,7 +732,7 @@ where
             g.errors.push(TopologyError::MissingSerde {
                 node,
                 what,
-                hint: "KStream::group_by_key_with (or map with serdes) before repartition",
+                hint: "KStream::repartition_with",
             });
             return self.clone();
         };
@@ -757,6 +757,19 @@ where
             value_serde: Some(v),
             key_changed: false,
         }
+    }
+
+    /// [`KStream::repartition`] with explicit serdes (needed after a key or value type change).
+    pub fn repartition_with(
+        &self,
+        name: &str,
+        key_serde: impl Serde<K>,
+        value_serde: impl Serde<V>,
+    ) -> KStream<K, V> {
+        let mut stream = self.clone();
+        stream.key_serde = Some(Arc::new(key_serde));
+        stream.value_serde = Some(Arc::new(value_serde));
+        stream.repartition(name)
     }
 
     /// Groups by the current key; repartitions first if an upstream operation changed the key.
