@@ -109,6 +109,8 @@ pub struct Config {
     pub worker_threads: usize,
     /// State directory.
     pub state_dir: PathBuf,
+    /// Whether `state.dir` was set (a demo on the embedded cluster without it gets a fresh one).
+    pub state_dir_configured: bool,
     /// Commit interval.
     pub commit_interval: Duration,
     /// Records a sub-task may queue before its partition pauses.
@@ -350,6 +352,7 @@ impl ConfigBuilder {
                 || std::env::temp_dir().join("rill").join(&application_id),
                 PathBuf::from,
             ),
+            state_dir_configured: get("state.dir").is_some(),
             application_id,
             bootstrap_servers,
             parallelising_factor: number("parallelising.factor", 1, 1)? as usize,

@@ -6,6 +6,7 @@
 //! ```text
 //! state.dir/
 //!   FORMAT        "rill-state 1\nhash-id 1\n": layout version and key-hash id (checked at open)
+//!   CLUSTER       the Kafka cluster id the state's offsets belong to (checked by the runtime)
 //!   rocksdb/      ONE RocksDB for the whole process (multi-threaded column families)
 //!     column family "{store}.p{partition}.r{start:016x}-{end:016x}", e.g.
 //!     "counts.p3.r8000000000000000-ffffffffffffffff"
@@ -61,7 +62,8 @@ mod tests;
 
 pub use cf::{validate_store_name, ColumnFamilyId, MAX_STORE_NAME_LEN};
 pub use db::{
-    MemoryUsage, StateConfig, StateDb, FORMAT_FILE, FORMAT_VERSION, MIN_MEMORY_BYTES, ROCKSDB_DIR,
+    MemoryUsage, StateConfig, StateDb, CLUSTER_FILE, FORMAT_FILE, FORMAT_VERSION, MIN_MEMORY_BYTES,
+    ROCKSDB_DIR,
 };
 pub use error::StateError;
 pub use progress::{Origin, Progress, TopicOffset, PROGRESS_VERSION};

@@ -773,3 +773,18 @@ fn clear_deletes_data_and_progress_of_every_store_and_nothing_else() {
     assert_eq!(on_disk(&db, "s", 0, other, b"a"), Some(b"9".to_vec()));
     assert!(neighbour.committed_progress().is_some());
 }
+
+#[test]
+fn state_is_bound_to_the_first_kafka_cluster_it_sees() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = StateDb::open(&cfg(tmp.path())).unwrap();
+    db.bind_cluster("cluster-a").unwrap();
+    db.bind_cluster("cluster-a").unwrap();
+    let err = db.bind_cluster("cluster-b").unwrap_err();
+    assert!(matches!(err, StateError::OtherCluster { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("cluster-a") && text.contains("cluster-b"),
+        "{text}"
+    );
+}

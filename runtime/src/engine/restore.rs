@@ -31,6 +31,10 @@ use super::task::{open_states, PriorClaim, Task};
 use super::{Engine, EngineError};
 use crate::sink::Deliveries;
 
+#[cfg(test)]
+#[path = "restore_tests.rs"]
+mod tests;
+
 /// How long a restore waits for the broker to acknowledge its claim.
 const CLAIM_TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -130,7 +130,9 @@ pub fn run(
                 }
             }
         }
-        if let Some(every) = ctx.engine.lock().wall_clock_interval() {
+        // The interval is read first: a guard in the `if let` would live through the block.
+        let wall_clock = ctx.engine.lock().wall_clock_interval();
+        if let Some(every) = wall_clock {
             if last_wall_clock.elapsed() >= every.clamp(WALL_CLOCK_TICK, commit_interval) {
                 last_wall_clock = Instant::now();
                 ctx.engine.lock().punctuate_wall_clock(wall_clock_ms());
