@@ -47,10 +47,10 @@ pub struct Progress {
     /// The lineage (one owner's claim on the task) that wrote this commit.
     #[prost(fixed64, tag = "10")]
     pub lineage: u64,
-    /// The lineage this one continued from when it claimed the task (0: none).
+    /// The lineage the writer continued from when it claimed the task (0: none).
     #[prost(fixed64, tag = "11")]
     pub parent_lineage: u64,
-    /// The consumer-group generation of the lineage's claim.
+    /// The consumer-group generation of the writer's claim.
     #[prost(int32, tag = "12")]
     pub generation: i32,
     /// The range's stream time (largest record timestamp applied), if any record was.
@@ -59,6 +59,13 @@ pub struct Progress {
     /// Id of the Kafka cluster the offsets refer to (empty: unknown, e.g. the TestDriver).
     #[prost(string, tag = "14")]
     pub cluster_id: String,
+    /// The lineage that owns the local state now: the writer, or the member that restored it
+    /// since (local records only; the next owner trusts the state only if it follows this one).
+    #[prost(fixed64, tag = "15")]
+    pub owner: u64,
+    /// The lineage the owner continued from.
+    #[prost(fixed64, tag = "16")]
+    pub owner_parent: u64,
 }
 
 /// How far a range has applied one source topic.
@@ -120,6 +127,8 @@ impl Progress {
             generation: 0,
             stream_time: None,
             cluster_id: String::new(),
+            owner: 0,
+            owner_parent: 0,
         }
     }
 

@@ -14,7 +14,10 @@
 //!   attempt, generation).
 //! - a **claim** when a member takes over the task, in the *last* store's changelog only:
 //!   header `rill.claim`, key `rill.claim/<lineage>` (never compacted away), value = [`Claim`]
-//!   (lineage, consumer-group generation, the lineage it continues).
+//!   (lineage, consumer-group generation, the lineage it continues);
+//! - a **base** right after the new owner's restore, also in the last store's changelog only:
+//!   header `rill.base`, key `rill.base/<lineage>` (never compacted away), value = [`Base`]: per
+//!   range, the progress of the newest complete commit the new lineage continues from.
 //!
 //! A **lineage** is one owner's tenure of a task: a random id chosen at assignment. Within a
 //! lineage, a range's commit attempts are numbered 1, 2, ...; an attempt that does not finish
@@ -26,6 +29,7 @@
 //! 0. On assignment the new owner writes its claim, waits for the ack, then restores: every
 //!    record before its claim is what it continues from; anything an older lineage writes after
 //!    it (a zombie that lost the partition without knowing) is ignored by every later restore.
+//!    Then it writes its base (what its restore confirmed, per range) before it processes.
 //! 1. A commit seals its writes and sends their data records, in the range's delivery epoch.
 //! 2. Once the sink acknowledged every output and data record of that epoch, the marker goes to
 //!    the first store's changelog; once acknowledged, to the next store's, and so on. The last
@@ -36,12 +40,15 @@
 //! # Restore
 //!
 //! The last store's changelog is read first and decides. In log order: a claim whose generation
-//! is not below the accepted one becomes the accepted lineage; data records of the accepted
-//! lineage wait for their range's marker; a marker of the accepted lineage confirms them
-//! (attempts up to its own) and becomes the range's newest complete commit. Everything else (data
-//! with no marker after it, data and markers of lineages that lost their claim) is dropped, and its
-//! keys are **repaired**: the range's first commit after the restore rewrites their current value.
-//! Every other store then applies exactly the data of the commits the last store confirmed. Each
+//! is not below the accepted one makes its lineage the accepted one; data records wait for their
+//! range's confirmation; a marker of the accepted lineage confirms that lineage's waiting data
+//! (attempts up to its own) and becomes the range's newest complete commit; a base of the accepted
+//! lineage confirms, per range, the waiting data of the commit it continues from (attempts up to
+//! the base's) and drops every other older lineage's data. Data and markers of a lineage that is
+//! not the accepted one when they appear are dropped. Everything dropped, and data still waiting
+//! at the end, has its keys **repaired**: the range's first commit after the restore rewrites their
+//! current value. Every other store then applies exactly the data of the commits the last store
+//! confirmed. Each
 //! range resumes from the changelog positions in its local progress, so an intact state dir
 //! restores only the tail, and a missing (or untrusted) one restores from the start.
 //!
@@ -58,9 +65,13 @@
 //! - changelog topics are created with `min.compaction.lag.ms` (see `changelog.min.compaction.lag.ms`):
 //!   the cleaner does not compact a record younger than that, so a confirmed value stays readable
 //!   until its shadowing leftover is that old. An application that stays down longer than that
-//!   right after crashing in the middle of a commit is the one case left; and markers and claims
-//!   have keys of their own per lineage, so compaction never removes the record that confirms or
-//!   orders data.
+//!   right after crashing in the middle of a commit is the one case left.
+//!
+//! Claims and bases have keys of their own per lineage, so compaction never removes what orders
+//! lineages or what a new lineage continues from. A marker's key is per (range, lineage): a
+//! zombie's marker written after the next owner's claim can shadow the zombie lineage's last
+//! legitimate marker, which is why the next owner writes its base: the base carries that commit's
+//! progress and confirms its data, whatever compaction removed.
 //!
 //! A zombie cannot make its own lineage win: it has no claim after the new owner's, and its
 //! generation is older. What a zombie writes before it learns that it lost the partition is
@@ -78,6 +89,8 @@ use super::EngineError;
 pub const MARKER_HEADER: &str = "rill.marker";
 /// Header that marks a claim record.
 pub const CLAIM_HEADER: &str = "rill.claim";
+/// Header that marks a base record.
+pub const BASE_HEADER: &str = "rill.base";
 /// Header of a data record: its [`CommitId`].
 pub const COMMIT_HEADER: &str = "rill.c";
 
@@ -136,6 +149,30 @@ pub struct Claim {
     /// The lineage whose committed state it continues (0: none known).
     #[prost(fixed64, tag = "3")]
     pub parent: u64,
+}
+
+/// What a new lineage continues from: per range, the progress of the newest complete commit its
+/// restore found (written right after the restore, before the lineage processes).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Base {
+    /// The new lineage.
+    #[prost(fixed64, tag = "1")]
+    pub lineage: u64,
+    /// Per range with any commit: that commit's progress (its lineage and attempt included).
+    #[prost(message, repeated, tag = "2")]
+    pub ranges: Vec<Progress>,
+}
+
+/// The base record of `base`.
+pub fn base_record(base: &Base) -> RawRecord {
+    let mut headers = Headers::new();
+    headers.add(BASE_HEADER, "1");
+    RawRecord {
+        key: Some(format!("rill.base/{:016x}", base.lineage).into_bytes()),
+        value: Some(prost::Message::encode_to_vec(base)),
+        timestamp: 0,
+        headers,
+    }
 }
 
 /// The data record of one store entry written by commit `id`.
@@ -207,6 +244,7 @@ pub fn cancelled(topic: &str, partition: u32) -> EngineError {
 /// A changelog record, by kind.
 pub(super) enum Entry {
     Claim(Claim),
+    Base(Base),
     Data {
         id: CommitId,
         key: Vec<u8>,
@@ -231,6 +269,16 @@ pub(super) fn classify(
         let claim = <Claim as prost::Message>::decode(record.value.as_deref().unwrap_or_default())
             .map_err(|e| corrupt(topic, partition, offset, format!("undecodable claim: {e}")))?;
         return Ok(Entry::Claim(claim));
+    }
+    if headers.last(BASE_HEADER).is_some() {
+        let base = <Base as prost::Message>::decode(record.value.as_deref().unwrap_or_default())
+            .map_err(|e| corrupt(topic, partition, offset, format!("undecodable base: {e}")))?;
+        for p in &base.ranges {
+            // The same checks as a marker's progress.
+            Progress::from_bytes(&p.to_bytes())
+                .map_err(|e| corrupt(topic, partition, offset, e))?;
+        }
+        return Ok(Entry::Base(base));
     }
     let id = headers
         .last(COMMIT_HEADER)
@@ -317,16 +365,18 @@ impl MemoryChangelog {
         }
     }
 
-    /// Log compaction as a broker does it: keeps only the newest record of each key among the
-    /// records below offset `below` (the cleaner's reach), and removes tombstones there too
-    /// when `drop_tombstones` (after `delete.retention.ms`).
+    /// Log compaction as a broker does it: among the records below offset `below` (the cleaner's
+    /// reach), keeps only the newest record of each key, and removes tombstones there too when
+    /// `drop_tombstones` (after `delete.retention.ms`).
     pub fn compact(&self, topic: &str, partition: u32, below: u64, drop_tombstones: bool) {
         let mut logs = self.logs.lock();
         let Some(log) = logs.get_mut(&(topic.to_string(), partition)) else {
             return;
         };
+        // The cleaner's offset map covers only the cleanable part: a record at or above `below`
+        // (younger than min.compaction.lag.ms) shadows nothing yet.
         let mut newest: HashMap<Vec<u8>, u64> = HashMap::new();
-        for (o, r) in &log.records {
+        for (o, r) in log.records.iter().filter(|(o, _)| *o < below) {
             if let Some(k) = &r.key {
                 newest.insert(k.clone(), *o);
             }

@@ -222,6 +222,8 @@ impl Core {
             generation: self.lineage.generation,
             stream_time: self.instance.stream_time(),
             cluster_id: shared.config.cluster_id.clone(),
+            owner: self.lineage.id,
+            owner_parent: self.lineage.parent,
         };
         if let Some(state) = self.state.as_mut() {
             let last = state.committed_progress();

@@ -5,14 +5,17 @@
 //!
 //! 1. Open the column families of every range of the task.
 //! 2. Decide whether the local state can be trusted: only if the lineage the group's committed
-//!    metadata names ([`PriorClaim`]) is the one that wrote it (or the one it continued, when it
+//!    metadata names ([`PriorClaim`]) owns it (or is the one its owner continued, when the owner
 //!    crashed before its first offset commit). Otherwise another member may have owned the task
 //!    since: the ranges are cleared and restored from the start of the changelogs.
 //! 3. Write the new lineage's claim to the last store's changelog and wait for its ack: every
 //!    record before it is what this owner continues; a zombie's later writes are ignored.
 //! 4. Read the changelogs from each range's local position (the start, when cleared) and apply
 //!    the confirmed commits ([`restore`]).
-//! 5. Record the new lineage in every range's progress, so a restart finds the state it wrote.
+//! 5. Write the base: per range, the progress of the commit the state now holds. Later restores
+//!    take it as confirmation even where compaction removed the commit's own marker.
+//! 6. Record the new lineage as the owner in every range's progress, so a restart finds the state
+//!    it owns.
 //!
 //! The caller then commits the partition's offsets with the new lineage in the metadata before
 //! the task processes (the Kafka source does), which is how the next owner learns of it.
@@ -26,7 +29,9 @@ use crossbeam_channel::Receiver;
 use rill_state::{Progress, StateDb, SubTaskState, TopicOffset};
 use rill_topology::KeyRange;
 
-use super::changelog::{changelog_topic, claim_record, classify, ChangelogReader, Claim, Entry};
+use super::changelog::{
+    base_record, changelog_topic, claim_record, classify, Base, ChangelogReader, Claim, Entry,
+};
 use super::task::{open_states, PriorClaim, Task};
 use super::{Engine, EngineError};
 use crate::sink::Deliveries;
@@ -62,7 +67,7 @@ fn trusted(prior: PriorClaim, states: &[SubTaskState]) -> bool {
         PriorClaim::None => local.count() == 0,
         PriorClaim::Lineage(l) => local
             .into_iter()
-            .all(|p| p.lineage == l || p.parent_lineage == l),
+            .all(|p| p.owner == l || p.owner_parent == l),
     }
 }
 
@@ -124,12 +129,31 @@ impl Engine {
                     let summary =
                         restore(reader.as_ref(), app, stores, partition, &mut states, &stop)?;
                     if let Some(last) = stores.last() {
+                        let base = Base {
+                            lineage: lineage.id,
+                            ranges: states
+                                .iter()
+                                .filter_map(|s| s.committed_progress().cloned())
+                                .collect(),
+                        };
+                        let topic = changelog_topic(app, last);
+                        let deliveries = Arc::new(Deliveries::default());
+                        shared.sink.send(
+                            &topic,
+                            Some(partition),
+                            base_record(&base),
+                            deliveries.ticket(),
+                        )?;
+                        let epoch = deliveries.seal();
+                        deliveries.wait_through_unless(epoch, CLAIM_TIMEOUT, &stop)?;
+                        if stop.load(Ordering::SeqCst) {
+                            return Err(super::changelog::cancelled(&topic, partition));
+                        }
                         for s in &mut states {
                             if let Some(p) = s.committed_progress() {
                                 let mut p = p.clone();
-                                p.lineage = lineage.id;
-                                p.parent_lineage = lineage.parent;
-                                p.generation = lineage.generation;
+                                p.owner = lineage.id;
+                                p.owner_parent = lineage.parent;
                                 s.apply_restored(last, &[], Some(p))?;
                             }
                         }
@@ -241,10 +265,40 @@ pub struct RestoreSummary {
     pub repairs: Vec<Vec<(String, BTreeSet<Vec<u8>>)>>,
 }
 
-/// Per range of the deciding store: data waiting for its marker.
+/// A data record waiting for confirmation: (lineage, attempt, key, value).
+type Waiting = (u64, u64, Vec<u8>, Option<Vec<u8>>);
+
+/// Per range of the deciding store: data waiting for its confirmation.
 #[derive(Default)]
 struct Pending {
-    entries: Vec<(u64, Vec<u8>, Option<Vec<u8>>)>,
+    entries: Vec<Waiting>,
+}
+
+impl Pending {
+    /// Takes out the entries of `lineage` up to `attempt` (confirmed); with `others`, every
+    /// other lineage's entry goes to `orphans`.
+    fn confirm(
+        &mut self,
+        lineage: u64,
+        attempt: u64,
+        others: bool,
+        orphans: &mut BTreeSet<Vec<u8>>,
+    ) -> rill_state::StoreEntries {
+        let mut confirmed = Vec::new();
+        let mut keep = Vec::new();
+        for (l, a, key, value) in self.entries.drain(..) {
+            if l == lineage && a <= attempt {
+                orphans.remove(&key);
+                confirmed.push((key, value));
+            } else if others && l != lineage {
+                orphans.insert(key);
+            } else {
+                keep.push((l, a, key, value));
+            }
+        }
+        self.entries = keep;
+        confirmed
+    }
 }
 
 /// Restores the sub-task states of one task (partition `partition`, ranges in order) from the
@@ -283,25 +337,50 @@ pub fn restore(
             .map(|c| c.unwrap_or(0))
             .min()
             .unwrap_or(0);
-        // The lineage accepted at `from`: unknown (whoever wrote right before it) until the
-        // first claim or marker; claims older than the local generation are zombies'.
-        let mut accepted: Option<u64> = None;
-        let mut accepted_generation = states
+        // The lineage accepted at `from`: the writer of the commit `from` follows (the range with
+        // the oldest checkpoint); from the start, whoever claims first.
+        let oldest = states
             .iter()
-            .filter_map(|s| s.committed_progress().map(|p| p.generation))
-            .min()
-            .unwrap_or(i32::MIN);
+            .zip(&checkpoints)
+            .filter_map(|(s, c)| c.map(|c| (c, s.committed_progress())))
+            .min_by_key(|(c, _)| *c)
+            .and_then(|(c, p)| (c == from).then_some(p).flatten());
+        let mut accepted: Option<u64> = oldest.map(|p| p.lineage);
+        let mut accepted_generation = oldest.map_or(i32::MIN, |p| p.generation);
         let mut pending: Vec<Pending> = (0..n).map(|_| Pending::default()).collect();
         let mut orphans: Vec<BTreeSet<Vec<u8>>> = vec![BTreeSet::new(); n];
         let count = reader.read(&topic, partition, from, cancel, &mut |offset, record| {
             match classify(&topic, partition, offset, record)? {
                 Entry::Claim(claim) => {
+                    // Older lineages' waiting data stay: the claimer's base confirms them.
                     if claim.generation >= accepted_generation {
                         accepted = Some(claim.lineage);
                         accepted_generation = claim.generation;
-                        // Data waiting for a marker of a lineage that lost its claim never gets one.
-                        for (p, o) in pending.iter_mut().zip(&mut orphans) {
-                            o.extend(p.entries.drain(..).map(|(_, k, _)| k));
+                    }
+                }
+                Entry::Base(base) => {
+                    if accepted != Some(base.lineage) {
+                        return Ok(());
+                    }
+                    for r in 0..n {
+                        if checkpoints[r].is_some_and(|c| offset < c) {
+                            continue;
+                        }
+                        let from = base.ranges.iter().find(|p| p.range() == ranges[r]);
+                        let (lineage, attempt) = from.map_or((0, 0), |p| (p.lineage, p.attempt));
+                        let apply = pending[r].confirm(lineage, attempt, true, &mut orphans[r]);
+                        states[r]
+                            .apply_restored(last, &apply, None)
+                            .map_err(EngineError::from)?;
+                        if let Some(p) = from {
+                            let max = confirmed[r].entry(p.lineage).or_insert(0);
+                            *max = (*max).max(p.attempt);
+                            let newer = finals[r].as_ref().is_some_and(|(f, _)| {
+                                f.lineage == p.lineage && f.attempt >= p.attempt
+                            });
+                            if !newer {
+                                finals[r] = Some((p.clone(), offset + 1));
+                            }
                         }
                     }
                 }
@@ -313,7 +392,9 @@ pub fn restore(
                     if accepted.is_some_and(|l| l != id.lineage) {
                         orphans[r].insert(key);
                     } else {
-                        pending[r].entries.push((id.lineage, key, value));
+                        pending[r]
+                            .entries
+                            .push((id.lineage, id.attempt, key, value));
                     }
                 }
                 Entry::Marker(progress) => {
@@ -325,15 +406,12 @@ pub fn restore(
                     }
                     accepted = Some(progress.lineage);
                     accepted_generation = accepted_generation.max(progress.generation);
-                    let mut apply = Vec::new();
-                    for (lineage, key, value) in pending[r].entries.drain(..) {
-                        if lineage == progress.lineage {
-                            orphans[r].remove(&key);
-                            apply.push((key, value));
-                        } else {
-                            orphans[r].insert(key);
-                        }
-                    }
+                    let apply = pending[r].confirm(
+                        progress.lineage,
+                        progress.attempt,
+                        false,
+                        &mut orphans[r],
+                    );
                     states[r]
                         .apply_restored(last, &apply, None)
                         .map_err(EngineError::from)?;
@@ -346,7 +424,7 @@ pub fn restore(
         })?;
         summary.records.push((last.clone(), count));
         for (r, (p, mut o)) in pending.into_iter().zip(orphans).enumerate() {
-            o.extend(p.entries.into_iter().map(|(_, k, _)| k));
+            o.extend(p.entries.into_iter().map(|(_, _, k, _)| k));
             if let Some((_, position)) = &finals[r] {
                 positions[r].push(TopicOffset {
                     topic: topic.clone(),
@@ -373,7 +451,7 @@ pub fn restore(
         let mut store_positions: Vec<Option<u64>> = vec![None; n];
         let count = reader.read(&topic, partition, from, cancel, &mut |offset, record| {
             match classify(&topic, partition, offset, record)? {
-                Entry::Claim(_) => {}
+                Entry::Claim(_) | Entry::Base(_) => {}
                 Entry::Data { id, key, value } => {
                     let r = range_index(&ranges, id.range, &topic, partition)?;
                     if checkpoints[r].is_some_and(|c| offset < c) {

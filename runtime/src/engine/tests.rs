@@ -230,3 +230,87 @@ fn the_queue_limit_shrinks_as_sub_tasks_are_assigned_and_grows_back_on_revoke() 
     }
     assert_eq!(e.queue_limit(), 1000);
 }
+
+/// Issue 10, item 5: a task with two input topics keeps each topic's commit metadata (the second
+/// topic's used to be dropped when the task existed already).
+#[test]
+fn each_input_of_a_task_resumes_from_its_own_commit_metadata() {
+    let builder = StreamsBuilder::new();
+    let a = builder.stream("a", StringSerde, StringSerde);
+    let c = builder.stream("c", StringSerde, StringSerde);
+    a.merge(&c).to("out");
+    let sink = Arc::new(MemorySink::new());
+    let topology = Arc::new(builder.build().unwrap());
+    let mut e = Engine::new(
+        topology,
+        EngineConfig::default(),
+        None,
+        sink.clone(),
+        HashMap::new(),
+    )
+    .unwrap();
+    let resume = |next: u64| Resume {
+        committed: Some(next),
+        ranges: vec![(KeyRange::FULL, next)],
+        ..Resume::default()
+    };
+    assert_eq!(e.assign("a", 0, resume(5)).unwrap(), Some(5));
+    assert!(e.is_restoring("a", 0), "waits for the partition of `c`");
+    assert_eq!(e.assign("c", 0, resume(7)).unwrap(), Some(7));
+    assert!(
+        !e.is_restoring("a", 0),
+        "runs once both inputs are assigned"
+    );
+    for (topic, offset) in [("a", 4), ("a", 5), ("c", 6), ("c", 7)] {
+        e.dispatch(topic, 0, offset, raw("k")).unwrap();
+    }
+    assert!(e.wait_idle(Duration::from_secs(20)));
+    assert_eq!(e.stats().skipped(), 2, "a@4 and c@6 were applied before");
+    assert_eq!(sink.take("out").len(), 2);
+}
+
+/// Issue 10, item 8: revoking several partitions drains them together within one timeout, not
+/// one timeout each.
+#[test]
+fn revoked_partitions_drain_together_within_one_timeout() {
+    let gate = Arc::new((StdMutex::new(false), StdCondvar::new()));
+    let g = gate.clone();
+    let builder = StreamsBuilder::new();
+    builder
+        .stream("in", StringSerde, StringSerde)
+        .peek(move |_k: Option<&String>, _v: &String| {
+            let (open, cv) = &*g;
+            let mut o = open.lock().unwrap_or_else(|e| e.into_inner());
+            while !*o {
+                o = cv.wait(o).unwrap_or_else(|e| e.into_inner());
+            }
+        })
+        .to("out");
+    let config = EngineConfig {
+        worker_threads: 4,
+        ..EngineConfig::default()
+    };
+    let topology = Arc::new(builder.build().unwrap());
+    let mut e = Engine::new(
+        topology,
+        config,
+        None,
+        Arc::new(MemorySink::new()),
+        HashMap::new(),
+    )
+    .unwrap();
+    for p in 0..3 {
+        e.assign("in", p, Resume::default()).unwrap();
+        e.dispatch("in", p, 0, raw("k")).unwrap();
+    }
+    let timeout = Duration::from_millis(600);
+    let started = std::time::Instant::now();
+    let revoked: Vec<(String, u32)> = (0..3).map(|p| ("in".to_string(), p)).collect();
+    let outcome = e.revoke(&revoked, timeout, false);
+    let took = started.elapsed();
+    assert!(!outcome.drained, "the blocked sub-tasks could not drain");
+    assert!(took < timeout * 2, "took {took:?} for three partitions");
+    let (open, cv) = &*gate;
+    *open.lock().unwrap() = true;
+    cv.notify_all();
+}

@@ -119,3 +119,71 @@ impl Committer {
         Ok(tpl.count())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use rdkafka::consumer::BaseConsumer;
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::ClientConfig;
+    use rill_topology::ranges;
+
+    use super::*;
+
+    fn progress(low: u64, next: [u64; 2]) -> PartitionProgress {
+        PartitionProgress {
+            topic: "t".into(),
+            partition: 0,
+            low_watermark: low,
+            ranges: ranges(2).into_iter().zip(next).collect(),
+            lineage: Some(42),
+        }
+    }
+
+    /// Issue 10, item 8: a range that moves on while another holds the low watermark back
+    /// still gets its offset committed (the metadata used to go stale until the watermark moved).
+    #[test]
+    fn a_commit_is_skipped_only_when_nothing_it_carries_changed() {
+        let cluster = MockCluster::new(1).unwrap();
+        cluster.create_topic("t", 1, 1).unwrap();
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .set("group.id", "committer-test")
+            .create()
+            .unwrap();
+        let committer = Committer::default();
+        let first = progress(10, [10, 12]);
+        assert_eq!(
+            committer
+                .commit(&consumer, std::slice::from_ref(&first), CommitMode::Sync)
+                .unwrap(),
+            1
+        );
+        assert_eq!(
+            committer
+                .commit(&consumer, &[first], CommitMode::Async)
+                .unwrap(),
+            0,
+            "nothing changed"
+        );
+        let moved = progress(10, [10, 30]);
+        assert_eq!(
+            committer
+                .commit(&consumer, &[moved], CommitMode::Sync)
+                .unwrap(),
+            1,
+            "range 1 moved while the low watermark did not"
+        );
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition("t", 0);
+        let got = consumer
+            .committed_offsets(tpl, Duration::from_secs(10))
+            .unwrap();
+        let e = &got.elements()[0];
+        assert_eq!(e.offset(), Offset::Offset(10));
+        let decoded = metadata::decode(e.metadata(), 10).unwrap();
+        assert_eq!(decoded.ranges[1].1, 30);
+        assert_eq!(decoded.lineage, Some(42));
+    }
+}
