@@ -521,7 +521,7 @@ fn run(factor: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
     drop(last);
     // A member restored from scratch (compacted as far as allowed) agrees.
     cluster.compact(true);
-    if std::env::var("RILL_MODEL_DEBUG").is_ok() {
+    if std::env::var("PROPTEST_DEBUG_LOG").is_ok() {
         for s in STORES {
             let t = changelog_topic(APP, s);
             eprintln!(
@@ -561,8 +561,10 @@ fn run(factor: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Cases per run: 2000 in CI, `PROPTEST_CASES` to change (not a `RILL_*` variable: those are
+/// config keys of the services other tests start).
 fn cases() -> u32 {
-    std::env::var("RILL_MODEL_CASES")
+    std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000)

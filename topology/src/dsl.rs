@@ -650,21 +650,30 @@ where
         )
     }
 
+    /// The stream's key and value serdes; records a build error naming `hint` when one is
+    /// unknown (a type change upstream).
+    fn serdes_or_error(
+        &self,
+        hint: &'static str,
+    ) -> Option<(Arc<dyn Serde<K>>, Arc<dyn Serde<V>>)> {
+        if let (Some(k), Some(v)) = (self.key_serde.clone(), self.value_serde.clone()) {
+            return Some((k, v));
+        }
+        let mut g = self.builder.inner.borrow_mut();
+        let node = g.nodes[self.node].name.clone();
+        let what = if self.key_serde.is_none() {
+            "key"
+        } else {
+            "value"
+        };
+        g.errors
+            .push(TopologyError::MissingSerde { node, what, hint });
+        None
+    }
+
     /// Writes the stream to `topic` with the stream's serdes (see [`KStream::to_with`]).
     pub fn to(&self, topic: &str) {
-        let (Some(k), Some(v)) = (self.key_serde.clone(), self.value_serde.clone()) else {
-            let mut g = self.builder.inner.borrow_mut();
-            let node = g.nodes[self.node].name.clone();
-            let what = if self.key_serde.is_none() {
-                "key"
-            } else {
-                "value"
-            };
-            g.errors.push(TopologyError::MissingSerde {
-                node,
-                what,
-                hint: "KStream::to_with",
-            });
+        let Some((k, v)) = self.serdes_or_error("KStream::to_with") else {
             return;
         };
         self.add_sink(Topic::External(topic.to_string()), k, v);
@@ -721,19 +730,7 @@ where
     /// reads it back, so that records are partitioned by their current key (Kafka Streams'
     /// `repartition(Repartitioned.as(name))`); needs the stream's serdes.
     pub fn repartition(&self, name: &str) -> KStream<K, V> {
-        let (Some(k), Some(v)) = (self.key_serde.clone(), self.value_serde.clone()) else {
-            let mut g = self.builder.inner.borrow_mut();
-            let node = g.nodes[self.node].name.clone();
-            let what = if self.key_serde.is_none() {
-                "key"
-            } else {
-                "value"
-            };
-            g.errors.push(TopologyError::MissingSerde {
-                node,
-                what,
-                hint: "KStream::repartition_with",
-            });
+        let Some((k, v)) = self.serdes_or_error("KStream::repartition_with") else {
             return self.clone();
         };
         let topic = Topic::Internal(format!("{name}-repartition"));
@@ -1035,6 +1032,9 @@ impl<T> Serde<T> for NoSerde {
         Err(SerdeError::new("missing serde", "no serde was given"))
     }
 }
+
+/// A stream's key and value serdes.
+type SerdePair<K, V> = (Arc<dyn Serde<K>>, Arc<dyn Serde<V>>);
 
 /// A shared serde used as an owned one.
 struct ArcSerde<T>(Arc<dyn Serde<T>>);

@@ -165,14 +165,11 @@ pub struct Base {
 
 /// The base record of `base`.
 pub fn base_record(base: &Base) -> RawRecord {
-    let mut headers = Headers::new();
-    headers.add(BASE_HEADER, "1");
-    RawRecord {
-        key: Some(format!("rill.base/{:016x}", base.lineage).into_bytes()),
-        value: Some(prost::Message::encode_to_vec(base)),
-        timestamp: 0,
-        headers,
-    }
+    lineage_record(
+        BASE_HEADER,
+        base.lineage,
+        prost::Message::encode_to_vec(base),
+    )
 }
 
 /// The data record of one store entry written by commit `id`.
@@ -207,11 +204,22 @@ pub fn marker_record(progress: &Progress) -> RawRecord {
 
 /// The claim record of `claim`.
 pub fn claim_record(claim: &Claim) -> RawRecord {
+    lineage_record(
+        CLAIM_HEADER,
+        claim.lineage,
+        prost::Message::encode_to_vec(claim),
+    )
+}
+
+/// A record of kind `header` (claim or base) keyed by kind and lineage, so compaction never
+/// removes it.
+fn lineage_record(header: &str, lineage: u64, value: Vec<u8>) -> RawRecord {
     let mut headers = Headers::new();
-    headers.add(CLAIM_HEADER, "1");
+    headers.add(header, "1");
+    let kind = header.trim_start_matches("rill.");
     RawRecord {
-        key: Some(format!("rill.claim/{:016x}", claim.lineage).into_bytes()),
-        value: Some(prost::Message::encode_to_vec(claim)),
+        key: Some(format!("rill.{kind}/{lineage:016x}").into_bytes()),
+        value: Some(value),
         timestamp: 0,
         headers,
     }

@@ -33,7 +33,7 @@ use super::changelog::{
     base_record, changelog_topic, claim_record, classify, Base, ChangelogReader, Claim, Entry,
 };
 use super::task::{open_states, PriorClaim, Task};
-use super::{Engine, EngineError};
+use super::{Engine, EngineError, Shared};
 use crate::sink::Deliveries;
 
 #[cfg(test)]
@@ -57,6 +57,27 @@ pub(crate) struct Restoring {
     /// Set to make the thread stop early (the partition was revoked).
     pub cancel: Arc<AtomicBool>,
     pub thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Writes `record` to `topic`/`partition` and waits for the broker's acknowledgement; an error
+/// when it is lost, not acknowledged in time, or `stop` is set meanwhile.
+fn write_acknowledged(
+    shared: &Shared,
+    topic: &str,
+    partition: u32,
+    record: rill_topology::RawRecord,
+    stop: &AtomicBool,
+) -> Result<(), EngineError> {
+    let deliveries = Arc::new(Deliveries::default());
+    shared
+        .sink
+        .send(topic, Some(partition), record, deliveries.ticket())?;
+    let epoch = deliveries.seal();
+    deliveries.wait_through_unless(epoch, CLAIM_TIMEOUT, stop)?;
+    if stop.load(Ordering::SeqCst) {
+        return Err(super::changelog::cancelled(topic, partition));
+    }
+    Ok(())
 }
 
 /// Whether the local states may be continued, given the lineage the group committed last.
@@ -113,18 +134,13 @@ impl Engine {
                             parent: lineage.parent,
                         };
                         let topic = changelog_topic(app, last);
-                        let deliveries = Arc::new(Deliveries::default());
-                        shared.sink.send(
+                        write_acknowledged(
+                            &shared,
                             &topic,
-                            Some(partition),
+                            partition,
                             claim_record(&claim),
-                            deliveries.ticket(),
+                            &stop,
                         )?;
-                        let epoch = deliveries.seal();
-                        deliveries.wait_through_unless(epoch, CLAIM_TIMEOUT, &stop)?;
-                        if stop.load(Ordering::SeqCst) {
-                            return Err(super::changelog::cancelled(&topic, partition));
-                        }
                     }
                     let summary =
                         restore(reader.as_ref(), app, stores, partition, &mut states, &stop)?;
@@ -137,18 +153,7 @@ impl Engine {
                                 .collect(),
                         };
                         let topic = changelog_topic(app, last);
-                        let deliveries = Arc::new(Deliveries::default());
-                        shared.sink.send(
-                            &topic,
-                            Some(partition),
-                            base_record(&base),
-                            deliveries.ticket(),
-                        )?;
-                        let epoch = deliveries.seal();
-                        deliveries.wait_through_unless(epoch, CLAIM_TIMEOUT, &stop)?;
-                        if stop.load(Ordering::SeqCst) {
-                            return Err(super::changelog::cancelled(&topic, partition));
-                        }
+                        write_acknowledged(&shared, &topic, partition, base_record(&base), &stop)?;
                         for s in &mut states {
                             if let Some(p) = s.committed_progress() {
                                 let mut p = p.clone();
