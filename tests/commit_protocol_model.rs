@@ -115,8 +115,9 @@ struct Member {
     process: Arc<Process>,
     generation: i32,
     positions: HashMap<&'static str, u64>,
-    /// Per changelog: the log end when this member claimed (what its restore covered).
-    claim_ends: HashMap<String, u64>,
+    /// Per changelog: the offsets its restore read, from its local position to the log end when
+    /// it claimed.
+    restored: HashMap<String, (u64, u64)>,
     /// Whether a durable commit of this member completed (its repairs are written).
     committed_once: bool,
 }
@@ -128,7 +129,8 @@ struct Cluster {
     dirs: Vec<(tempfile::TempDir, Arc<StateDb>)>,
     committed: HashMap<&'static str, Committed>,
     generation: i32,
-    /// Per changelog: offsets below this may be compacted (every leftover below is repaired).
+    /// Per changelog: offsets below this may be compacted (every leftover below was read by a
+    /// restore and repaired).
     compactable: HashMap<String, u64>,
     input: Vec<(String, String)>,
 }
@@ -174,14 +176,71 @@ impl Cluster {
     }
 
     /// Starts a member on dir `i` in a new generation, assigned partition 0 of both inputs.
+    /// Where a member starting on dir `i` reads each changelog from: the oldest local position,
+    /// or the start when a range has none or the group's lineage does not own the state (the
+    /// rule of `engine::restore`).
+    fn restore_from(&self, i: usize) -> HashMap<String, u64> {
+        let db = &self.dirs[i].1;
+        let mut from = HashMap::new();
+        for (input, stores) in [
+            (INPUT, &["kv"][..]),
+            (REPARTITION, &["counts", "counts2"][..]),
+        ] {
+            let stores: Vec<String> = stores.iter().map(|s| s.to_string()).collect();
+            let prior = self.committed.get(input).and_then(|c| c.lineage);
+            let progress: Vec<Option<rill::state::Progress>> = rill::topology::ranges(self.factor)
+                .into_iter()
+                .map(|r| {
+                    // Opening would create missing column families (slow): look first.
+                    let exists = db
+                        .column_families()
+                        .iter()
+                        .any(|cf| cf.range == r && stores.contains(&cf.store));
+                    exists.then(|| {
+                        let st = rill::state::SubTaskState::open(db.clone(), &stores, 0, r)
+                            .expect("open state");
+                        st.committed_progress().cloned()
+                    })?
+                })
+                .collect();
+            let trusted = match prior {
+                None => progress.iter().all(Option::is_none),
+                Some(l) => progress
+                    .iter()
+                    .flatten()
+                    .all(|p| p.owner == l || p.owner_parent == l),
+            };
+            for s in &stores {
+                let t = changelog_topic(APP, s);
+                let f = if trusted {
+                    progress
+                        .iter()
+                        .map(|p| {
+                            p.as_ref()
+                                .and_then(|p| p.changelog_position(&t))
+                                .unwrap_or(0)
+                        })
+                        .min()
+                        .unwrap_or(0)
+                } else {
+                    0
+                };
+                from.insert(t, f);
+            }
+        }
+        from
+    }
+
     fn start(&mut self, i: usize) -> Member {
+        let from = self.restore_from(i);
         self.generation += 1;
-        let claim_ends = STORES
+        let restored = STORES
             .iter()
             .map(|s| {
                 let t = changelog_topic(APP, s);
                 let end = log_end(&self.log, &t);
-                (t, end)
+                let start = from.get(&t).copied().unwrap_or(0);
+                (t, (start, end))
             })
             .collect();
         let process = Arc::new(Process {
@@ -227,7 +286,7 @@ impl Cluster {
             process,
             generation: self.generation,
             positions,
-            claim_ends,
+            restored,
             committed_once: false,
         }
     }
@@ -276,9 +335,14 @@ impl Cluster {
         self.offset_commit(m, &progress);
         if durable && m.engine.failure().is_none() && m.generation == self.generation {
             if !m.committed_once {
-                for (t, end) in &m.claim_ends {
+                // Its first commit repaired every leftover its restore read; the cleaner may now
+                // reach that far, if nothing below was left unread (a zombie's write that every
+                // restore skipped stays protected: the documented residual of engine::changelog).
+                for (t, (start, end)) in &m.restored {
                     let c = self.compactable.entry(t.clone()).or_default();
-                    *c = (*c).max(*end);
+                    if *start <= *c {
+                        *c = (*c).max(*end);
+                    }
                 }
             }
             m.committed_once = true;
@@ -561,13 +625,13 @@ fn run(factor: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// Cases per run: 2000 in CI, `PROPTEST_CASES` to change (not a `RILL_*` variable: those are
+/// Cases per run: 1000 in CI, `PROPTEST_CASES` to change (not a `RILL_*` variable: those are
 /// config keys of the services other tests start).
 fn cases() -> u32 {
     std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(2000)
+        .unwrap_or(1000)
 }
 
 proptest! {

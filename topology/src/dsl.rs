@@ -652,10 +652,7 @@ where
 
     /// The stream's key and value serdes; records a build error naming `hint` when one is
     /// unknown (a type change upstream).
-    fn serdes_or_error(
-        &self,
-        hint: &'static str,
-    ) -> Option<(Arc<dyn Serde<K>>, Arc<dyn Serde<V>>)> {
+    fn serdes_or_error(&self, hint: &'static str) -> Option<SerdePair<K, V>> {
         if let (Some(k), Some(v)) = (self.key_serde.clone(), self.value_serde.clone()) {
             return Some((k, v));
         }

@@ -75,7 +75,16 @@
 //!
 //! A zombie cannot make its own lineage win: it has no claim after the new owner's, and its
 //! generation is older. What a zombie writes before it learns that it lost the partition is
-//! ignored and repaired like a leftover, by the next restore that reads it.
+//! ignored by every restore, and repaired like a leftover by the next restore that reads it.
+//!
+//! **The residual case**, closed only by transactions (`processing.guarantee=exactly_once_v2`):
+//! a zombie's data record that no restore reads (every later restore starts from a local
+//! checkpoint past it) stays unrepaired; once it is older than `min.compaction.lag.ms`, the
+//! cleaner may drop the confirmed value it shadows, and a later restore from scratch would miss
+//! that key. It takes a member paused past its session timeout in the middle of a commit, and
+//! then no restore from scratch of that partition for longer than the lag. (A fix short of
+//! transactions: the owner tracks the offsets it wrote since its claim and reads back, then
+//! repairs, any offset in between that it did not write.)
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
