@@ -3,10 +3,11 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::iter::Peekable;
+use std::ops::Bound;
 use std::sync::Arc;
 
 use rill_topology::keyrange::{KeyRange, HASH_ID};
-use rill_topology::store::{KeyValueBytes, StoreError};
+use rill_topology::store::{Entries, KeyValueBytes, StoreError};
 use rocksdb::{BoundColumnFamily, Direction, IteratorMode, ReadOptions, WriteBatch, WriteOptions};
 
 use crate::cf::ColumnFamilyId;
@@ -87,16 +88,37 @@ impl KeyValueBytes for StoreHandle {
         Ok(())
     }
 
-    fn all(&self) -> Result<rill_topology::store::Entries, StoreError> {
+    fn range(&self, from: Bound<&[u8]>, to: Bound<&[u8]>) -> Result<Entries, StoreError> {
         let cf = cf_handle(&self.db, &self.cf).map_err(|e| self.backend(e))?;
+        // Iterator bounds on the prefixed RocksDB keys: lower inclusive, upper exclusive.
+        let lower = match from {
+            Bound::Included(k) => data_key(k),
+            Bound::Excluded(k) => {
+                let mut k = data_key(k);
+                k.push(0);
+                k
+            }
+            Bound::Unbounded => vec![DATA_PREFIX],
+        };
+        let upper = match to {
+            Bound::Included(k) => {
+                let mut k = data_key(k);
+                k.push(0);
+                k
+            }
+            Bound::Excluded(k) => data_key(k),
+            Bound::Unbounded => vec![DATA_PREFIX + 1],
+        };
+        if lower >= upper {
+            return Ok(Vec::new());
+        }
         let mut opts = ReadOptions::default();
-        opts.set_iterate_lower_bound([DATA_PREFIX]);
-        opts.set_iterate_upper_bound([DATA_PREFIX + 1]);
-        let iter = self.db.db().iterator_cf_opt(
-            &cf,
-            opts,
-            IteratorMode::From(&[DATA_PREFIX], Direction::Forward),
-        );
+        opts.set_iterate_lower_bound(lower.clone());
+        opts.set_iterate_upper_bound(upper);
+        let iter =
+            self.db
+                .db()
+                .iterator_cf_opt(&cf, opts, IteratorMode::From(&lower, Direction::Forward));
         let mut stored = Vec::new();
         for item in iter {
             let (k, v) = item.map_err(|e| self.backend(format!("scan `{}`: {e}", self.cf)))?;
@@ -105,10 +127,14 @@ impl KeyValueBytes for StoreHandle {
                 stored.push((k.to_vec(), v.into_vec()));
             }
         }
-        let below = merge(stored.into_iter().peekable(), self.sealed.iter().peekable());
+        let bounds = (from.map(<[u8]>::to_vec), to.map(<[u8]>::to_vec));
+        let below = merge(
+            stored.into_iter().peekable(),
+            self.sealed.range::<Vec<u8>, _>(bounds.clone()).peekable(),
+        );
         Ok(merge(
             below.into_iter().peekable(),
-            self.cache.iter().peekable(),
+            self.cache.range::<Vec<u8>, _>(bounds).peekable(),
         ))
     }
 }

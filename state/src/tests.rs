@@ -788,3 +788,111 @@ fn state_is_bound_to_the_first_kafka_cluster_it_sees() {
         "{text}"
     );
 }
+
+mod range_scans {
+    use std::ops::Bound;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A write to one of the three layers a read merges: committed (RocksDB), sealed, cache.
+    #[derive(Clone, Debug)]
+    enum Write {
+        Put(Vec<u8>, u8),
+        Delete(Vec<u8>),
+        /// Moves the cache to the sealed layer, writing the sealed one first.
+        Seal,
+        /// Writes everything sealed and cached to RocksDB.
+        Commit,
+    }
+
+    fn key() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(
+            prop_oneof![Just(0u8), Just(1), Just(0x7f), Just(0xff)],
+            0..3,
+        )
+    }
+
+    fn bound() -> impl Strategy<Value = Bound<Vec<u8>>> {
+        prop_oneof![
+            Just(Bound::Unbounded),
+            key().prop_map(Bound::Included),
+            key().prop_map(Bound::Excluded),
+        ]
+    }
+
+    fn write() -> impl Strategy<Value = Write> {
+        prop_oneof![
+            4 => (key(), any::<u8>()).prop_map(|(k, v)| Write::Put(k, v)),
+            2 => key().prop_map(Write::Delete),
+            1 => Just(Write::Seal),
+            1 => Just(Write::Commit),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// Ranges and prefix scans over committed, sealed and cached writes equal a BTreeMap's.
+        #[test]
+        fn range_and_prefix_scans_see_every_layer_like_a_map(
+            writes in proptest::collection::vec(write(), 0..40),
+            from in bound(),
+            to in bound(),
+            prefix in key(),
+        ) {
+            let tmp = tempfile::tempdir().unwrap();
+            let db = StateDb::open(&cfg(tmp.path())).unwrap();
+            let range = KeyRange::FULL;
+            let mut st = SubTaskState::open(db, &names(&["s"]), 0, range).unwrap();
+            let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+            let mut next = 1;
+            for w in writes {
+                let store = st.store("s").unwrap();
+                match w {
+                    Write::Put(k, v) => {
+                        store.put(&k, &[v]).unwrap();
+                        model.insert(k, vec![v]);
+                    }
+                    Write::Delete(k) => {
+                        store.delete(&k).unwrap();
+                        model.remove(&k);
+                    }
+                    Write::Seal => {
+                        if st.has_sealed() {
+                            st.write_sealed(Progress::new(range, "t", next)).unwrap();
+                            next += 1;
+                        }
+                        st.seal().unwrap();
+                    }
+                    Write::Commit => {
+                        if st.has_sealed() {
+                            st.write_sealed(Progress::new(range, "t", next)).unwrap();
+                            next += 1;
+                        }
+                        st.commit(Progress::new(range, "t", next)).unwrap();
+                        next += 1;
+                    }
+                }
+            }
+            let store = st.store("s").unwrap();
+            let (f, t) = (from.as_ref().map(Vec::as_slice), to.as_ref().map(Vec::as_slice));
+            let expected: Vec<(Vec<u8>, Vec<u8>)> = if matches!((&from, &to), (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) if a > b)
+                || matches!((&from, &to), (Bound::Excluded(a), Bound::Excluded(b)) if a == b)
+            {
+                Vec::new()
+            } else {
+                model.range::<Vec<u8>, _>((from.clone(), to.clone())).map(|(k, v)| (k.clone(), v.clone())).collect()
+            };
+            prop_assert_eq!(store.range(f, t).unwrap(), expected);
+            let prefixed: Vec<(Vec<u8>, Vec<u8>)> = model
+                .iter()
+                .filter(|(k, _)| k.starts_with(&prefix))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            prop_assert_eq!(store.prefix_scan(&prefix).unwrap(), prefixed);
+            prop_assert_eq!(store.all().unwrap(), model.into_iter().collect::<Vec<_>>());
+        }
+    }
+}
