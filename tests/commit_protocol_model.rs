@@ -17,11 +17,12 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use rill::prelude::*;
-use rill::runtime::engine::changelog::{changelog_topic, MemoryChangelog};
-use rill::runtime::engine::{
-    Dispatch, Engine, EngineConfig, PartitionProgress, PriorClaim, Resume,
+use rill::runtime::internals::{changelog_topic, MemoryChangelog};
+use rill::runtime::internals::{
+    Dispatch, Engine, EngineConfig, PartitionProgress, PriorClaim, Resume, TopicPartition,
 };
-use rill::runtime::sink::{RecordSink, SinkError, Ticket};
+use rill::runtime::internals::{RecordSink, Ticket};
+use rill::runtime::SinkError;
 use rill::state::{StateConfig, StateDb};
 use rill::topology::{KeyRange, RawRecord, Topic};
 
@@ -326,12 +327,12 @@ impl Cluster {
     /// Range-commits (durably or not) and commits offsets unless the member is fenced.
     fn commit(&mut self, m: &mut Member, durable: bool) {
         if durable {
-            m.engine.commit_durable();
+            m.engine.request_durable_commit();
         } else {
-            m.engine.commit();
+            m.engine.request_commit();
         }
         assert!(m.engine.wait_idle(Duration::from_secs(30)), "engine hung");
-        let progress = m.engine.progress();
+        let progress = m.engine.collect_progress();
         self.offset_commit(m, &progress);
         if durable && m.engine.failure().is_none() && m.generation == self.generation {
             if !m.committed_once {
@@ -518,7 +519,7 @@ fn run(factor: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 if let Some(mut m) = member.take() {
                     m.process.ghost.store(ghost, Ordering::SeqCst);
                     m.process.budget.store(after, Ordering::SeqCst);
-                    m.engine.commit_durable();
+                    m.engine.request_durable_commit();
                     m.engine.wait_idle(Duration::from_secs(30));
                     drop(m); // the process is gone; its dir keeps what it wrote
                 }
@@ -546,7 +547,10 @@ fn run(factor: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         zombie = Some((old, dir));
                     } else {
                         let revoked = old.engine.revoke(
-                            &[(INPUT.to_string(), 0), (REPARTITION.to_string(), 0)],
+                            &[
+                                TopicPartition::new(INPUT, 0),
+                                TopicPartition::new(REPARTITION, 0),
+                            ],
                             Duration::from_secs(30),
                             false,
                         );
@@ -562,7 +566,10 @@ fn run(factor: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::EndZombie => {
                 if let Some((mut z, _)) = zombie.take() {
                     z.engine.revoke(
-                        &[(INPUT.to_string(), 0), (REPARTITION.to_string(), 0)],
+                        &[
+                            TopicPartition::new(INPUT, 0),
+                            TopicPartition::new(REPARTITION, 0),
+                        ],
                         Duration::from_secs(30),
                         true,
                     );
@@ -573,7 +580,10 @@ fn run(factor: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
     }
     if let Some((mut z, _)) = zombie.take() {
         z.engine.revoke(
-            &[(INPUT.to_string(), 0), (REPARTITION.to_string(), 0)],
+            &[
+                TopicPartition::new(INPUT, 0),
+                TopicPartition::new(REPARTITION, 0),
+            ],
             Duration::from_secs(30),
             true,
         );
@@ -625,13 +635,13 @@ fn run(factor: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// Cases per run: 1000 in CI, `PROPTEST_CASES` to change (not a `RILL_*` variable: those are
+/// Cases per run: 2000 in CI, `PROPTEST_CASES` to change (not a `RILL_*` variable: those are
 /// config keys of the services other tests start).
 fn cases() -> u32 {
     std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1000)
+        .unwrap_or(2000)
 }
 
 proptest! {

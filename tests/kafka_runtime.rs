@@ -287,10 +287,10 @@ fn too_many_ranges_for_the_metadata_commit_one_range_at_the_low_watermark() {
         .expect("committed");
     let e = &got.elements()[0];
     assert_eq!(e.offset(), Offset::Offset(1000));
-    let ranges = rill::runtime::kafka::source::decode_committed(e.metadata(), 1000);
+    let ranges = rill::runtime::kafka::metadata::decode(e.metadata(), 1000).map(|m| m.ranges);
     assert_eq!(
         ranges,
-        Some(vec![(rill::topology::KeyRange::FULL, 1000)]),
+        Ok(vec![(rill::topology::KeyRange::FULL, 1000)]),
         "400 ranges do not fit in 4096 bytes: one range at the low watermark instead"
     );
 }

@@ -286,9 +286,9 @@ impl Inner {
 
     fn commit(&mut self) -> Result<(), DriverError> {
         self.settle()?;
-        self.engine.commit_durable();
+        self.engine.request_durable_commit();
         self.settle()?;
-        self.engine.progress();
+        self.engine.collect_progress();
         write_offsets(&self.dir, &self.ends)
     }
 }

@@ -81,6 +81,9 @@ pub enum RuntimeError {
     /// The processing thread panicked.
     #[error("the processing thread panicked")]
     Panicked,
+    /// A thread could not be started.
+    #[error("cannot start a thread: {0}")]
+    Thread(#[source] std::io::Error),
     /// The metrics recorder could not be installed.
     #[error(transparent)]
     Metrics(#[from] crate::metrics::MetricsError),
@@ -459,7 +462,7 @@ impl Runtime {
                 drop(consumer);
                 r
             })
-            .map_err(|_| RuntimeError::Panicked)?;
+            .map_err(RuntimeError::Thread)?;
         Ok(RunningRuntime {
             stop,
             thread: Some(thread),
@@ -568,7 +571,7 @@ impl RunningRuntime {
         std::thread::Builder::new()
             .name("rill-signals".into())
             .spawn(move || wait_for_signals(&stop, &health))
-            .map_err(|_| RuntimeError::Panicked)?;
+            .map_err(RuntimeError::Thread)?;
         Ok(())
     }
 

@@ -21,7 +21,7 @@ pub struct SinkError {
 /// Takes the engine's output records (sinks, repartition topics, dead letters).
 pub trait RecordSink: Send + Sync {
     /// Queues `record` for `topic`; `partition: None` lets the sink's partitioner choose. The
-    /// sink reports the record's delivery to `deliveries` under `ticket` (see [`Deliveries`]).
+    /// sink reports the record's delivery to `deliveries` under `ticket` (see `Deliveries`).
     fn send(
         &self,
         topic: &str,
@@ -31,7 +31,7 @@ pub trait RecordSink: Send + Sync {
     ) -> Result<(), SinkError>;
 }
 
-/// One output record's claim on its sub-task's [`Deliveries`], settled by
+/// One output record's claim on its sub-task's `Deliveries`, settled by
 /// [`Ticket::delivered`]; a ticket dropped unsettled counts as a lost output.
 pub struct Ticket {
     deliveries: Option<std::sync::Arc<Deliveries>>,

@@ -1,7 +1,7 @@
 //! The range commit protocol (individual commit), from the commit request to the Kafka offset
 //! commit.
 //!
-//! 1. [`Engine::commit`] puts a commit item in every sub-task's mailbox; each sub-task reaches it
+//! 1. [`Engine::request_commit`] puts a commit item in every sub-task's mailbox; each sub-task reaches it
 //!    after the records dispatched before it, on its own time, and never waits for other ranges.
 //! 2. **Seal**: the sub-task freezes its write cache, its progress (next offset per source topic,
 //!    repartition origins, stream time, lineage and attempt) and the delivery epoch of its
@@ -12,12 +12,12 @@
 //!    acknowledgement (see [`super::changelog`]).
 //! 4. **WriteBatch**: state, progress and changelog positions in one RocksDB WriteBatch.
 //! 5. **Report**: the partition's [`super::ProgressTracker`] learns the range's new offsets and
-//!    moves the low watermark; [`Engine::progress`] hands it to the caller, which commits it to
+//!    moves the low watermark; [`Engine::collect_progress`] hands it to the caller, which commits it to
 //!    Kafka with every range's offset and the task's lineage in the commit metadata.
 //!
 //! A periodic commit never blocks the worker on the broker: steps 3 and 4 happen at a later commit
 //! item or after a later batch, once the acknowledgements are in. A durable commit
-//! ([`Engine::commit_durable`]: revoke, shutdown, TestDriver) waits for them instead. Steps 3 and
+//! ([`Engine::request_durable_commit`]: revoke, shutdown, TestDriver) waits for them instead. Steps 3 and
 //! 4 run only while the task is not fenced (see [`super::task::Fence`]): a member that lost the
 //! partition adds nothing to its changelog or state.
 
@@ -30,7 +30,7 @@ use rill_topology::{KeyRange, HASH_ID};
 use super::changelog::{changelog_topic, data_record, marker_record, CommitId};
 use super::origin::topic_id;
 use super::subtask::{Core, SubTaskId, TopicOffsets, Work};
-use super::{Engine, EngineError, ProgressTracker, Shared};
+use super::{Engine, EngineError, ProgressTracker, Shared, TaskId};
 
 /// How long a durable commit waits for the broker to acknowledge the range's outputs.
 const DELIVERY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
@@ -78,7 +78,7 @@ pub struct PartitionProgress {
 impl Engine {
     /// Asks every sub-task to range-commit after the records dispatched so far; a range whose
     /// outputs are still in flight writes at a later commit (step 2 of the protocol).
-    pub fn commit(&mut self) {
+    pub fn request_commit(&mut self) {
         for task in self.tasks.values() {
             for s in &task.subtasks {
                 let work = Work::Commit {
@@ -92,7 +92,7 @@ impl Engine {
 
     /// Asks every sub-task to range-commit everything dispatched so far, waiting for its
     /// outputs; [`Engine::wait_idle`] then returns once all of it is durable.
-    pub fn commit_durable(&mut self) {
+    pub fn request_durable_commit(&mut self) {
         for task in self.tasks.values() {
             for s in &task.subtasks {
                 let work = Work::Commit {
@@ -105,9 +105,12 @@ impl Engine {
     }
 
     /// Applies the range commits reported so far and returns each partition's progress.
-    pub fn progress(&mut self) -> Vec<PartitionProgress> {
+    pub fn collect_progress(&mut self) -> Vec<PartitionProgress> {
         for r in self.reports.try_iter() {
-            let key = (r.id.sub_topology, r.id.partition);
+            let key = TaskId {
+                sub_topology: r.id.sub_topology,
+                partition: r.id.partition,
+            };
             // Reports of an earlier tenure of the task (revoked, then assigned again) are stale.
             if let Some(task) = self
                 .tasks
@@ -120,7 +123,8 @@ impl Engine {
             }
         }
         let mut out = Vec::new();
-        for (&(sub, partition), task) in &self.tasks {
+        for (id, task) in &self.tasks {
+            let (sub, partition) = (id.sub_topology, id.partition);
             // A task commits offsets only once it runs: its lineage's claim and restore are done.
             if !task.is_running() {
                 continue;

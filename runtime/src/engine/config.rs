@@ -41,7 +41,7 @@ pub struct EngineConfig {
     pub mailbox_capacity: usize,
     /// Handling of records that do not deserialize.
     pub deserialization_handler: DeserializationHandler,
-    /// Whether range commits write store changelogs (see [`changelog`](super::changelog)).
+    /// Whether range commits write store changelogs (see the engine's `changelog` module).
     pub changelogs: bool,
     /// Id of the Kafka cluster the offsets refer to, recorded in every commit (empty: none).
     pub cluster_id: String,

@@ -14,7 +14,7 @@ use rill_topology::keyrange::null_key_hash;
 use rill_topology::{key_hash, range_of, RawRecord};
 
 use super::subtask::{Input, Work};
-use super::{Engine, EngineError};
+use super::{Engine, EngineError, TaskId};
 
 /// All mailboxes of a process together queue at most this many times `mailbox.capacity` records.
 pub const QUEUED_PER_PROCESS: usize = 16;
@@ -46,13 +46,16 @@ impl Engine {
         }
         let source = self.source(topic)?.clone();
         let (sub, topic_index) = (source.sub, source.index);
-        let task =
-            self.tasks
-                .get_mut(&(sub, partition))
-                .ok_or_else(|| EngineError::NotAssigned {
-                    topic: topic.to_string(),
-                    partition,
-                })?;
+        let task = self
+            .tasks
+            .get_mut(&TaskId {
+                sub_topology: sub,
+                partition,
+            })
+            .ok_or_else(|| EngineError::NotAssigned {
+                topic: topic.to_string(),
+                partition,
+            })?;
         let hash = match &raw.key {
             Some(k) => key_hash(k),
             None => null_key_hash(offset),
@@ -109,7 +112,10 @@ impl Engine {
             return Vec::new();
         };
         self.tasks
-            .get(&(sub, partition))
+            .get(&TaskId {
+                sub_topology: sub,
+                partition,
+            })
             .map(|t| {
                 t.subtasks
                     .iter()

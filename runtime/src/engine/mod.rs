@@ -17,6 +17,7 @@ pub mod commit;
 pub mod config;
 pub mod dispatch;
 pub mod error;
+mod ids;
 pub mod origin;
 pub mod progress;
 pub mod restore;
@@ -37,12 +38,12 @@ use rill_topology::{Topic, Topology};
 pub use changelog::ChangelogReader;
 pub use commit::PartitionProgress;
 pub use config::{DeserializationHandler, EngineConfig};
-pub use dispatch::{Dispatch, MIN_QUEUE, QUEUED_PER_PROCESS};
+pub use dispatch::Dispatch;
 pub use error::EngineError;
-pub use origin::{topic_id, Origin, ORIGIN_HEADER};
+pub use ids::{TaskId, TopicPartition};
+pub use origin::topic_id;
 pub use progress::ProgressTracker;
 pub use stats::EngineStats;
-pub use subtask::{Lineage, SubTaskId};
 pub use task::{PriorClaim, Resume, Revoked};
 
 use commit::CommitReport;
@@ -158,7 +159,7 @@ pub struct Engine {
     shared: Arc<Shared>,
     db: Option<Arc<StateDb>>,
     /// Assigned tasks by (sub-topology, partition).
-    tasks: BTreeMap<(usize, u32), Task>,
+    tasks: BTreeMap<TaskId, Task>,
     /// Resolved source topic name -> (sub-topology, topic index, topic).
     sources: HashMap<String, Arc<Source>>,
     reports: Receiver<CommitReport>,

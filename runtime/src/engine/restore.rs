@@ -33,7 +33,7 @@ use super::changelog::{
     base_record, changelog_topic, claim_record, classify, Base, ChangelogReader, Claim, Entry,
 };
 use super::task::{open_states, PriorClaim, Task};
-use super::{Engine, EngineError, Shared};
+use super::{Engine, EngineError, Shared, TaskId};
 use crate::sink::Deliveries;
 
 #[cfg(test)]
@@ -204,7 +204,7 @@ impl Engine {
     /// Opens the tasks whose restore finished; returns how many tasks still restore. A failed
     /// restore is an error.
     pub fn finish_restores(&mut self) -> Result<usize, EngineError> {
-        let finished: Vec<(usize, u32)> = self
+        let finished: Vec<TaskId> = self
             .tasks
             .iter()
             .filter(|(_, t)| t.restoring.as_ref().is_some_and(|r| !r.done.is_empty()))
@@ -223,7 +223,7 @@ impl Engine {
             let restored = restoring.done.recv().map_err(|_| {
                 EngineError::Pool("a restore thread ended without a result".into())
             })??;
-            let opened = self.open_subtasks(&mut task, key.0, key.1, restored);
+            let opened = self.open_subtasks(&mut task, key, restored);
             self.tasks.insert(key, task);
             opened?;
         }
@@ -240,7 +240,10 @@ impl Engine {
     pub fn is_restoring(&self, topic: &str, partition: u32) -> bool {
         self.source(topic).is_ok_and(|s| {
             self.tasks
-                .get(&(s.sub, partition))
+                .get(&TaskId {
+                    sub_topology: s.sub,
+                    partition,
+                })
                 .is_some_and(|t| !t.is_running())
         })
     }

@@ -11,7 +11,7 @@ use rill_topology::prelude::*;
 use rill_topology::{key_hash, range_of, RawRecord, Topology};
 
 use crate::engine::changelog::{changelog_topic, MemoryChangelog, MARKER_HEADER};
-use crate::engine::{Engine, EngineConfig, PriorClaim, Resume};
+use crate::engine::{Engine, EngineConfig, PriorClaim, Resume, TopicPartition};
 use crate::sink::{RecordSink, SinkError, Ticket};
 
 /// The changelog of a process that may die: it appends and acknowledges changelog records while
@@ -172,7 +172,7 @@ fn feed(e: &mut Engine, offset: u64, records: &[(&str, &str)]) {
         e.dispatch("in", 0, offset + i as u64, record(k, v))
             .unwrap();
     }
-    e.commit_durable();
+    e.request_durable_commit();
     assert!(e.wait_idle(Duration::from_secs(20)));
 }
 
@@ -333,7 +333,7 @@ fn leftovers_of_a_commit_that_died_before_its_marker_are_never_restored() {
             a.dispatch("in", 0, 3 + i as u64, record(k, v)).unwrap();
         }
         dying.die_after(4, false);
-        a.commit_durable();
+        a.request_durable_commit();
         assert!(a.wait_idle(Duration::from_secs(20)));
         assert!(a.failure().is_some(), "the process died mid-commit");
     }
@@ -409,7 +409,7 @@ fn a_marker_written_but_unacknowledged_completes_its_commit() {
         a.dispatch("in", 0, 1, record("k", "v")).unwrap();
         // One data record, then the marker: written, never acknowledged.
         dying.die_after(1, true);
-        a.commit_durable();
+        a.request_durable_commit();
         assert!(a.wait_idle(Duration::from_secs(20)));
         assert!(a.failure().is_some());
     }
@@ -500,7 +500,7 @@ fn a_zombies_commits_after_the_next_owners_claim_are_ignored() {
         1,
     );
     feed(&mut zombie, 0, &[("k", "v"), ("j", "v")]);
-    let z_lineage = zombie.progress()[0].lineage.unwrap();
+    let z_lineage = zombie.collect_progress()[0].lineage.unwrap();
     // The group gave the partition to N (generation 2); N claims and restores.
     let mut next = engine(
         &topology,
@@ -517,7 +517,7 @@ fn a_zombies_commits_after_the_next_owners_claim_are_ignored() {
     assert_eq!(count(&zombie, "k"), Some(2));
     // N processes the same offsets and more, and commits.
     feed(&mut next, 2, &[("k", "v"), ("z", "v"), ("k", "v")]);
-    let n_lineage = next.progress()[0].lineage.unwrap();
+    let n_lineage = next.collect_progress()[0].lineage.unwrap();
     drop(next);
     let expect = |e: &Engine| {
         assert_eq!(
@@ -538,7 +538,11 @@ fn a_zombies_commits_after_the_next_owners_claim_are_ignored() {
     ));
     // The zombie learns it lost the partition; later it gets it back: its own dir (which holds
     // the zombie commit) is not trusted, the changelog is.
-    zombie.revoke(&[("in".to_string(), 0)], Duration::from_secs(5), true);
+    zombie.revoke(
+        &[TopicPartition::new("in", 0)],
+        Duration::from_secs(5),
+        true,
+    );
     drop(zombie);
     expect(&engine(
         &topology,
@@ -562,12 +566,16 @@ fn a_lost_partition_commits_nothing() {
     let before = changelog_len(&log, "counts");
     e.dispatch("in", 0, 1, record("k", "v")).unwrap();
     assert!(e.wait_idle(Duration::from_secs(20)));
-    let revoked = e.revoke(&[("in".to_string(), 0)], Duration::from_secs(5), true);
+    let revoked = e.revoke(
+        &[TopicPartition::new("in", 0)],
+        Duration::from_secs(5),
+        true,
+    );
     assert!(
         revoked.progress.is_empty(),
         "no offsets to commit for a lost partition"
     );
-    e.commit_durable();
+    e.request_durable_commit();
     assert!(e.wait_idle(Duration::from_secs(20)));
     drop(e);
     assert_eq!(

@@ -34,7 +34,7 @@ use rill_topology::{key_hash, range_of, ranges, KeyRange};
 use super::commit::PartitionProgress;
 use super::restore::{Restored, Restoring};
 use super::subtask::{Lineage, Opening, SubTask, SubTaskId, Work};
-use super::{Engine, EngineError, ProgressTracker};
+use super::{Engine, EngineError, ProgressTracker, TaskId, TopicPartition};
 
 /// The lineage recorded in a partition's committed offset metadata, as the next owner finds it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -179,9 +179,12 @@ impl Engine {
         resume: Resume,
     ) -> Result<Option<u64>, EngineError> {
         let source = self.source(topic)?.clone();
-        let key = (source.sub, partition);
+        let key = TaskId {
+            sub_topology: source.sub,
+            partition,
+        };
         if !self.tasks.contains_key(&key) {
-            let task = self.new_task(source.sub, partition)?;
+            let task = self.new_task(key)?;
             self.tasks.insert(key, task);
         }
         let p = self.shared.config.parallelising_factor;
@@ -224,7 +227,8 @@ impl Engine {
     }
 
     /// A task waiting for its inputs, with a new lineage.
-    fn new_task(&self, sub: usize, partition: u32) -> Result<Task, EngineError> {
+    fn new_task(&self, id: TaskId) -> Result<Task, EngineError> {
+        let (sub, partition) = (id.sub_topology, id.partition);
         let st = &self.shared.topology.sub_topologies()[sub];
         let names = self.shared.topic_names(sub);
         let p = self.shared.config.parallelising_factor;
@@ -271,8 +275,8 @@ impl Engine {
     }
 
     /// Starts a task whose inputs are all assigned: restores it, or opens its sub-tasks.
-    fn start_task(&mut self, key: (usize, u32)) -> Result<(), EngineError> {
-        let (sub, partition) = key;
+    fn start_task(&mut self, key: TaskId) -> Result<(), EngineError> {
+        let (sub, partition) = (key.sub_topology, key.partition);
         let st = &self.shared.topology.sub_topologies()[sub];
         let stateful = st.is_stateful();
         let Some(mut task) = self.tasks.remove(&key) else {
@@ -291,12 +295,11 @@ impl Engine {
                         repairs: vec![Vec::new(); states.len()],
                         states,
                     };
-                    self.open_subtasks(&mut task, sub, partition, restored)
+                    self.open_subtasks(&mut task, key, restored)
                 }),
             _ => self.open_subtasks(
                 &mut task,
-                sub,
-                partition,
+                key,
                 Restored {
                     states: Vec::new(),
                     repairs: Vec::new(),
@@ -312,10 +315,10 @@ impl Engine {
     pub(super) fn open_subtasks(
         &self,
         task: &mut Task,
-        sub: usize,
-        partition: u32,
+        key: TaskId,
         restored: Restored,
     ) -> Result<(), EngineError> {
+        let (sub, partition) = (key.sub_topology, key.partition);
         let topics = task.trackers.len();
         let mut states = restored.states.into_iter();
         let mut repairs = restored.repairs.into_iter();
@@ -347,15 +350,20 @@ impl Engine {
 
     /// Whether records of `topic`/`partition` are accepted.
     pub fn is_assigned(&self, topic: &str, partition: u32) -> bool {
-        self.source(topic)
-            .is_ok_and(|s| self.tasks.contains_key(&(s.sub, partition)))
+        self.source(topic).is_ok_and(|s| {
+            self.tasks.contains_key(&TaskId {
+                sub_topology: s.sub,
+                partition,
+            })
+        })
     }
 
     /// Tasks that have waited longer than `longer_than` for the partitions of some of their
     /// inputs: (partition, assigned topics, missing topics).
     pub fn incomplete_tasks(&self, longer_than: Duration) -> Vec<(u32, Vec<String>, Vec<String>)> {
         let mut out = Vec::new();
-        for (&(sub, partition), task) in &self.tasks {
+        for (id, task) in &self.tasks {
+            let (sub, partition) = (id.sub_topology, id.partition);
             if task
                 .waiting_since
                 .is_some_and(|t| t.elapsed() > longer_than)
@@ -379,7 +387,10 @@ impl Engine {
     /// if known.
     pub fn resume_offset(&self, topic: &str, partition: u32) -> Option<u64> {
         let (sub, i) = self.source(topic).map(|s| (s.sub, s.index)).ok()?;
-        let task = self.tasks.get(&(sub, partition))?;
+        let task = self.tasks.get(&TaskId {
+            sub_topology: sub,
+            partition,
+        })?;
         // Every current range must be covered, or some range needs the committed offset.
         ranges(self.factor())
             .iter()
@@ -392,10 +403,15 @@ impl Engine {
     /// range-committed, all within `timeout`; a task that did not drain in time is fenced before
     /// this returns. With `lost`, the partitions may belong to another member already: the tasks
     /// are fenced at once and commit nothing.
-    pub fn revoke(&mut self, revoked: &[(String, u32)], timeout: Duration, lost: bool) -> Revoked {
-        let mut keys: Vec<(usize, u32)> = revoked
+    pub fn revoke(&mut self, revoked: &[TopicPartition], timeout: Duration, lost: bool) -> Revoked {
+        let mut keys: Vec<TaskId> = revoked
             .iter()
-            .filter_map(|(t, p)| self.source(t).ok().map(|s| (s.sub, *p)))
+            .filter_map(|tp| {
+                self.source(&tp.topic).ok().map(|s| TaskId {
+                    sub_topology: s.sub,
+                    partition: tp.partition,
+                })
+            })
             .collect();
         keys.sort_unstable();
         keys.dedup();
@@ -444,11 +460,15 @@ impl Engine {
         }
         if !lost {
             out.progress = self
-                .progress()
+                .collect_progress()
                 .into_iter()
                 .filter(|p| {
-                    self.source(&p.topic)
-                        .is_ok_and(|s| keys.contains(&(s.sub, p.partition)))
+                    self.source(&p.topic).is_ok_and(|s| {
+                        keys.contains(&TaskId {
+                            sub_topology: s.sub,
+                            partition: p.partition,
+                        })
+                    })
                 })
                 .collect();
         }

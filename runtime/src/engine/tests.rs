@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::dispatch::MIN_QUEUE;
 use super::*;
 use crate::sink::{MemorySink, SinkError};
 use rill_topology::prelude::*;
@@ -110,7 +111,7 @@ fn a_slow_range_does_not_hold_up_the_other_ranges() {
     assert!(out
         .iter()
         .all(|(_, r)| r.key.as_deref() == Some(fast.as_bytes())));
-    let lw = e.progress();
+    let lw = e.collect_progress();
     assert!(
         lw.iter().all(|p| p.low_watermark == 0),
         "nothing of the slow range committed: {lw:?}"
@@ -121,9 +122,9 @@ fn a_slow_range_does_not_hold_up_the_other_ranges() {
         cv.notify_all();
     }
     assert!(e.wait_idle(Duration::from_secs(20)));
-    e.commit();
+    e.request_commit();
     assert!(e.wait_idle(Duration::from_secs(20)));
-    let p = e.progress();
+    let p = e.collect_progress();
     assert_eq!(
         p[0].low_watermark, offset,
         "all committed after the slow range drained"
@@ -168,10 +169,10 @@ fn a_range_commits_over_its_own_acknowledged_outputs_only() {
         e.dispatch("in", 0, offset as u64, raw(key)).unwrap();
     }
     let ranges_of = |e: &mut Engine| {
-        let p = e.progress();
+        let p = e.collect_progress();
         p.first().map(|p| p.ranges.clone()).unwrap_or_default()
     };
-    e.commit();
+    e.request_commit();
     assert!(e.wait_idle(Duration::from_secs(20)));
     // The other range wrote at once; the held range sealed and waits.
     let r = ranges_of(&mut e);
@@ -183,17 +184,17 @@ fn a_range_commits_over_its_own_acknowledged_outputs_only() {
     assert_eq!(next_of(&r, 1 - held_range), Some(3), "{r:?}");
     assert_ne!(next_of(&r, held_range), Some(3), "{r:?}");
     // A later commit still cannot write it while the output is unacknowledged.
-    e.commit();
+    e.request_commit();
     assert!(e.wait_idle(Duration::from_secs(20)));
     assert_ne!(next_of(&ranges_of(&mut e), held_range), Some(3));
     for t in sink.held.lock().unwrap().drain(..) {
         t.delivered(Ok(0));
     }
-    e.commit();
+    e.request_commit();
     assert!(e.wait_idle(Duration::from_secs(20)));
     let r = ranges_of(&mut e);
     assert_eq!(next_of(&r, held_range), Some(3), "{r:?}");
-    assert_eq!(e.progress()[0].low_watermark, 3);
+    assert_eq!(e.collect_progress()[0].low_watermark, 3);
 }
 
 /// Many sub-tasks share one bound on queued records; few get the full `mailbox.capacity`.
@@ -226,7 +227,11 @@ fn the_queue_limit_shrinks_as_sub_tasks_are_assigned_and_grows_back_on_revoke() 
     }
     assert_eq!(e.queue_limit(), MIN_QUEUE, "never below the floor");
     for p in 1..40 {
-        e.revoke(&[("in".to_string(), p)], Duration::from_secs(5), false);
+        e.revoke(
+            &[TopicPartition::new("in", p)],
+            Duration::from_secs(5),
+            false,
+        );
     }
     assert_eq!(e.queue_limit(), 1000);
 }
@@ -305,7 +310,7 @@ fn revoked_partitions_drain_together_within_one_timeout() {
     }
     let timeout = Duration::from_millis(600);
     let started = std::time::Instant::now();
-    let revoked: Vec<(String, u32)> = (0..3).map(|p| ("in".to_string(), p)).collect();
+    let revoked: Vec<TopicPartition> = (0..3).map(|p| TopicPartition::new("in", p)).collect();
     let outcome = e.revoke(&revoked, timeout, false);
     let took = started.elapsed();
     assert!(!outcome.drained, "the blocked sub-tasks could not drain");

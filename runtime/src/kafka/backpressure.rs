@@ -17,7 +17,7 @@ use rdkafka::TopicPartitionList;
 use rill_topology::RawRecord;
 
 use super::rebalance::SourceContext;
-use crate::engine::{Dispatch, EngineError};
+use crate::engine::{Dispatch, EngineError, TopicPartition};
 
 /// How long the loop may stop polling for a backed-up partition before pausing it.
 pub const STALL_LIMIT: Duration = Duration::from_secs(1);
@@ -25,9 +25,9 @@ pub const STALL_LIMIT: Duration = Duration::from_secs(1);
 /// Parked records and paused partitions of one source loop.
 pub struct Backpressure {
     /// Records of backed-up partitions, waiting for room in their sub-task's mailbox.
-    held: BTreeMap<(String, u32), VecDeque<(u64, RawRecord)>>,
+    held: BTreeMap<TopicPartition, VecDeque<(u64, RawRecord)>>,
     /// Partitions paused because they stayed backed up.
-    paused: BTreeSet<(String, u32)>,
+    paused: BTreeSet<TopicPartition>,
     stalled_since: Option<Instant>,
     /// Parked records per partition at which the loop stops polling.
     held_limit: usize,
@@ -56,7 +56,7 @@ impl Backpressure {
         if let Some((_, q)) = self
             .held
             .iter_mut()
-            .find(|((t, p), _)| t == topic && *p == partition)
+            .find(|(tp, _)| tp.topic == topic && tp.partition == partition)
         {
             q.push_back((offset, raw));
             return Ok(());
@@ -67,7 +67,7 @@ impl Backpressure {
                 Ok(())
             }
             Ok(Dispatch::Full(raw)) => {
-                let key = (topic.to_string(), partition);
+                let key = TopicPartition::new(topic, partition);
                 self.held.entry(key).or_default().push_back((offset, raw));
                 Ok(())
             }
@@ -82,7 +82,7 @@ impl Backpressure {
         queue_limit: usize,
     ) -> Result<bool, KafkaError> {
         let limit = self.held_limit.min(queue_limit);
-        let backed_up: Vec<(String, u32)> = self
+        let backed_up: Vec<TopicPartition> = self
             .held
             .iter()
             .filter(|(_, q)| q.len() >= limit)
@@ -103,7 +103,7 @@ impl Backpressure {
         }
         for key in backed_up {
             if self.paused.insert(key.clone()) {
-                tracing::debug!(topic = %key.0, partition = key.1, "mailbox full: pausing partition");
+                tracing::debug!(partition = %key, "mailbox full: pausing partition");
                 consumer.pause(&single(&key))?;
             }
         }
@@ -132,11 +132,13 @@ impl Backpressure {
         let mut engine = ctx.engine.lock();
         let mut drained = Vec::new();
         for (key, q) in self.held.iter_mut() {
-            if !engine.has_room(&key.0, key.1) && engine.is_assigned(&key.0, key.1) {
+            if !engine.has_room(&key.topic, key.partition)
+                && engine.is_assigned(&key.topic, key.partition)
+            {
                 continue;
             }
             while let Some((offset, raw)) = q.pop_front() {
-                match engine.dispatch(&key.0, key.1, offset, raw) {
+                match engine.dispatch(&key.topic, key.partition, offset, raw) {
                     Ok(Dispatch::Full(raw)) => {
                         q.push_front((offset, raw));
                         break;
@@ -156,7 +158,7 @@ impl Backpressure {
             if !self.paused.remove(&key) {
                 continue;
             }
-            tracing::debug!(topic = %key.0, partition = key.1, "mailbox drained: resuming partition");
+            tracing::debug!(partition = %key, "mailbox drained: resuming partition");
             // A partition revoked meanwhile cannot be resumed; that is fine.
             let _ = consumer.resume(&single(&key));
         }
@@ -165,8 +167,8 @@ impl Backpressure {
 }
 
 /// A list of one partition.
-pub fn single(key: &(String, u32)) -> TopicPartitionList {
+pub fn single(key: &TopicPartition) -> TopicPartitionList {
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(&key.0, key.1 as i32);
+    tpl.add_partition(&key.topic, key.partition as i32);
     tpl
 }

@@ -15,7 +15,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use rill_topology::{KeyRange, HASH_ID};
 
 use super::metadata::{self, RangeOffsets};
-use crate::engine::PartitionProgress;
+use crate::engine::{PartitionProgress, TopicPartition};
 
 /// Attempts of a synchronous commit while the group coordinator is not ready.
 const SYNC_ATTEMPTS: usize = 20;
@@ -27,7 +27,7 @@ const SYNC_BACKOFF: Duration = Duration::from_millis(250);
 pub struct Committer {
     /// The last progress handed to a commit per (topic, partition). Invariant: cleared whenever
     /// a commit fails, so a failed commit is always retried at the next interval.
-    committed: Mutex<HashMap<(String, u32), PartitionProgress>>,
+    committed: Mutex<HashMap<TopicPartition, PartitionProgress>>,
 }
 
 fn is_coordinator_busy(e: &KafkaError) -> bool {
@@ -80,7 +80,7 @@ impl Committer {
         let mut tpl = TopicPartitionList::new();
         let mut committed = self.committed.lock();
         for p in progress {
-            let key = (p.topic.clone(), p.partition);
+            let key = TopicPartition::new(p.topic.clone(), p.partition);
             if matches!(mode, CommitMode::Async) && committed.get(&key) == Some(p) {
                 continue;
             }

@@ -30,7 +30,7 @@ use rill_topology::HASH_ID;
 
 use super::committer::Committer;
 use super::metadata;
-use crate::engine::{Engine, PriorClaim, Resume};
+use crate::engine::{Engine, PriorClaim, Resume, TopicPartition};
 
 /// Time allowed for metadata and committed-offset requests.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -52,7 +52,7 @@ pub struct SourceContext {
     /// Partitions paused until their task runs (restoring, or waiting for its other inputs); the
     /// loop resumes each once it runs. Invariant: an entry here is paused in the consumer and
     /// assigned. Taken after `engine` when both are held.
-    pub restoring: Mutex<BTreeSet<(String, u32)>>,
+    pub restoring: Mutex<BTreeSet<TopicPartition>>,
     /// Readiness: assigned, and no task restoring.
     pub health: Arc<crate::health::Health>,
 }
@@ -243,7 +243,7 @@ impl SourceContext {
         for e in tpl.elements() {
             if engine.is_restoring(e.topic(), e.partition() as u32) {
                 pause.add_partition(e.topic(), e.partition());
-                if restoring.insert((e.topic().to_string(), e.partition() as u32)) {
+                if restoring.insert(TopicPartition::new(e.topic(), e.partition() as u32)) {
                     self.health.restore_started();
                 }
                 tracing::info!(
@@ -260,10 +260,10 @@ impl SourceContext {
     }
 
     fn on_revoke(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList, lost: bool) {
-        let revoked: Vec<(String, u32)> = tpl
+        let revoked: Vec<TopicPartition> = tpl
             .elements()
             .iter()
-            .map(|e| (e.topic().to_string(), e.partition() as u32))
+            .map(|e| TopicPartition::new(e.topic(), e.partition() as u32))
             .collect();
         {
             let mut restoring = self.restoring.lock();
@@ -288,8 +288,8 @@ impl SourceContext {
             self.committer.commit_sync(consumer, &outcome.progress);
         }
         let committed_ms = started.elapsed().as_millis() as u64;
-        for (topic, partition) in &revoked {
-            tracing::info!(%topic, partition, drained_ms, committed_ms, lost, "partition revoked");
+        for tp in &revoked {
+            tracing::info!(topic = %tp.topic, partition = tp.partition, drained_ms, committed_ms, lost, "partition revoked");
         }
     }
 }

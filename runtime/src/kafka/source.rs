@@ -16,12 +16,11 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Headers as _, Message};
-use rill_topology::{Headers, KeyRange, RawRecord};
+use rill_topology::{Headers, RawRecord};
 
 use super::backpressure::{single, Backpressure};
-use super::metadata;
 use super::rebalance::SourceContext;
-use crate::engine::EngineError;
+use crate::engine::{EngineError, TopicPartition};
 
 /// How long a task may wait for the partitions of its other input topics before the source stops
 /// with an error (they were assigned to another member: the assignor does not co-partition).
@@ -143,7 +142,7 @@ pub fn run(
             let progress = {
                 let mut engine = ctx.engine.lock();
                 if let Some(e) = engine.failure() {
-                    break Err(SourceError::Rebalance(e.to_string()));
+                    break Err(SourceError::Engine(EngineError::Stopped(e)));
                 }
                 if let Some((partition, assigned, missing)) = engine
                     .incomplete_tasks(CO_PARTITION_WAIT)
@@ -156,9 +155,9 @@ pub fn run(
                         missing,
                     });
                 }
-                engine.commit();
+                engine.request_commit();
                 engine.publish_metrics();
-                engine.progress()
+                engine.collect_progress()
             };
             if let Err(e) = ctx.committer.commit(consumer, &progress, CommitMode::Async) {
                 tracing::warn!(error = %e, "offset commit failed (will retry)");
@@ -169,12 +168,12 @@ pub fn run(
     // Drain and commit what was processed, whether stopping cleanly or on an error.
     let progress = {
         let mut engine = ctx.engine.lock();
-        engine.commit_durable();
+        engine.request_durable_commit();
         if !engine.wait_idle(ctx.drain_timeout) {
             tracing::warn!("sub-tasks did not drain within shutdown.timeout.ms: leaving the rest uncommitted (it is replayed after a restart)");
             engine.abandon();
         }
-        engine.progress()
+        engine.collect_progress()
     };
     if !consumer.assignment_lost() {
         ctx.committer.commit_sync(consumer, &progress);
@@ -201,11 +200,11 @@ fn start_restored(
     // Lock order, as in the rebalance callback: engine, then restoring.
     let mut engine = ctx.engine.lock();
     engine.finish_restores()?;
-    let done: Vec<(String, u32)> = {
+    let done: Vec<TopicPartition> = {
         let mut restoring = ctx.restoring.lock();
         let done: Vec<_> = restoring
             .iter()
-            .filter(|(t, p)| !engine.is_restoring(t, *p))
+            .filter(|tp| !engine.is_restoring(&tp.topic, tp.partition))
             .cloned()
             .collect();
         for key in &done {
@@ -219,20 +218,18 @@ fn start_restored(
         return Ok(());
     }
     let progress: Vec<_> = engine
-        .progress()
+        .collect_progress()
         .into_iter()
-        .filter(|p| done.iter().any(|(t, n)| *t == p.topic && *n == p.partition))
+        .filter(|p| {
+            done.iter()
+                .any(|tp| tp.topic == p.topic && tp.partition == p.partition)
+        })
         .collect();
     drop(engine);
     ctx.committer.commit_sync(consumer, &progress);
     for key in done {
-        tracing::info!(topic = %key.0, partition = key.1, "restored: processing");
+        tracing::info!(partition = %key, "restored: processing");
         consumer.resume(&single(&key))?;
     }
     Ok(())
-}
-
-/// Range offsets decoded from one partition's commit metadata (for the operator CLI and tests).
-pub fn decode_committed(text: &str, base: u64) -> Option<Vec<(KeyRange, u64)>> {
-    metadata::decode(text, base).ok().map(|m| m.ranges)
 }
