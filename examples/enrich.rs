@@ -35,7 +35,7 @@ fn topology(lookup: Duration) -> Result<Topology, TopologyError> {
             std::thread::sleep(lookup); // the per-record I/O call
             format!("{click} country=NL tier=gold")
         })
-        .to_with(OUTPUT, StringSerde, StringSerde);
+        .to_with(OUTPUT, Produced::with(StringSerde, StringSerde));
     builder.build()
 }
 

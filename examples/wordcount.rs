@@ -41,7 +41,10 @@ fn topology(input: &str, output: &str) -> Result<Topology, TopologyError> {
                 .map(str::to_string)
                 .collect::<Vec<_>>()
         })
-        .group_by(|_key, word: &String| word.clone(), StringSerde, StringSerde)
+        .group_by(
+            |_key, word: &String| word.clone(),
+            Grouped::with(StringSerde, StringSerde),
+        )
         .count("counts-store")
         .to_stream()
         .to(output);

@@ -14,7 +14,10 @@ fn merged_inputs_are_counted_once_each_through_a_repartition_topic() {
     let a = builder.stream("a", StringSerde, StringSerde);
     let c = builder.stream("c", StringSerde, StringSerde);
     a.merge(&c)
-        .group_by(|_k, v: &String| v.clone(), StringSerde, StringSerde)
+        .group_by(
+            |_k, v: &String| v.clone(),
+            Grouped::with(StringSerde, StringSerde),
+        )
         .count("counts");
     for p in [1, 4] {
         let driver = TestDriver::builder(builder.build().unwrap())
@@ -42,10 +45,7 @@ fn two_repartition_topics_into_one_range_are_counted_once_each() {
     let s = builder.stream("in", StringSerde, StringSerde);
     let by_value = s.repartition("by-value");
     let again = s.filter(|_k, _v| true).repartition("by-value-2");
-    by_value
-        .merge(&again)
-        .group_by_key()
-        .count("counts");
+    by_value.merge(&again).group_by_key().count("counts");
     let driver = TestDriver::builder(builder.build().unwrap())
         .parallelising_factor(2)
         .build()
@@ -64,8 +64,11 @@ fn wall_clock_punctuation_outputs_pass_through_a_repartition_topic() {
     static TICKS: AtomicI64 = AtomicI64::new(0);
     struct Ticker;
     impl Processor<String, String, String, String> for Ticker {
-        fn init(&mut self, ctx: &mut ProcessorContext<'_, String, String>) -> Result<(), ProcessError> {
-            ctx.schedule(10, PunctuationType::WallClockTime);
+        fn init(
+            &mut self,
+            ctx: &mut ProcessorContext<'_, String, String>,
+        ) -> Result<(), ProcessError> {
+            ctx.schedule(Duration::from_millis(10), PunctuationType::WallClockTime);
             Ok(())
         }
         fn process(
@@ -83,7 +86,9 @@ fn wall_clock_punctuation_outputs_pass_through_a_repartition_topic() {
             ctx: &mut ProcessorContext<'_, String, String>,
         ) -> Result<(), ProcessError> {
             TICKS.fetch_add(1, Ordering::SeqCst);
-            ctx.forward(Record::new("tick".to_string(), "tick".to_string()).with_timestamp(timestamp));
+            ctx.forward(
+                Record::new("tick".to_string(), "tick".to_string()).with_timestamp(timestamp),
+            );
             Ok(())
         }
     }
@@ -91,9 +96,14 @@ fn wall_clock_punctuation_outputs_pass_through_a_repartition_topic() {
     builder
         .stream("in", StringSerde, StringSerde)
         .process("ticker", || Ticker, &[])
-        .group_by(|_k, v: &String| v.clone(), StringSerde, StringSerde)
+        .group_by(
+            |_k, v: &String| v.clone(),
+            Grouped::with(StringSerde, StringSerde),
+        )
         .count("counts");
-    let driver = TestDriver::builder(builder.build().unwrap()).build().unwrap();
+    let driver = TestDriver::builder(builder.build().unwrap())
+        .build()
+        .unwrap();
     let t = driver.input_topic("in", StringSerde, StringSerde);
     for i in 0..5 {
         t.pipe_input(format!("k{i}"), "x".to_string());
