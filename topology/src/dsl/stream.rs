@@ -16,6 +16,9 @@ use crate::processor::{
 use crate::record::Record;
 use crate::serdes::Serde;
 
+/// A key serde and a value serde.
+type SerdePair<K, V> = (Arc<dyn Serde<K>>, Arc<dyn Serde<V>>);
+
 /// A record stream; the counterpart of Kafka Streams' `KStream`.
 pub struct KStream<K, V> {
     pub(super) builder: StreamsBuilder,
@@ -314,7 +317,7 @@ where
         key: Option<Arc<dyn Serde<K>>>,
         value: Option<Arc<dyn Serde<V>>>,
         hint: &'static str,
-    ) -> Option<(Arc<dyn Serde<K>>, Arc<dyn Serde<V>>)> {
+    ) -> Option<SerdePair<K, V>> {
         let key = key.or_else(|| self.key_serde.clone());
         let value = value.or_else(|| self.value_serde.clone());
         match (key, value) {
