@@ -142,7 +142,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let config = ConfigBuilder::new()
         .set("application.id", "streams-wordcount")
         .set("parallelising.factor", 4)
-        .with_config_file_and_env()
+        .with_config_file_and_env(arg("--config").map(std::path::PathBuf::from).as_deref())
         .build()?;
     let runtime = Runtime::new(topology(&input, &output)?, config)?;
     let Some(cluster) = runtime.embedded() else {
