@@ -122,12 +122,12 @@ fn child_rill(a: &BTreeMap<String, String>) {
                 std::thread::sleep(Duration::from_micros(sleep_of(&v)));
                 v
             })
-            .to_with(output, StringSerde, StringSerde),
+            .to_with(output, Produced::with(StringSerde, StringSerde)),
         "s2" => s.group_by_key().count("counts").to_stream().to(output),
         _ => s
             .filter(|_, v: &String| passes(v))
             .map_values(|v: String| v.to_ascii_uppercase())
-            .to_with(output, StringSerde, StringSerde),
+            .to_with(output, Produced::with(StringSerde, StringSerde)),
     }
     let mut cfg = ConfigBuilder::new()
         .set("application.id", &a["app"])

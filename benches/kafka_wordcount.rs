@@ -41,7 +41,10 @@ fn topology(input: &str, output: &str) -> Topology {
     builder
         .stream(input, StringSerde, StringSerde)
         .flat_map_values(|line: String| line.split(' ').map(str::to_string).collect::<Vec<_>>())
-        .group_by(|_k, w: &String| w.clone(), StringSerde, StringSerde)
+        .group_by(
+            |_k, w: &String| w.clone(),
+            Grouped::with(StringSerde, StringSerde),
+        )
         .count("counts")
         .to_stream()
         .to(output);

@@ -35,7 +35,7 @@ fn topology(lookup: Duration) -> Result<Topology, TopologyError> {
             std::thread::sleep(lookup); // the per-record I/O call
             format!("{click} country=NL tier=gold")
         })
-        .to_with(OUTPUT, StringSerde, StringSerde);
+        .to_with(OUTPUT, Produced::with(StringSerde, StringSerde));
     builder.build()
 }
 
@@ -46,7 +46,11 @@ fn prepare(p: u64, records: u64, lookup: Duration) -> Result<Runtime, common::Er
         .set("application.id", "enrich")
         .set("parallelising.factor", p)
         .set("worker.threads", p)
-        .with_config_file_and_env()
+        .with_config_file_and_env(
+            common::arg("--config")
+                .map(std::path::PathBuf::from)
+                .as_deref(),
+        )
         .build()?;
     let runtime = Runtime::new(topology(lookup)?, config)?;
     let cluster = runtime.embedded().ok_or(

@@ -123,7 +123,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let config = ConfigBuilder::new()
         .set("application.id", "orders")
         .set("parallelising.factor", 4)
-        .with_config_file_and_env()
+        .with_config_file_and_env(
+            common::arg("--config")
+                .map(std::path::PathBuf::from)
+                .as_deref(),
+        )
         .build()?;
     let runtime = Runtime::new(topology()?, config)?;
     let Some(cluster) = runtime.embedded() else {

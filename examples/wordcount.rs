@@ -41,7 +41,10 @@ fn topology(input: &str, output: &str) -> Result<Topology, TopologyError> {
                 .map(str::to_string)
                 .collect::<Vec<_>>()
         })
-        .group_by(|_key, word: &String| word.clone(), StringSerde, StringSerde)
+        .group_by(
+            |_key, word: &String| word.clone(),
+            Grouped::with(StringSerde, StringSerde),
+        )
         .count("counts-store")
         .to_stream()
         .to(output);
@@ -139,7 +142,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let config = ConfigBuilder::new()
         .set("application.id", "streams-wordcount")
         .set("parallelising.factor", 4)
-        .with_config_file_and_env()
+        .with_config_file_and_env(arg("--config").map(std::path::PathBuf::from).as_deref())
         .build()?;
     let runtime = Runtime::new(topology(&input, &output)?, config)?;
     let Some(cluster) = runtime.embedded() else {

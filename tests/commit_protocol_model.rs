@@ -61,7 +61,7 @@ fn topology() -> Arc<rill::topology::Topology> {
         .stream(INPUT, StringSerde, StringSerde)
         .process("key-value", || KeyValue, &["kv"])
         .select_key(|_k, v: &String| v.clone())
-        .repartition_with("by-value", StringSerde, StringSerde)
+        .repartition(Repartitioned::with(StringSerde, StringSerde).with_name("by-value"))
         .group_by_key();
     grouped.count("counts");
     grouped.count("counts2");

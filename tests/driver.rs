@@ -109,6 +109,51 @@ fn split_routes_each_record_to_the_first_matching_branch() {
     assert_eq!(read("out-large"), vec![50, 10]);
 }
 
+/// Two aggregations of one named grouping read one repartition topic; `Materialized` serdes
+/// decide how a store keeps its values, and `Produced` serdes how a sink writes them.
+#[test]
+fn option_objects_name_stores_and_choose_serdes() {
+    let builder = StreamsBuilder::new();
+    let by_word = builder
+        .stream("lines", StringSerde, StringSerde)
+        .flat_map_values(|l: String| l.split(' ').map(str::to_string).collect::<Vec<_>>())
+        .group_by(
+            |_k, w: &String| w.clone(),
+            Grouped::with(StringSerde, StringSerde).with_name("by-word"),
+        );
+    by_word.count("counts").to_stream().to("counts-out");
+    by_word
+        .reduce(
+            Materialized::named("longest").with_value_serde(JsonSerde::<String>::new()),
+            |a: String, b: String| if b.len() > a.len() { b } else { a },
+        )
+        .to_stream()
+        .to_with(
+            "longest-out",
+            Produced::default().with_value_serde(StringSerde),
+        );
+    let topology = builder.build().unwrap();
+    assert_eq!(topology.internal_topics().len(), 1, "{topology:?}");
+    let driver = TestDriver::builder(topology)
+        .parallelising_factor(4)
+        .build()
+        .unwrap();
+    let input = driver.input_topic("lines", StringSerde, StringSerde);
+    input.pipe_value("a bb a".to_string());
+    input.pipe_value("bb a".to_string());
+    let counts = driver.key_value_store("counts", StringSerde, I64Serde);
+    assert_eq!(counts.get(&"a".to_string()), Some(3));
+    assert_eq!(counts.get(&"bb".to_string()), Some(2));
+    // The store holds JSON (the Materialized serde), the sink plain UTF-8 (the Produced serde).
+    let longest = driver.key_value_store("longest", StringSerde, JsonSerde::<String>::new());
+    assert_eq!(longest.get(&"bb".to_string()), Some("bb".to_string()));
+    let mut out = driver
+        .output_topic("longest-out", StringSerde, StringSerde)
+        .read_values();
+    out.sort();
+    assert_eq!(out, vec!["a", "a", "a", "bb", "bb"]);
+}
+
 #[test]
 fn stateless_operations_compose() {
     let builder = StreamsBuilder::new();
@@ -127,7 +172,7 @@ fn stateless_operations_compose() {
                 (format!("{}!", k.unwrap_or_default()), v),
             ]
         })
-        .to_with("out", StringSerde, StringSerde);
+        .to_with("out", Produced::with(StringSerde, StringSerde));
     let driver = TestDriver::new(builder.build().unwrap()).unwrap();
     let input = driver.input_topic("in", StringSerde, I64Serde);
     input.pipe_input("a".into(), 2);
@@ -151,8 +196,8 @@ struct SumAndReport;
 
 impl Processor<String, i64, String, i64> for SumAndReport {
     fn init(&mut self, ctx: &mut ProcessorContext<'_, String, i64>) -> Result<(), ProcessError> {
-        ctx.schedule(1000, PunctuationType::WallClockTime);
-        ctx.schedule(100, PunctuationType::StreamTime);
+        ctx.schedule(Duration::from_secs(1), PunctuationType::WallClockTime);
+        ctx.schedule(Duration::from_millis(100), PunctuationType::StreamTime);
         Ok(())
     }
 
@@ -198,7 +243,7 @@ fn processor_api_reads_its_store_and_punctuates_on_both_clocks() {
     builder
         .stream("in", StringSerde, I64Serde)
         .process("sum-and-report", || SumAndReport, &["sums"])
-        .to_with("out", StringSerde, I64Serde);
+        .to_with("out", Produced::with(StringSerde, I64Serde));
     let driver = TestDriver::builder(builder.build().unwrap())
         .parallelising_factor(2)
         .build()
@@ -241,9 +286,9 @@ fn a_processor_asking_for_an_unconnected_store_gets_a_clear_error() {
     builder.add_state_store("elsewhere");
     let s = builder.stream("in", StringSerde, I64Serde);
     s.process("sneaky", || Sneaky, &["mine"])
-        .to_with("out", StringSerde, I64Serde);
+        .to_with("out", Produced::with(StringSerde, I64Serde));
     s.process("other", || Sneaky, &["elsewhere"])
-        .to_with("out2", StringSerde, I64Serde);
+        .to_with("out2", Produced::with(StringSerde, I64Serde));
     let driver = TestDriver::new(builder.build().unwrap()).unwrap();
     let err = driver
         .input_topic("in", StringSerde, I64Serde)
@@ -343,7 +388,7 @@ fn build_rejects_invalid_topologies_naming_the_culprit() {
     let b = StreamsBuilder::new();
     b.stream("in", StringSerde, I64Serde)
         .process("p", || SumAndReport, &["missing"])
-        .to_with("o", StringSerde, I64Serde);
+        .to_with("o", Produced::with(StringSerde, I64Serde));
     assert!(
         matches!(b.build().unwrap_err(), TopologyError::UnknownStore { node, store } if node == "p" && store == "missing")
     );
@@ -409,7 +454,7 @@ fn records_carry_their_source_metadata() {
     let b = StreamsBuilder::new();
     b.stream("in", StringSerde, I64Serde)
         .process("meta", || Meta, &[])
-        .to_with("out", StringSerde, StringSerde);
+        .to_with("out", Produced::with(StringSerde, StringSerde));
     let driver = TestDriver::new(b.build().unwrap()).unwrap();
     let input = driver.input_topic("in", StringSerde, I64Serde);
     input.pipe_input("a".into(), 1);

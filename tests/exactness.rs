@@ -14,7 +14,10 @@ fn merged_inputs_are_counted_once_each_through_a_repartition_topic() {
     let a = builder.stream("a", StringSerde, StringSerde);
     let c = builder.stream("c", StringSerde, StringSerde);
     a.merge(&c)
-        .group_by(|_k, v: &String| v.clone(), StringSerde, StringSerde)
+        .group_by(
+            |_k, v: &String| v.clone(),
+            Grouped::with(StringSerde, StringSerde),
+        )
         .count("counts");
     for p in [1, 4] {
         let driver = TestDriver::builder(builder.build().unwrap())
@@ -40,16 +43,12 @@ fn merged_inputs_are_counted_once_each_through_a_repartition_topic() {
 fn two_repartition_topics_into_one_range_are_counted_once_each() {
     let builder = StreamsBuilder::new();
     let s = builder.stream("in", StringSerde, StringSerde);
-    let by_value = s.select_key(|_k, v: &String| v.clone()).repartition_with(
-        "by-value",
-        StringSerde,
-        StringSerde,
-    );
-    let again = s.select_key(|_k, v: &String| v.clone()).repartition_with(
-        "by-value-2",
-        StringSerde,
-        StringSerde,
-    );
+    let by_value = s
+        .select_key(|_k, v: &String| v.clone())
+        .repartition(Repartitioned::with(StringSerde, StringSerde).with_name("by-value"));
+    let again = s
+        .select_key(|_k, v: &String| v.clone())
+        .repartition(Repartitioned::with(StringSerde, StringSerde).with_name("by-value-2"));
     by_value.merge(&again).group_by_key().count("counts");
     let driver = TestDriver::builder(builder.build().unwrap())
         .parallelising_factor(2)
@@ -73,7 +72,7 @@ fn wall_clock_punctuation_outputs_pass_through_a_repartition_topic() {
             &mut self,
             ctx: &mut ProcessorContext<'_, String, String>,
         ) -> Result<(), ProcessError> {
-            ctx.schedule(10, PunctuationType::WallClockTime);
+            ctx.schedule(Duration::from_millis(10), PunctuationType::WallClockTime);
             Ok(())
         }
         fn process(
@@ -101,7 +100,10 @@ fn wall_clock_punctuation_outputs_pass_through_a_repartition_topic() {
     builder
         .stream("in", StringSerde, StringSerde)
         .process("ticker", || Ticker, &[])
-        .group_by(|_k, v: &String| v.clone(), StringSerde, StringSerde)
+        .group_by(
+            |_k, v: &String| v.clone(),
+            Grouped::with(StringSerde, StringSerde),
+        )
         .count("counts");
     let driver = TestDriver::builder(builder.build().unwrap())
         .build()
@@ -127,7 +129,7 @@ struct Clock;
 
 impl Processor<String, String, String, String> for Clock {
     fn init(&mut self, ctx: &mut ProcessorContext<'_, String, String>) -> Result<(), ProcessError> {
-        ctx.schedule(10, PunctuationType::StreamTime);
+        ctx.schedule(Duration::from_millis(10), PunctuationType::StreamTime);
         Ok(())
     }
     fn process(
@@ -154,7 +156,7 @@ fn clock_topology() -> Topology {
     builder
         .stream("in", StringSerde, StringSerde)
         .process("clock", || Clock, &["unused"])
-        .to_with("ticks", StringSerde, StringSerde);
+        .to_with("ticks", Produced::with(StringSerde, StringSerde));
     builder.build().unwrap()
 }
 

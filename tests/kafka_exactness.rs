@@ -31,7 +31,10 @@ fn merged(a: &str, c: &str, output: &str) -> Topology {
     let left = builder.stream(a, StringSerde, StringSerde);
     let right = builder.stream(c, StringSerde, StringSerde);
     left.merge(&right)
-        .group_by(|_k, v: &String| v.clone(), StringSerde, StringSerde)
+        .group_by(
+            |_k, v: &String| v.clone(),
+            Grouped::with(StringSerde, StringSerde),
+        )
         .count("counts")
         .to_stream()
         .to(output);
@@ -96,7 +99,10 @@ struct Ticker;
 
 impl Processor<String, String, String, String> for Ticker {
     fn init(&mut self, ctx: &mut ProcessorContext<'_, String, String>) -> Result<(), ProcessError> {
-        ctx.schedule(100, PunctuationType::WallClockTime);
+        ctx.schedule(
+            std::time::Duration::from_millis(100),
+            PunctuationType::WallClockTime,
+        );
         Ok(())
     }
     fn process(
@@ -128,7 +134,7 @@ fn wall_clock_punctuation_fires_under_kafka() {
     builder
         .stream(&input, StringSerde, StringSerde)
         .process("ticker", || Ticker, &[])
-        .to_with(&output, StringSerde, StringSerde);
+        .to_with(&output, Produced::with(StringSerde, StringSerde));
     let state = tempfile::tempdir().unwrap();
     let running = Runtime::new(
         builder.build().unwrap(),
@@ -184,7 +190,7 @@ fn binary_commit_metadata_of_another_client_is_ignored() {
     let builder = StreamsBuilder::new();
     builder
         .stream(&input, StringSerde, StringSerde)
-        .to_with(&output, StringSerde, StringSerde);
+        .to_with(&output, Produced::with(StringSerde, StringSerde));
     let state = tempfile::tempdir().unwrap();
     let running = Runtime::new(
         builder.build().unwrap(),

@@ -264,7 +264,7 @@ fn too_many_ranges_for_the_metadata_commit_one_range_at_the_low_watermark() {
     builder
         .stream(&input, StringSerde, I64Serde)
         .map_values(|v: i64| v * 2)
-        .to_with(&output, StringSerde, I64Serde);
+        .to_with(&output, Produced::with(StringSerde, I64Serde));
     let state = tempfile::tempdir().expect("tempdir");
     let runtime = Runtime::new(
         builder.build().expect("topology"),

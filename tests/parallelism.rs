@@ -59,8 +59,7 @@ fn running_digest(input: &[(String, i64)], p: usize, partitions: u32) -> PerKey<
         .map_values(|v: i64| v * 3 + 1)
         .group_by(
             |k: Option<&String>, _v: &i64| format!("g-{}", k.map_or("", |k| &k[..1])),
-            StringSerde,
-            I64Serde,
+            Grouped::with(StringSerde, I64Serde),
         )
         .aggregate(
             "digests",

@@ -1,20 +1,11 @@
 //! The runtime configuration: keys named as in Kafka Streams, validated before anything connects.
 //!
-//! | key | default | meaning |
-//! |---|---|---|
-//! | `application.id` | (required) | consumer group id and prefix of internal topics |
-//! | `bootstrap.servers` | unset | Kafka brokers; unset starts an embedded in-process cluster |
-//! | `parallelising.factor` | 1 | key-range sub-tasks per input partition |
-//! | `worker.threads` | cores | threads of the worker pool |
-//! | `state.dir` | `/tmp/rill/<application.id>` | where the RocksDB state lives |
-//! | `commit.interval.ms` | 100 | how often ranges commit and offsets are committed |
-//! | `mailbox.capacity` | 10000 | records a sub-task may queue before its partition pauses; with many sub-tasks each gets less, so that all queue at most 16 x this (at least 256 each) |
-//! | `processing.guarantee` | `at_least_once` | outputs at least once, state exactly once |
-//! | `metrics.addr` | `127.0.0.1:9898` | HTTP for /metrics, /health, /ready; `off` disables |
-//! | `rocksdb.memory.bytes` | 268435456 | one budget for block cache and memtables |
-//! | `deserialization.error.handler` | `fail` | `fail`, `log_and_continue`, `dead_letter:<topic>` |
-//! | `shutdown.timeout.ms` | 30000 | bound on the drain at shutdown |
-//! | `kafka.*` | | passed to librdkafka without the prefix |
+//! Every key, its default and its meaning are declared once, in the `settings!` table below: it
+//! defines the serde struct the sources deserialize into (unknown keys are refused by
+//! `deny_unknown_fields`), the defaults, and [`KEYS`], from which [`key_table`] renders the table
+//! in the README (a test keeps the two equal). `kafka.*` keys pass through to librdkafka without
+//! the prefix, except settings that would break the idempotent producer rill's exactness relies
+//! on (see [`ConfigError::Refused`]).
 //!
 //! Every key can also come from the environment as `RILL_` + the key upper-cased with `.` -> `_`
 //! (`RILL_BOOTSTRAP_SERVERS`); `kafka.*` keys as `RILL_KAFKA_<KEY>` (e.g. `RILL_KAFKA_SECURITY_PROTOCOL`).
@@ -28,7 +19,8 @@
 //! environment variables**,
 //!
 //! so code carries the application's defaults, the file the deployment's settings, and the
-//! environment one-off overrides (as a container orchestrator sets them). The TOML file takes the
+//! environment one-off overrides (as a container orchestrator sets them). The library never reads
+//! the command line: a binary parses `--config FILE` and passes the path. The TOML file takes the
 //! same keys; dotted keys and tables are the same thing in TOML, so both of these set
 //! `kafka.security.protocol`:
 //!
@@ -45,9 +37,13 @@
 //! key or a bad value is an error that names the key and what it takes.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use serde::de::{self, DeserializeSeed, Deserializer, IntoDeserializer, MapAccess, Visitor};
+use serde::Deserialize;
 
 use crate::engine::DeserializationHandler;
 
@@ -55,7 +51,7 @@ use crate::engine::DeserializationHandler;
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
     /// The key is not known.
-    #[error("unknown config key `{0}` (see the table in rill_runtime::config; librdkafka settings take the `kafka.` prefix)")]
+    #[error("unknown config key `{0}` (the keys are listed in the README and rill_runtime::config::KEYS; librdkafka settings take the `kafka.` prefix)")]
     UnknownKey(String),
     /// The value is not valid for the key.
     #[error("config key `{key}` = `{value}`: expected {expected}")]
@@ -65,7 +61,17 @@ pub enum ConfigError {
         /// The value given.
         value: String,
         /// What the key takes.
-        expected: &'static str,
+        expected: String,
+    },
+    /// A `kafka.*` setting that would break what rill relies on.
+    #[error("config key `{key}` = `{value}` is refused: {why}")]
+    Refused {
+        /// The key.
+        key: String,
+        /// The value given.
+        value: String,
+        /// What it would break, and what to do instead.
+        why: &'static str,
     },
     /// A required key is missing.
     #[error("config key `{0}` is required")]
@@ -129,23 +135,160 @@ pub struct Config {
     pub kafka: BTreeMap<String, String>,
 }
 
-const KEYS: &[&str] = &[
-    "application.id",
-    "bootstrap.servers",
-    "parallelising.factor",
-    "worker.threads",
-    "state.dir",
-    "commit.interval.ms",
-    "mailbox.capacity",
-    "processing.guarantee",
-    "metrics.addr",
-    "rocksdb.memory.bytes",
-    "deserialization.error.handler",
-    "shutdown.timeout.ms",
-];
+/// One documented key: its name, its default as the README shows it, and what it means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Key {
+    /// The dotted key, e.g. `parallelising.factor`.
+    pub name: &'static str,
+    /// The default, as shown in the README (Markdown).
+    pub default: &'static str,
+    /// One line on what it sets.
+    pub doc: &'static str,
+}
+
+/// Declares every key once: the serde struct the sources fill, its defaults and [`KEYS`].
+macro_rules! settings {
+    ($(
+        $key:literal => $field:ident: $ty:ty = $default:expr, shown $shown:literal, doc $doc:literal;
+    )*) => {
+        /// Every key but `kafka.*`, as the sources gave it; `None` where none did.
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Settings {
+            $(
+                #[doc = $doc]
+                #[serde(rename = $key, default, deserialize_with = "parse")]
+                $field: Option<$ty>,
+            )*
+        }
+
+        /// [`Settings`] with the defaults filled in.
+        struct Resolved {
+            $( $field: $ty, )*
+        }
+
+        impl Settings {
+            fn resolve(self) -> Resolved {
+                Resolved {
+                    $( $field: self.$field.unwrap_or_else(|| $default), )*
+                }
+            }
+        }
+
+        /// Every key rill reads besides `kafka.*`, in the order the README lists them.
+        pub const KEYS: &[Key] = &[
+            $( Key { name: $key, default: $shown, doc: $doc }, )*
+        ];
+    };
+}
+
+settings! {
+    "application.id" => application_id: Option<AppId> = None,
+        shown "(required)",
+        doc "consumer group id and prefix of internal topics";
+    "bootstrap.servers" => bootstrap_servers: Option<String> = None,
+        shown "unset",
+        doc "Kafka brokers; unset starts an embedded in-process cluster (demos, tests)";
+    "parallelising.factor" => parallelising_factor: Whole<1> = Whole(1),
+        shown "1",
+        doc "key-range sub-tasks per input partition";
+    "worker.threads" => worker_threads: Whole<1> = Whole(cores()),
+        shown "cores",
+        doc "threads of the worker pool";
+    "state.dir" => state_dir: Option<PathBuf> = None,
+        shown "`<temp dir>/rill/<application.id>`",
+        doc "where the RocksDB state lives";
+    "commit.interval.ms" => commit_interval_ms: Whole<1> = Whole(100),
+        shown "100",
+        doc "how often ranges commit and offsets are committed (milliseconds)";
+    "mailbox.capacity" => mailbox_capacity: Whole<1> = Whole(10_000),
+        shown "10000",
+        doc "records a sub-task may queue before its partition pauses; with many sub-tasks each gets less, so that all queue at most 16 x this (at least 256 each)";
+    "processing.guarantee" => processing_guarantee: ProcessingGuarantee = ProcessingGuarantee::AtLeastOnce,
+        shown "`at_least_once`",
+        doc "`at_least_once`: outputs at least once, state exactly once";
+    "metrics.addr" => metrics_addr: MetricsAddr = MetricsAddr::On(SocketAddr::from(([127, 0, 0, 1], 9898))),
+        shown "`127.0.0.1:9898`",
+        doc "HTTP for /metrics, /health, /ready (port 0 picks a free port); `off` disables";
+    "rocksdb.memory.bytes" => rocksdb_memory_bytes: Whole<MIB> = Whole(256 * MIB),
+        shown "268435456",
+        doc "one budget for RocksDB's block cache and memtables, in bytes (at least 1 MiB)";
+    "deserialization.error.handler" => deserialization_handler: DeserializationHandler = DeserializationHandler::Fail,
+        shown "`fail`",
+        doc "`fail`, `log_and_continue` or `dead_letter:<topic>`";
+    "shutdown.timeout.ms" => shutdown_timeout_ms: Whole<1> = Whole(30_000),
+        shown "30000",
+        doc "bound on the drain at shutdown (milliseconds)";
+}
+
+/// One mebibyte.
+const MIB: u64 = 1 << 20;
+
+/// The meaning of the `kafka.*` row of the key table.
+const KAFKA_DOC: &str = "passed to librdkafka without the prefix (settings that break the idempotent producer are refused)";
+
+/// The key table as the README shows it (Markdown), `kafka.*` last.
+pub fn key_table() -> String {
+    let mut out = String::from("| key | default | meaning |\n|---|---|---|\n");
+    for k in KEYS {
+        out.push_str(&format!(
+            "| `{}` | {} | {} |\n",
+            k.name,
+            k.default,
+            k.doc.trim()
+        ));
+    }
+    out.push_str(&format!("| `kafka.*` | | {KAFKA_DOC} |\n"));
+    out
+}
+
+/// The number of cores, the default of `worker.threads`.
+fn cores() -> u64 {
+    std::thread::available_parallelism().map_or(2, |n| n.get()) as u64
+}
 
 /// Keys whose values are never logged: any key containing one of these.
 const SECRET_MARKERS: &[&str] = &["password", "secret", "sasl.jaas", "ssl.key"];
+
+/// What a refused `kafka.*` setting looks like, and why it is refused.
+struct Guard {
+    /// The librdkafka names of the setting (aliases included).
+    names: &'static [&'static str],
+    /// Whether a value is refused.
+    refuses: fn(&str) -> bool,
+    why: &'static str,
+}
+
+/// `kafka.*` settings that break the idempotent producer: without it a retried send can be
+/// duplicated or reordered, and repartition origins and changelog markers then no longer apply
+/// state exactly once.
+const KAFKA_GUARDS: &[Guard] = &[
+    Guard {
+        names: &["enable.idempotence"],
+        refuses: is_false,
+        why: "rill's producer must be idempotent (retries must not duplicate or reorder repartition and changelog records, or state is no longer applied exactly once); remove the setting",
+    },
+    Guard {
+        names: &["acks", "request.required.acks"],
+        refuses: |v| !matches!(v.trim().to_ascii_lowercase().as_str(), "all" | "-1"),
+        why: "the idempotent producer needs acks=all (or -1); remove the setting",
+    },
+    Guard {
+        names: &["max.in.flight.requests.per.connection", "max.in.flight"],
+        refuses: |v| v.trim().parse::<u64>().is_ok_and(|n| n > 5),
+        why: "the idempotent producer keeps order only with at most 5 requests in flight per connection; use 5 or less",
+    },
+    Guard {
+        names: &["enable.gapless.guarantee"],
+        refuses: is_false,
+        why: "rill relies on the producer failing rather than leaving a gap in a partition's outputs; remove the setting or set it to true",
+    },
+];
+
+/// librdkafka's spellings of `false`.
+fn is_false(v: &str) -> bool {
+    matches!(v.trim().to_ascii_lowercase().as_str(), "false" | "f" | "0")
+}
 
 /// Collects settings (builder calls, a TOML file, environment), then validates them into a
 /// [`Config`].
@@ -189,8 +332,8 @@ impl ConfigBuilder {
                 Some(k) => format!("kafka.{}", k.replace('_', ".")),
                 None => KEYS
                     .iter()
-                    .find(|k| k.replace(['.'], "_") == lower)
-                    .map_or_else(|| lower.replace('_', "."), |k| k.to_string()),
+                    .find(|k| k.name.replace('.', "_") == lower)
+                    .map_or_else(|| lower.replace('_', "."), |k| k.name.to_string()),
             };
             self.values.insert(key, value);
         }
@@ -215,7 +358,7 @@ impl ConfigBuilder {
 
     /// Adds every key of the TOML file at `path`; a file that cannot be read or parsed is an
     /// error of [`ConfigBuilder::build`].
-    pub fn with_config_file(self, path: impl AsRef<std::path::Path>) -> Self {
+    pub fn with_config_file(self, path: impl AsRef<Path>) -> Self {
         let path = path.as_ref();
         let shown = path.display().to_string();
         match std::fs::read_to_string(path) {
@@ -231,26 +374,18 @@ impl ConfigBuilder {
         }
     }
 
-    /// Adds the file named by `--config FILE` (or `--config=FILE`) in `args`, else by the
+    /// Adds the TOML file `file` (the binary's `--config FILE`), else the file named by the
     /// variable `RILL_CONFIG` in `vars`, then the `RILL_*` variables of `vars`: file < env.
     pub fn with_config_file_and_env_from(
         self,
-        args: &[String],
+        file: Option<&Path>,
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Self {
         let vars: Vec<(String, String)> = vars.into_iter().collect();
-        let from_args = match config_arg(args) {
-            Ok(file) => file,
-            Err(e) => {
-                let mut b = self;
-                b.source_error.get_or_insert(e);
-                return b;
-            }
-        };
-        let file = from_args.or_else(|| {
+        let file = file.map(Path::to_path_buf).or_else(|| {
             vars.iter()
                 .find(|(k, v)| k == "RILL_CONFIG" && !v.trim().is_empty())
-                .map(|(_, v)| v.clone())
+                .map(|(_, v)| PathBuf::from(v))
         });
         let b = match file {
             Some(f) => self.with_config_file(f),
@@ -259,11 +394,11 @@ impl ConfigBuilder {
         b.with_env_vars(vars)
     }
 
-    /// [`ConfigBuilder::with_config_file_and_env_from`] with this process's arguments and
-    /// environment: the usual last call before `build` in a service's `main`.
-    pub fn with_config_file_and_env(self) -> Self {
-        let args: Vec<String> = std::env::args().collect();
-        self.with_config_file_and_env_from(&args, std::env::vars())
+    /// [`ConfigBuilder::with_config_file_and_env_from`] with this process's environment: the
+    /// usual last call before `build` in a service's `main`, given the `--config FILE` the
+    /// binary parsed (if any).
+    pub fn with_config_file_and_env(self, file: Option<&Path>) -> Self {
+        self.with_config_file_and_env_from(file, std::env::vars())
     }
 
     /// Validates every key and value.
@@ -271,99 +406,43 @@ impl ConfigBuilder {
         if let Some(e) = &self.source_error {
             return Err(e.clone());
         }
-        let mut kafka = BTreeMap::new();
-        for (k, v) in &self.values {
-            if let Some(rest) = k.strip_prefix("kafka.") {
-                kafka.insert(rest.to_string(), v.clone());
-            } else if !KEYS.contains(&k.as_str()) {
-                return Err(ConfigError::UnknownKey(k.clone()));
-            }
-        }
-        let get = |k: &str| self.values.get(k).map(String::as_str);
-        let application_id = get("application.id")
+        let (kafka, rill): (BTreeMap<_, _>, BTreeMap<_, _>) = self
+            .values
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .partition(|(k, _)| k.starts_with("kafka."));
+        let kafka: BTreeMap<String, String> = kafka
+            .into_iter()
+            .map(|(k, v)| (k["kafka.".len()..].to_string(), v))
+            .collect();
+        check_kafka(&kafka)?;
+        let s = Settings::deserialize(Flat::new(&rill))
+            .map_err(DeError::into_config_error)?
+            .resolve();
+        let application_id = s
+            .application_id
             .ok_or(ConfigError::Missing("application.id"))?
-            .to_string();
-        if application_id.is_empty()
-            || !application_id
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
-        {
-            return Err(bad(
-                "application.id",
-                &application_id,
-                "a non-empty name of letters, digits, `.`, `_` and `-`",
-            ));
-        }
-        let number = |k: &'static str, default: u64, min: u64| -> Result<u64, ConfigError> {
-            match get(k) {
-                None => Ok(default),
-                Some(v) => match v.trim().parse::<u64>() {
-                    Ok(n) if n >= min => Ok(n),
-                    _ => Err(bad(
-                        k,
-                        v,
-                        if min > 0 {
-                            "a whole number of at least 1"
-                        } else {
-                            "a whole number"
-                        },
-                    )),
-                },
-            }
-        };
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
-        let metrics_addr = match get("metrics.addr") {
-            None => MetricsAddr::On(SocketAddr::from(([127, 0, 0, 1], 9898))),
-            Some("off") => MetricsAddr::Off,
-            Some(v) => MetricsAddr::On(v.parse().map_err(|_| {
-                bad(
-                    "metrics.addr",
-                    v,
-                    "an IP address and port (127.0.0.1:9898, 0.0.0.0:9898, [::1]:9898; port 0 picks a free port) or `off`",
-                )
-            })?),
-        };
-        let deserialization_handler = match get("deserialization.error.handler") {
-            None => DeserializationHandler::Fail,
-            Some(v) => v.parse().map_err(|_| {
-                bad(
-                    "deserialization.error.handler",
-                    v,
-                    "fail, log_and_continue or dead_letter:<topic>",
-                )
-            })?,
-        };
-        let processing_guarantee = match get("processing.guarantee") {
-            None | Some("at_least_once") => ProcessingGuarantee::AtLeastOnce,
-            Some(v) => {
-                return Err(bad(
-                    "processing.guarantee",
-                    v,
-                    "at_least_once (exactly_once_v2 is not implemented yet)",
-                ))
-            }
-        };
-        let bootstrap_servers = get("bootstrap.servers")
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_string);
+            .0;
+        let bootstrap_servers = s
+            .bootstrap_servers
+            .map(|b| b.trim().to_string())
+            .filter(|b| !b.is_empty());
         Ok(Config {
-            state_dir: get("state.dir").map_or_else(
-                || std::env::temp_dir().join("rill").join(&application_id),
-                PathBuf::from,
-            ),
-            state_dir_configured: get("state.dir").is_some(),
+            state_dir_configured: s.state_dir.is_some(),
+            state_dir: s
+                .state_dir
+                .unwrap_or_else(|| std::env::temp_dir().join("rill").join(&application_id)),
             application_id,
             bootstrap_servers,
-            parallelising_factor: number("parallelising.factor", 1, 1)? as usize,
-            worker_threads: number("worker.threads", cores, 1)? as usize,
-            commit_interval: Duration::from_millis(number("commit.interval.ms", 100, 1)?),
-            mailbox_capacity: number("mailbox.capacity", 10_000, 1)? as usize,
-            processing_guarantee,
-            metrics_addr,
-            rocksdb_memory_bytes: number("rocksdb.memory.bytes", 256 << 20, 1 << 20)? as usize,
-            deserialization_handler,
-            shutdown_timeout: Duration::from_millis(number("shutdown.timeout.ms", 30_000, 1)?),
+            parallelising_factor: s.parallelising_factor.usize(),
+            worker_threads: s.worker_threads.usize(),
+            commit_interval: Duration::from_millis(s.commit_interval_ms.0),
+            mailbox_capacity: s.mailbox_capacity.usize(),
+            processing_guarantee: s.processing_guarantee,
+            metrics_addr: s.metrics_addr,
+            rocksdb_memory_bytes: s.rocksdb_memory_bytes.usize(),
+            deserialization_handler: s.deserialization_handler,
+            shutdown_timeout: Duration::from_millis(s.shutdown_timeout_ms.0),
             kafka,
         })
     }
@@ -375,6 +454,22 @@ impl ConfigBuilder {
             .map(|(k, v)| (k.clone(), redact(k, v)))
             .collect()
     }
+}
+
+/// Refuses `kafka.*` settings that break the idempotent producer (see [`KAFKA_GUARDS`]).
+fn check_kafka(kafka: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+    for guard in KAFKA_GUARDS {
+        for name in guard.names {
+            if let Some(value) = kafka.get(*name).filter(|v| (guard.refuses)(v)) {
+                return Err(ConfigError::Refused {
+                    key: format!("kafka.{name}"),
+                    value: value.clone(),
+                    why: guard.why,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 impl Config {
@@ -443,23 +538,210 @@ fn redact(key: &str, value: &str) -> String {
     }
 }
 
-/// The file of `--config FILE` or `--config=FILE`, if given.
-fn config_arg(args: &[String]) -> Result<Option<String>, ConfigError> {
-    for (i, a) in args.iter().enumerate() {
-        if let Some(f) = a.strip_prefix("--config=") {
-            return Ok(Some(f.to_string()));
-        }
-        if a == "--config" {
-            return match args.get(i + 1) {
-                Some(f) if !f.starts_with("--") => Ok(Some(f.clone())),
-                _ => Err(ConfigError::File {
-                    path: String::new(),
-                    message: "--config takes a file name: --config FILE".into(),
-                }),
-            };
+/// A value type of a key: parsed from the text every source gives (TOML values are flattened to
+/// text first, so `8` and `"8"` mean the same).
+trait Setting: Sized {
+    /// The value of `text`, or what the key takes (for the error).
+    fn parse(text: &str) -> Result<Self, String>;
+}
+
+/// The `deserialize_with` of every key: text through [`Setting::parse`].
+fn parse<'de, D: Deserializer<'de>, T: Setting>(d: D) -> Result<Option<T>, D::Error> {
+    let text = String::deserialize(d)?;
+    T::parse(&text).map(Some).map_err(de::Error::custom)
+}
+
+/// `application.id`: a name of letters, digits, `.`, `_` and `-` (it prefixes topic names).
+#[derive(Debug)]
+struct AppId(String);
+
+impl Setting for AppId {
+    fn parse(text: &str) -> Result<Self, String> {
+        let ok = !text.is_empty()
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+        if ok {
+            Ok(AppId(text.to_string()))
+        } else {
+            Err("a non-empty name of letters, digits, `.`, `_` and `-`".into())
         }
     }
-    Ok(None)
+}
+
+/// A whole number of at least `MIN`.
+#[derive(Debug)]
+struct Whole<const MIN: u64>(u64);
+
+impl<const MIN: u64> Whole<MIN> {
+    fn usize(&self) -> usize {
+        usize::try_from(self.0).unwrap_or(usize::MAX)
+    }
+}
+
+impl<const MIN: u64> Setting for Whole<MIN> {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text.trim().parse::<u64>() {
+            Ok(n) if n >= MIN => Ok(Whole(n)),
+            _ if MIN == 0 => Err("a whole number".into()),
+            _ if MIN >= MIB && MIN % MIB == 0 => Err(format!(
+                "a whole number of at least {MIN} ({} MiB)",
+                MIN / MIB
+            )),
+            _ => Err(format!("a whole number of at least {MIN}")),
+        }
+    }
+}
+
+impl Setting for String {
+    fn parse(text: &str) -> Result<Self, String> {
+        Ok(text.to_string())
+    }
+}
+
+impl Setting for PathBuf {
+    fn parse(text: &str) -> Result<Self, String> {
+        Ok(PathBuf::from(text))
+    }
+}
+
+impl<T: Setting> Setting for Option<T> {
+    fn parse(text: &str) -> Result<Self, String> {
+        T::parse(text).map(Some)
+    }
+}
+
+impl Setting for ProcessingGuarantee {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "at_least_once" => Ok(ProcessingGuarantee::AtLeastOnce),
+            _ => Err("at_least_once (exactly_once_v2 is not implemented yet)".into()),
+        }
+    }
+}
+
+impl Setting for MetricsAddr {
+    fn parse(text: &str) -> Result<Self, String> {
+        if text == "off" {
+            return Ok(MetricsAddr::Off);
+        }
+        text.parse().map(MetricsAddr::On).map_err(|_| {
+            "an IP address and port (127.0.0.1:9898, 0.0.0.0:9898, [::1]:9898; port 0 picks a free port) or `off`".into()
+        })
+    }
+}
+
+impl Setting for DeserializationHandler {
+    fn parse(text: &str) -> Result<Self, String> {
+        text.parse()
+            .map_err(|_| "fail, log_and_continue or dead_letter:<topic>".into())
+    }
+}
+
+/// Errors while deserializing [`Settings`] from the flat key map.
+#[derive(Debug)]
+enum DeError {
+    /// A key the struct does not have.
+    Unknown(String),
+    /// A value did not parse; carries what the key takes until the key is known.
+    Value(String),
+    /// A value error with its key.
+    Config(ConfigError),
+}
+
+impl DeError {
+    fn into_config_error(self) -> ConfigError {
+        match self {
+            DeError::Unknown(key) => ConfigError::UnknownKey(key),
+            DeError::Config(e) => e,
+            // Values are only read through `Flat`, which names the key; kept for completeness.
+            DeError::Value(expected) => ConfigError::BadValue {
+                key: String::new(),
+                value: String::new(),
+                expected,
+            },
+        }
+    }
+}
+
+impl fmt::Display for DeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeError::Unknown(key) => write!(f, "unknown key `{key}`"),
+            DeError::Value(expected) => write!(f, "expected {expected}"),
+            DeError::Config(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for DeError {}
+
+impl de::Error for DeError {
+    fn custom<T: fmt::Display>(msg: T) -> Self {
+        DeError::Value(msg.to_string())
+    }
+    fn unknown_field(field: &str, _expected: &'static [&'static str]) -> Self {
+        DeError::Unknown(field.to_string())
+    }
+}
+
+/// The flat `key -> text` map as a serde map, naming the key in every value error.
+struct Flat<'a> {
+    entries: std::collections::btree_map::Iter<'a, String, String>,
+    current: Option<(&'a String, &'a String)>,
+}
+
+impl<'a> Flat<'a> {
+    fn new(values: &'a BTreeMap<String, String>) -> Self {
+        Flat {
+            entries: values.iter(),
+            current: None,
+        }
+    }
+}
+
+impl<'de> MapAccess<'de> for Flat<'_> {
+    type Error = DeError;
+
+    fn next_key_seed<S: DeserializeSeed<'de>>(
+        &mut self,
+        seed: S,
+    ) -> Result<Option<S::Value>, DeError> {
+        self.current = self.entries.next();
+        match self.current {
+            Some((key, _)) => seed.deserialize(key.as_str().into_deserializer()).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn next_value_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<S::Value, DeError> {
+        let Some((key, value)) = self.current else {
+            return Err(DeError::Value("a key before its value".into()));
+        };
+        seed.deserialize(value.clone().into_deserializer())
+            .map_err(|e| match e {
+                DeError::Value(expected) => DeError::Config(ConfigError::BadValue {
+                    key: key.clone(),
+                    value: value.clone(),
+                    expected,
+                }),
+                other => other,
+            })
+    }
+}
+
+impl<'de> Deserializer<'de> for Flat<'_> {
+    type Error = DeError;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+        visitor.visit_map(self)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map struct enum identifier
+        ignored_any
+    }
 }
 
 /// Flattens a TOML document into dotted keys with string values.
@@ -509,14 +791,6 @@ fn flatten(
         out.push((key, text));
     }
     Ok(())
-}
-
-fn bad(key: &str, value: &str, expected: &'static str) -> ConfigError {
-    ConfigError::BadValue {
-        key: key.to_string(),
-        value: value.to_string(),
-        expected,
-    }
 }
 
 #[cfg(test)]
@@ -602,10 +876,6 @@ mod tests {
         f
     }
 
-    fn args(a: &[&str]) -> Vec<String> {
-        a.iter().map(|s| s.to_string()).collect()
-    }
-
     #[test]
     fn toml_file_sets_keys_with_dotted_keys_and_tables() {
         let f = file(
@@ -667,14 +937,13 @@ mod tests {
     #[test]
     fn precedence_is_code_then_file_then_environment() {
         let f = file("parallelising.factor = 4\ncommit.interval.ms = 250\n");
-        let path = f.path().display().to_string();
         let c = ConfigBuilder::new()
             .set("application.id", "code")
             .set("parallelising.factor", 2)
             .set("commit.interval.ms", 50)
             .set("mailbox.capacity", 7)
             .with_config_file_and_env_from(
-                &args(&["prog", "--config", &path]),
+                Some(f.path()),
                 env(&[("RILL_COMMIT_INTERVAL_MS", "500")]),
             )
             .build()
@@ -696,22 +965,17 @@ mod tests {
     fn the_file_comes_from_the_argument_else_rill_config() {
         let a = file("application.id = \"from-arg\"\n");
         let b = file("application.id = \"from-env\"\n");
-        let (pa, pb) = (
-            a.path().display().to_string(),
-            b.path().display().to_string(),
-        );
-        let vars = env(&[("RILL_CONFIG", &pb)]);
-        let id = |argv: &[&str]| {
+        let vars = env(&[("RILL_CONFIG", &b.path().display().to_string())]);
+        let id = |arg: Option<&Path>| {
             ConfigBuilder::new()
-                .with_config_file_and_env_from(&args(argv), vars.clone())
+                .with_config_file_and_env_from(arg, vars.clone())
                 .build()
                 .map(|c| c.application_id)
         };
-        assert_eq!(id(&["p", "--config", &pa]).unwrap(), "from-arg");
-        assert_eq!(id(&["p", &format!("--config={pa}")]).unwrap(), "from-arg");
-        assert_eq!(id(&["p"]).unwrap(), "from-env");
+        assert_eq!(id(Some(a.path())).unwrap(), "from-arg");
+        assert_eq!(id(None).unwrap(), "from-env");
         assert!(matches!(
-            id(&["p", "--config"]),
+            id(Some(Path::new("/nonexistent/rill.toml"))),
             Err(ConfigError::File { .. })
         ));
     }
@@ -748,5 +1012,116 @@ mod tests {
             .set("application.id", "a");
         assert_eq!(b.redacted()["kafka.sasl.password"], "[redacted]");
         assert_eq!(b.redacted()["application.id"], "a");
+    }
+
+    #[test]
+    fn rocksdb_memory_says_the_minimum_it_requires() {
+        let err = ConfigBuilder::new()
+            .set("application.id", "a")
+            .set("rocksdb.memory.bytes", 1000)
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            err,
+            ConfigError::BadValue {
+                key: "rocksdb.memory.bytes".into(),
+                value: "1000".into(),
+                expected: "a whole number of at least 1048576 (1 MiB)".into(),
+            }
+        );
+        let c = ConfigBuilder::new()
+            .set("application.id", "a")
+            .set("rocksdb.memory.bytes", 1 << 20)
+            .build()
+            .unwrap();
+        assert_eq!(c.rocksdb_memory_bytes, 1 << 20);
+    }
+
+    #[test]
+    fn kafka_settings_that_break_the_idempotent_producer_are_refused() {
+        let with = |k: &str, v: &str| {
+            ConfigBuilder::new()
+                .set("application.id", "a")
+                .set(k, v)
+                .build()
+        };
+        for (k, v) in [
+            ("kafka.enable.idempotence", "false"),
+            ("kafka.enable.idempotence", "0"),
+            ("kafka.acks", "1"),
+            ("kafka.acks", "0"),
+            ("kafka.request.required.acks", "1"),
+            ("kafka.max.in.flight.requests.per.connection", "6"),
+            ("kafka.max.in.flight", "100"),
+            ("kafka.enable.gapless.guarantee", "false"),
+        ] {
+            match with(k, v) {
+                Err(ConfigError::Refused { key, value, why }) => {
+                    assert_eq!((key.as_str(), value.as_str()), (k, v));
+                    assert!(!why.is_empty());
+                    let text = with(k, v).unwrap_err().to_string();
+                    assert!(text.contains(k) && text.contains("refused"), "{text}");
+                }
+                other => panic!("{k}={v}: {other:?}"),
+            }
+        }
+        for (k, v) in [
+            ("kafka.enable.idempotence", "true"),
+            ("kafka.acks", "all"),
+            ("kafka.acks", "-1"),
+            ("kafka.max.in.flight.requests.per.connection", "5"),
+            ("kafka.enable.gapless.guarantee", "true"),
+            ("kafka.linger.ms", "0"),
+        ] {
+            let c = with(k, v).unwrap_or_else(|e| panic!("{k}={v}: {e}"));
+            assert_eq!(c.kafka[&k["kafka.".len()..]], v);
+        }
+    }
+
+    /// The README shows each default as the effective config does (machine-dependent ones aside).
+    #[test]
+    fn shown_defaults_match_the_effective_defaults() {
+        let c = ConfigBuilder::new()
+            .set("application.id", "a")
+            .build()
+            .unwrap();
+        let r = c.redacted();
+        for k in KEYS {
+            let effective = &r[k.name];
+            match k.name {
+                "application.id" => assert_eq!(k.default, "(required)"),
+                "bootstrap.servers" => assert_eq!(effective, "(embedded cluster)"),
+                "worker.threads" => assert_eq!(*effective, cores().to_string()),
+                "state.dir" => assert!(effective.ends_with("/rill/a"), "{effective}"),
+                _ => assert_eq!(k.default.trim_matches('`'), effective, "{}", k.name),
+            }
+        }
+        let mut logged: Vec<&str> = r.keys().map(String::as_str).collect();
+        logged.sort_unstable();
+        let mut keys: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+        keys.sort_unstable();
+        assert_eq!(logged, keys, "the effective config logs every key");
+    }
+
+    #[test]
+    fn every_key_is_settable_from_the_environment() {
+        for k in KEYS {
+            let var = format!("RILL_{}", k.name.to_ascii_uppercase().replace('.', "_"));
+            let b = ConfigBuilder::new().with_env_vars(env(&[(&var, "x")]));
+            assert_eq!(b.values.get(k.name).map(String::as_str), Some("x"), "{var}");
+        }
+    }
+
+    #[test]
+    fn the_key_table_lists_every_key_with_its_default() {
+        let table = key_table();
+        for k in KEYS {
+            assert!(
+                table.contains(&format!("| `{}` | {} |", k.name, k.default)),
+                "{}",
+                k.name
+            );
+        }
+        assert!(table.contains("| `kafka.*` |"));
     }
 }

@@ -58,6 +58,26 @@ pub const SUBTASKS: &str = "rill_subtasks";
 /// Offset commits whose range offsets did not fit in the commit metadata.
 pub const COMMIT_METADATA_OVERFLOW: &str = "rill_commit_metadata_overflow_total";
 
+/// Every metric name above (the README's metric table is checked against it).
+pub const ALL: &[&str] = &[
+    RECORDS_CONSUMED,
+    RECORDS_PROCESSED,
+    RECORDS_PRODUCED,
+    PROCESS_LATENCY,
+    SUBTASK_QUEUE_DEPTH,
+    CONSUMER_LAG,
+    COMMITS,
+    COMMIT_LATENCY,
+    REBALANCES,
+    RESTORE_RECORDS,
+    DISCARDED_RECORDS,
+    ERRORS,
+    ROCKSDB_BLOCK_CACHE_USAGE,
+    ROCKSDB_MEMTABLE,
+    SUBTASKS,
+    COMMIT_METADATA_OVERFLOW,
+];
+
 /// Bucket bounds of [`PROCESS_LATENCY`], in seconds: 5 µs to 10 s.
 const PROCESS_LATENCY_BUCKETS: &[f64] = &[
     0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005,
@@ -391,25 +411,7 @@ mod tests {
     /// Every name exported follows the naming scheme.
     #[test]
     fn names_follow_the_scheme() {
-        let names = [
-            RECORDS_CONSUMED,
-            RECORDS_PROCESSED,
-            RECORDS_PRODUCED,
-            PROCESS_LATENCY,
-            SUBTASK_QUEUE_DEPTH,
-            CONSUMER_LAG,
-            COMMITS,
-            COMMIT_LATENCY,
-            REBALANCES,
-            RESTORE_RECORDS,
-            DISCARDED_RECORDS,
-            ERRORS,
-            ROCKSDB_BLOCK_CACHE_USAGE,
-            ROCKSDB_MEMTABLE,
-            SUBTASKS,
-            COMMIT_METADATA_OVERFLOW,
-        ];
-        for n in names {
+        for n in ALL {
             assert!(n.starts_with("rill_"), "{n}");
             assert!(n.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{n}");
         }

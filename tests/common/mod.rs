@@ -154,7 +154,10 @@ pub fn wordcount(input: &str, output: &str) -> Topology {
                 .map(str::to_string)
                 .collect::<Vec<_>>()
         })
-        .group_by(|_k, w: &String| w.clone(), StringSerde, StringSerde)
+        .group_by(
+            |_k, w: &String| w.clone(),
+            Grouped::with(StringSerde, StringSerde),
+        )
         .count("counts-store")
         .to_stream()
         .to(output);

@@ -5,6 +5,7 @@
 //! were forwarded, so the outputs of one input record keep their order at every sink.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::graph::{NodeKind, Topic, Topology};
 use crate::processor::{
@@ -55,7 +56,7 @@ pub enum TaskError {
 
 struct Schedule {
     node: usize,
-    interval_ms: u64,
+    interval_ms: i64,
     kind: PunctuationType,
     next: Option<i64>,
 }
@@ -76,7 +77,7 @@ struct Host<'a> {
     out: Vec<ErasedRecord>,
     meta: &'a RecordMeta,
     stores: &'a [String],
-    requested: Vec<(u64, PunctuationType)>,
+    requested: Vec<(i64, PunctuationType)>,
 }
 
 impl ProcessorHost for Host<'_> {
@@ -89,8 +90,10 @@ impl ProcessorHost for Host<'_> {
         }
         self.env.store(name)
     }
-    fn schedule(&mut self, interval_ms: u64, kind: PunctuationType) {
-        self.requested.push((interval_ms.max(1), kind));
+    fn schedule(&mut self, interval: Duration, kind: PunctuationType) {
+        // Clocks count i64 milliseconds; an interval beyond that range would never fire anyway.
+        let ms = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
+        self.requested.push((ms.max(1), kind));
     }
     fn record_dropped(&mut self, reason: &'static str) {
         self.env.dropped(reason);
@@ -163,7 +166,7 @@ impl TaskInstance {
         self.schedules
             .iter()
             .filter(|s| s.kind == PunctuationType::WallClockTime)
-            .map(|s| s.interval_ms)
+            .map(|s| s.interval_ms.max(1) as u64)
             .min()
     }
 
@@ -232,15 +235,15 @@ impl TaskInstance {
             // at the same records as an uninterrupted run.
             let first = match kind {
                 PunctuationType::StreamTime => next_multiple(now, s.interval_ms),
-                PunctuationType::WallClockTime => now.saturating_add(s.interval_ms as i64),
+                PunctuationType::WallClockTime => now.saturating_add(s.interval_ms),
             };
             let next = *s.next.get_or_insert(first);
             if now < next {
                 continue;
             }
             // Skip missed intervals rather than firing a burst (as Kafka Streams does).
-            let missed = (now - next) / s.interval_ms as i64 + 1;
-            s.next = Some(next + missed * s.interval_ms as i64);
+            let missed = (now - next) / s.interval_ms + 1;
+            s.next = Some(next.saturating_add(missed.saturating_mul(s.interval_ms)));
             let node = s.node;
             self.run_node(node, &meta, env, |p, host| p.punctuate(kind, now, host))?;
         }
@@ -336,7 +339,7 @@ impl TaskInstance {
 }
 
 /// The smallest multiple of `interval_ms` above `t`.
-fn next_multiple(t: i64, interval_ms: u64) -> i64 {
-    let i = interval_ms.max(1) as i64;
+fn next_multiple(t: i64, interval_ms: i64) -> i64 {
+    let i = interval_ms.max(1);
     t.div_euclid(i).saturating_add(1).saturating_mul(i)
 }

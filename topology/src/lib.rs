@@ -3,7 +3,9 @@
 //! - [`keyrange`]: the stable key hash and the split of the hash space into key ranges, which
 //!   decides the sub-task of every record;
 //! - [`serdes`]: how keys and values become bytes (Kafka-compatible layouts);
-//! - [`dsl`]: `StreamsBuilder`, `KStream`, `KGroupedStream`, `KTable`, named as in Kafka Streams;
+//! - [`dsl`]: `StreamsBuilder`, `KStream`, `KGroupedStream`, `KTable` and the option objects
+//!   (`Materialized`, `Grouped`, `Produced`, `Consumed`, `Repartitioned`, `Named`), named as in
+//!   Kafka Streams;
 //! - [`processor`]: the Processor API for custom logic, state access and punctuation;
 //! - [`graph`] and [`exec`]: the processor graph and how one sub-task runs it.
 //!
@@ -21,7 +23,10 @@ pub mod record;
 pub mod serdes;
 pub mod store;
 
-pub use dsl::{KGroupedStream, KStream, KTable, Split, StreamsBuilder, TopologyError};
+pub use dsl::{
+    Consumed, Grouped, KGroupedStream, KStream, KTable, Materialized, Named, Produced,
+    Repartitioned, Split, StreamsBuilder, TopologyError,
+};
 pub use graph::{Topic, Topology};
 pub use keyrange::{key_hash, range_of, ranges, KeyRange, HASH_ID};
 pub use processor::{Processor, ProcessorContext, PunctuationType};
@@ -29,7 +34,10 @@ pub use record::{Headers, RawRecord, Record};
 
 /// The names most applications need.
 pub mod prelude {
-    pub use crate::dsl::{KGroupedStream, KStream, KTable, StreamsBuilder, TopologyError};
+    pub use crate::dsl::{
+        Consumed, Grouped, KGroupedStream, KStream, KTable, Materialized, Named, Produced,
+        Repartitioned, StreamsBuilder, TopologyError,
+    };
     pub use crate::graph::Topology;
     pub use crate::processor::{ProcessError, Processor, ProcessorContext, PunctuationType};
     pub use crate::record::{Headers, Record};

@@ -6,6 +6,7 @@
 
 use std::any::Any;
 use std::marker::PhantomData;
+use std::time::Duration;
 
 use crate::record::Record;
 use crate::serdes::{Serde, SerdeError};
@@ -116,8 +117,8 @@ pub trait ProcessorHost {
     fn forward(&mut self, record: ErasedRecord);
     /// Byte-level access to a store connected to the node.
     fn store(&mut self, name: &str) -> Result<&mut dyn KeyValueBytes, StoreError>;
-    /// Registers a punctuation every `interval_ms` (only honoured during `init`).
-    fn schedule(&mut self, interval_ms: u64, kind: PunctuationType);
+    /// Registers a punctuation every `interval` (only honoured during `init`).
+    fn schedule(&mut self, interval: Duration, kind: PunctuationType);
     /// Counts a record the node dropped on purpose (for example a null key).
     fn record_dropped(&mut self, reason: &'static str);
     /// The input record being processed (default values during punctuation).
@@ -163,9 +164,11 @@ impl<'a, KOut: Datum, VOut: Datum> ProcessorContext<'a, KOut, VOut> {
         ))
     }
 
-    /// Asks for `punctuate` every `interval_ms` of the given clock; call it from `init`.
-    pub fn schedule(&mut self, interval_ms: u64, kind: PunctuationType) {
-        self.host.schedule(interval_ms, kind);
+    /// Asks for `punctuate` every `interval` of the given clock (Kafka Streams'
+    /// `schedule(Duration, PunctuationType, Punctuator)`); call it from `init`. Both clocks count
+    /// in whole milliseconds, so the interval is truncated to milliseconds, and is at least 1 ms.
+    pub fn schedule(&mut self, interval: Duration, kind: PunctuationType) {
+        self.host.schedule(interval, kind);
     }
 
     /// Counts a record dropped on purpose, under `reason` (a metric label).

@@ -103,7 +103,7 @@ fn topology() -> Arc<Topology> {
     b.add_state_store("kv").add_state_store("by_value");
     b.stream("in", StringSerde, StringSerde)
         .process("key-value", || KeyValue, &["kv", "by_value"])
-        .to_with("out", StringSerde, StringSerde);
+        .to_with("out", Produced::with(StringSerde, StringSerde));
     Arc::new(b.build().unwrap())
 }
 

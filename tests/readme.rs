@@ -1,0 +1,58 @@
+//! The README's reference tables agree with the code: the config keys with their defaults, and
+//! the metric names.
+
+use std::collections::BTreeSet;
+
+fn readme() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"))
+}
+
+/// The lines of the Markdown table whose header row starts with `header`.
+fn table(text: &str, header: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.starts_with(header))
+        .unwrap_or_else(|| panic!("no table starting with {header:?} in the README"));
+    lines[start..]
+        .iter()
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| l.to_string())
+        .collect()
+}
+
+#[test]
+fn the_config_table_is_the_one_the_code_declares() {
+    let expected = rill::runtime::config::key_table();
+    let found = table(&readme(), "| key | default | meaning |").join("\n") + "\n";
+    assert_eq!(
+        found, expected,
+        "the README's config table differs from rill_runtime::config::KEYS; paste this table \
+         into the README:\n{expected}"
+    );
+}
+
+#[test]
+fn the_metric_table_lists_every_metric_and_no_other() {
+    let rows = table(&readme(), "| metric | type | labels |");
+    let in_readme: BTreeSet<String> = rows
+        .iter()
+        .skip(2)
+        .flat_map(|row| {
+            let name_cell = row.split('|').nth(1).unwrap_or_default();
+            name_cell
+                .split(',')
+                .map(|n| n.trim().trim_matches('`').to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let in_code: BTreeSet<String> = rill::runtime::metrics::ALL
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(
+        in_readme, in_code,
+        "the README's metric table and rill_runtime::metrics::ALL differ"
+    );
+}

@@ -1,0 +1,200 @@
+//! [`StreamsBuilder`]: sources and stores, and `build`, which validates the graph and splits it
+//! into sub-topologies.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use super::{decoder, Consumed, Draft, GraphBuilder, KStream, TopologyError};
+use crate::graph::{Node, NodeKind, SubTopology, Topic, Topology};
+use crate::processor::Datum;
+use crate::serdes::Serde;
+
+/// Builds a topology with the DSL; the counterpart of Kafka Streams' `StreamsBuilder`.
+#[derive(Clone, Default)]
+pub struct StreamsBuilder {
+    pub(super) inner: Rc<RefCell<GraphBuilder>>,
+}
+
+impl StreamsBuilder {
+    /// An empty builder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A stream of the records of `topic`, read with the given serdes (the short form of
+    /// [`StreamsBuilder::stream_with`]).
+    pub fn stream<K, V>(
+        &self,
+        topic: &str,
+        key_serde: impl Serde<K>,
+        value_serde: impl Serde<V>,
+    ) -> KStream<K, V>
+    where
+        K: Datum + Clone,
+        V: Datum + Clone,
+    {
+        self.stream_with(topic, Consumed::with(key_serde, value_serde))
+    }
+
+    /// A stream of the records of `topic`, read as `consumed` says (Kafka Streams'
+    /// `stream(topic, Consumed)`).
+    pub fn stream_with<K, V>(&self, topic: &str, consumed: Consumed<K, V>) -> KStream<K, V>
+    where
+        K: Datum + Clone,
+        V: Datum + Clone,
+    {
+        let Consumed {
+            name,
+            key_serde,
+            value_serde,
+        } = consumed;
+        let node = {
+            let mut g = self.inner.borrow_mut();
+            let name = g.name_or_generated(name.as_deref(), "source");
+            g.add(
+                name,
+                NodeKind::Source {
+                    topic: Topic::External(topic.to_string()),
+                    decode: decoder(key_serde.clone(), value_serde.clone()),
+                },
+                vec![],
+            )
+        };
+        KStream {
+            builder: self.clone(),
+            node,
+            key_serde: Some(key_serde),
+            value_serde: Some(value_serde),
+            key_changed: false,
+        }
+    }
+
+    /// Declares a key-value store for processors added with [`KStream::process`].
+    pub fn add_state_store(&self, name: &str) -> &Self {
+        let mut g = self.inner.borrow_mut();
+        g.claim_name(name);
+        g.stores.insert(name.to_string());
+        self
+    }
+
+    /// Validates the graph and returns the runnable topology.
+    pub fn build(&self) -> Result<Topology, TopologyError> {
+        let g = self.inner.borrow();
+        if let Some(e) = g.errors.first() {
+            return Err(e.clone());
+        }
+        let mut nodes: Vec<Node> = g
+            .nodes
+            .iter()
+            .map(|d| Node {
+                name: d.name.clone(),
+                kind: d.kind.clone(),
+                children: Vec::new(),
+            })
+            .collect();
+        for (i, d) in g.nodes.iter().enumerate() {
+            for &p in &d.parents {
+                nodes[p].children.push(i);
+            }
+        }
+        let mut source_topics: BTreeMap<Topic, String> = BTreeMap::new();
+        for n in &nodes {
+            match &n.kind {
+                NodeKind::Source { topic, .. } => {
+                    if let Some(existing) = source_topics.insert(topic.clone(), n.name.clone()) {
+                        return Err(TopologyError::DuplicateSourceTopic {
+                            topic: topic.to_string(),
+                            existing,
+                        });
+                    }
+                }
+                NodeKind::Processor { stores, .. } => {
+                    if let Some(s) = stores.iter().find(|s| !g.stores.contains(*s)) {
+                        return Err(TopologyError::UnknownStore {
+                            node: n.name.clone(),
+                            store: s.clone(),
+                        });
+                    }
+                }
+                NodeKind::Sink { .. } => {}
+            }
+        }
+        if source_topics.is_empty() {
+            return Err(TopologyError::NoSource);
+        }
+        let sub_topologies = split_sub_topologies(&g.nodes, &nodes);
+        Ok(Topology {
+            nodes,
+            sub_topologies,
+        })
+    }
+}
+
+/// Groups nodes into connected components (edges and shared stores join them).
+fn split_sub_topologies(drafts: &[Draft], nodes: &[Node]) -> Vec<SubTopology> {
+    let mut parent: Vec<usize> = (0..nodes.len()).collect();
+    fn find(parent: &mut [usize], mut x: usize) -> usize {
+        while parent[x] != x {
+            parent[x] = parent[parent[x]];
+            x = parent[x];
+        }
+        x
+    }
+    let union = |parent: &mut Vec<usize>, a: usize, b: usize| {
+        let (ra, rb) = (find(parent, a), find(parent, b));
+        if ra != rb {
+            parent[ra.max(rb)] = ra.min(rb);
+        }
+    };
+    for (i, d) in drafts.iter().enumerate() {
+        for &p in &d.parents {
+            union(&mut parent, p, i);
+        }
+    }
+    let mut store_owner: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, n) in nodes.iter().enumerate() {
+        if let NodeKind::Processor { stores, .. } = &n.kind {
+            for s in stores {
+                match store_owner.get(s.as_str()) {
+                    Some(&o) => union(&mut parent, o, i),
+                    None => {
+                        store_owner.insert(s, i);
+                    }
+                }
+            }
+        }
+    }
+    let mut by_root: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for i in 0..nodes.len() {
+        let r = find(&mut parent, i);
+        by_root.entry(r).or_default().push(i);
+    }
+    by_root
+        .into_values()
+        .enumerate()
+        .map(|(id, members)| {
+            let mut sub = SubTopology {
+                id,
+                sources: Vec::new(),
+                sinks: Vec::new(),
+                stores: Vec::new(),
+                nodes: members.clone(),
+            };
+            for &n in &members {
+                match &nodes[n].kind {
+                    NodeKind::Source { topic, .. } => sub.sources.push((topic.clone(), n)),
+                    NodeKind::Sink { topic, .. } => sub.sinks.push(topic.clone()),
+                    NodeKind::Processor { stores, .. } => {
+                        for s in stores {
+                            if !sub.stores.contains(s) {
+                                sub.stores.push(s.clone());
+                            }
+                        }
+                    }
+                }
+            }
+            sub
+        })
+        .collect()
+}

@@ -1,0 +1,236 @@
+//! [`KGroupedStream`] and its aggregations: `count`, `reduce`, `aggregate`, each kept in a store
+//! that [`Materialized`] names.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use super::{KStream, KTable, Materialized, NoSerde};
+use crate::graph::{NodeKind, Supplier};
+use crate::processor::{Datum, ProcessError, Processor, ProcessorContext, Typed};
+use crate::record::Record;
+use crate::serdes::{I64Serde, Serde};
+
+/// A stream grouped by key, ready for an aggregation; the counterpart of `KGroupedStream`.
+pub struct KGroupedStream<K, V> {
+    pub(super) stream: KStream<K, V>,
+    /// The key changed upstream: aggregations read the records back from a repartition topic.
+    pub(super) repartition: bool,
+    /// The [`super::Grouped`] name: one repartition topic shared by every aggregation.
+    pub(super) name: Option<String>,
+    /// The source node of that shared topic, once the first aggregation created it.
+    pub(super) repartitioned: Rc<Cell<Option<usize>>>,
+}
+
+/// The aggregation step of a `count`, `reduce` or `aggregate`.
+type AggregateFn<K, V, A> = Arc<dyn Fn(&K, V, Option<A>) -> A + Send + Sync>;
+
+struct AggregateProcessor<K, V, A> {
+    store: String,
+    key_serde: Arc<dyn Serde<K>>,
+    agg_serde: Arc<dyn Serde<A>>,
+    step: AggregateFn<K, V, A>,
+}
+
+impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, K, A>
+    for AggregateProcessor<K, V, A>
+{
+    fn process(
+        &mut self,
+        record: Record<K, V>,
+        ctx: &mut ProcessorContext<'_, K, A>,
+    ) -> Result<(), ProcessError> {
+        let Some(key) = record.key else {
+            // As in Kafka Streams: an aggregation cannot place a record without a key.
+            ctx.record_dropped("null_key");
+            return Ok(());
+        };
+        let key_bytes = self.key_serde.serialize(&key)?;
+        let store = ctx.store(&self.store)?;
+        let old = match store.get(&key_bytes)? {
+            Some(bytes) => Some(self.agg_serde.deserialize(&bytes)?),
+            None => None,
+        };
+        let new = (self.step)(&key, record.value, old);
+        let bytes = self.agg_serde.serialize(&new)?;
+        ctx.store(&self.store)?.put(&key_bytes, &bytes)?;
+        ctx.forward(Record {
+            key: Some(key),
+            value: new,
+            timestamp: record.timestamp,
+            headers: record.headers,
+        });
+        Ok(())
+    }
+}
+
+/// Where a `build` error points users who lack a serde for an aggregation.
+const SERDE_HINT: &str = "Grouped::with in group_by / group_by_key_with, or Materialized::with";
+
+impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
+    /// Counts records per key in the store `materialized` names (`count("counts")`).
+    pub fn count(&self, materialized: impl Into<Materialized<K, i64>>) -> KTable<K, i64> {
+        self.aggregate_with(
+            materialized.into(),
+            Some(Arc::new(I64Serde)),
+            |_k, _v, old: Option<i64>| old.unwrap_or(0) + 1,
+        )
+    }
+
+    /// Combines the values of each key with `reducer(aggregate, value)` in the store
+    /// `materialized` names.
+    pub fn reduce(
+        &self,
+        materialized: impl Into<Materialized<K, V>>,
+        reducer: impl Fn(V, V) -> V + Send + Sync + 'static,
+    ) -> KTable<K, V> {
+        let values = self.stream.value_serde.clone();
+        self.aggregate_with(materialized.into(), values, move |_k, v, old| match old {
+            Some(a) => reducer(a, v),
+            None => v,
+        })
+    }
+
+    /// Folds the values of each key into an aggregate: `initializer()` for a new key, then
+    /// `aggregator(key, value, aggregate)`, kept in the store `materialized` names with
+    /// `agg_serde` (a value serde set on `materialized` takes precedence).
+    pub fn aggregate<A: Datum + Clone>(
+        &self,
+        materialized: impl Into<Materialized<K, A>>,
+        initializer: impl Fn() -> A + Send + Sync + 'static,
+        aggregator: impl Fn(&K, V, A) -> A + Send + Sync + 'static,
+        agg_serde: impl Serde<A>,
+    ) -> KTable<K, A> {
+        self.aggregate_with(
+            materialized.into(),
+            Some(Arc::new(agg_serde)),
+            move |k, v, old| aggregator(k, v, old.unwrap_or_else(&initializer)),
+        )
+    }
+
+    fn missing_serde(&self, what: &'static str) {
+        self.stream
+            .builder
+            .inner
+            .borrow_mut()
+            .missing_serde(self.stream.node, what, SERDE_HINT);
+    }
+
+    fn aggregate_with<A: Datum + Clone>(
+        &self,
+        materialized: Materialized<K, A>,
+        agg_serde: Option<Arc<dyn Serde<A>>>,
+        step: impl Fn(&K, V, Option<A>) -> A + Send + Sync + 'static,
+    ) -> KTable<K, A> {
+        let Materialized {
+            name,
+            key_serde: store_key_serde,
+            value_serde,
+        } = materialized;
+        let store = self
+            .stream
+            .builder
+            .inner
+            .borrow_mut()
+            .name_or_generated(name.as_deref(), "aggregate-store");
+        let agg_serde = match value_serde.or(agg_serde) {
+            Some(s) => s,
+            None => {
+                self.missing_serde("value");
+                Arc::new(NoSerde)
+            }
+        };
+        let Some(group_key_serde) = self.stream.key_serde.clone().or(store_key_serde.clone())
+        else {
+            self.missing_serde("key");
+            return self.dangling_table(store, agg_serde);
+        };
+        let key_serde = store_key_serde.unwrap_or_else(|| group_key_serde.clone());
+        let parent = if self.repartition {
+            match self.repartition_source(&store, group_key_serde) {
+                Some(node) => node,
+                None => return self.dangling_table(store, agg_serde),
+            }
+        } else {
+            self.stream.node
+        };
+        let step: AggregateFn<K, V, A> = Arc::new(step);
+        let (store_name, ks, aserde) = (store.clone(), key_serde.clone(), agg_serde.clone());
+        let supplier: Supplier = Arc::new(move || {
+            Box::new(Typed::<_, K, V, K, A>::new(AggregateProcessor {
+                store: store_name.clone(),
+                key_serde: ks.clone(),
+                agg_serde: aserde.clone(),
+                step: step.clone(),
+            }))
+        });
+        let node = {
+            let mut g = self.stream.builder.inner.borrow_mut();
+            g.claim_name(&store);
+            g.stores.insert(store.clone());
+            let name = g.generated_name("aggregate");
+            g.add(
+                name,
+                NodeKind::Processor {
+                    supplier,
+                    stores: vec![store.clone()],
+                },
+                vec![parent],
+            )
+        };
+        KTable {
+            stream: KStream {
+                builder: self.stream.builder.clone(),
+                node,
+                key_serde: Some(key_serde),
+                value_serde: Some(agg_serde),
+                key_changed: false,
+            },
+            store,
+        }
+    }
+
+    /// The source node reading the repartitioned records: the grouping's shared topic when it is
+    /// named, else `<store>-repartition`. `None` when a serde is missing (an error is recorded).
+    fn repartition_source(&self, store: &str, key_serde: Arc<dyn Serde<K>>) -> Option<usize> {
+        if let Some(node) = self.repartitioned.get() {
+            return Some(node);
+        }
+        let Some(value_serde) = self.stream.value_serde.clone() else {
+            self.missing_serde("value");
+            return None;
+        };
+        let node = match &self.name {
+            Some(name) => {
+                self.stream.builder.inner.borrow_mut().claim_name(name);
+                let node = self
+                    .stream
+                    .through_repartition_topic(name, key_serde, value_serde);
+                self.repartitioned.set(Some(node));
+                node
+            }
+            None => self
+                .stream
+                .through_repartition_topic(store, key_serde, value_serde),
+        };
+        Some(node)
+    }
+
+    /// A table that build() will reject (an error was recorded), so chaining can go on.
+    fn dangling_table<A: Datum + Clone>(
+        &self,
+        store: String,
+        agg: Arc<dyn Serde<A>>,
+    ) -> KTable<K, A> {
+        KTable {
+            stream: KStream {
+                builder: self.stream.builder.clone(),
+                node: self.stream.node,
+                key_serde: None,
+                value_serde: Some(agg),
+                key_changed: false,
+            },
+            store,
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! The streams DSL: `StreamsBuilder`, `KStream`, `KGroupedStream` and `KTable`, with the names
+//! Kafka Streams users know, and the option objects that name and configure each step
+//! ([`Materialized`], [`Grouped`], [`Produced`], [`Consumed`], [`Repartitioned`], [`Named`]).
+//!
+//! ```
+//! use rill_topology::prelude::*;
+//!
+//! let builder = StreamsBuilder::new();
+//! builder
+//!     .stream("streams-plaintext-input", StringSerde, StringSerde)
+//!     .flat_map_values(|line: String| {
+//!         line.to_lowercase()
+//!             .split(|c: char| !c.is_alphanumeric())
+//!             .filter(|w| !w.is_empty())
+//!             .map(str::to_string)
+//!             .collect::<Vec<_>>()
+//!     })
+//!     .group_by(|_key, word: &String| word.clone(), Grouped::with(StringSerde, StringSerde))
+//!     .count("counts-store")
+//!     .to_stream()
+//!     .to("streams-wordcount-output");
+//! let topology = builder.build().unwrap();
+//! assert_eq!(topology.sub_topologies().len(), 2);
+//! ```
+//!
+//! Every option object has a short form: a `&str` is a [`Materialized`] store name, a
+//! [`Repartitioned`] or a [`Named`] name (`count("counts")`, `repartition("by-user")`).
+//!
+//! Operations that change the key (`map`, `select_key`, `flat_map`) mark the stream; a following
+//! `group_by_key` then writes to a repartition topic first, exactly like `group_by`, so that every
+//! record of a key meets the same store.
+//!
+//! Files: [`builder`] (the builder and the split into sub-topologies), [`stream`] (`KStream`,
+//! `Split`), [`grouped`] (`KGroupedStream` and the aggregations), [`table`] (`KTable`),
+//! [`options`] (the option objects).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use crate::graph::{Decoder, Encoder, NodeKind};
+use crate::processor::{
+    erase, Datum, ErasedProcessor, ErasedRecord, ProcessError, ProcessorHost, PunctuationType,
+};
+use crate::record::{RawRecord, Record};
+use crate::serdes::{Serde, SerdeError};
+
+pub mod builder;
+pub mod grouped;
+pub mod options;
+pub mod stream;
+pub mod table;
+
+pub use builder::StreamsBuilder;
+pub use grouped::KGroupedStream;
+pub use options::{Consumed, Grouped, Materialized, Named, Produced, Repartitioned};
+pub use stream::{KStream, Split};
+pub use table::KTable;
+
+/// Why a topology could not be built; each names the node or store at fault.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TopologyError {
+    /// The topology has no source.
+    #[error("the topology has no source: add one with StreamsBuilder::stream")]
+    NoSource,
+    /// A node or store name is used twice.
+    #[error("duplicate name `{0}`: node and store names must be unique")]
+    DuplicateName(String),
+    /// Two sources read the same topic.
+    #[error("topic `{topic}` is already read by source `{existing}`; merge the streams instead")]
+    DuplicateSourceTopic {
+        /// The topic.
+        topic: String,
+        /// The source that reads it first.
+        existing: String,
+    },
+    /// A processor names a store nobody added.
+    #[error("node `{node}` uses store `{store}`, which was never added (StreamsBuilder::add_state_store)")]
+    UnknownStore {
+        /// The processor.
+        node: String,
+        /// The missing store.
+        store: String,
+    },
+    /// A name contains characters that cannot be part of a topic or store name.
+    #[error("name `{0}` is invalid: use letters, digits, `-` and `_` only")]
+    InvalidName(String),
+    /// A serde needed by a node is not known.
+    #[error("node `{node}` needs a {what} serde: the key or value type changed upstream; pass serdes explicitly ({hint})")]
+    MissingSerde {
+        /// The node.
+        node: String,
+        /// "key" or "value".
+        what: &'static str,
+        /// The method that takes them.
+        hint: &'static str,
+    },
+}
+
+/// A branch predicate of [`KStream::split`].
+type Pred<K, V> = Arc<dyn Fn(Option<&K>, &V) -> bool + Send + Sync>;
+
+/// A node being added, before `build` links children to parents.
+struct Draft {
+    name: String,
+    kind: NodeKind,
+    parents: Vec<usize>,
+}
+
+/// The graph under construction, shared by every stream of one builder.
+#[derive(Default)]
+struct GraphBuilder {
+    nodes: Vec<Draft>,
+    stores: BTreeSet<String>,
+    names: BTreeSet<String>,
+    counter: usize,
+    /// Errors found while chaining; `build` reports the first.
+    errors: Vec<TopologyError>,
+}
+
+impl GraphBuilder {
+    fn claim_name(&mut self, name: &str) {
+        if !valid_name(name) {
+            self.errors
+                .push(TopologyError::InvalidName(name.to_string()));
+        }
+        if !self.names.insert(name.to_string()) {
+            self.errors
+                .push(TopologyError::DuplicateName(name.to_string()));
+        }
+    }
+
+    fn generated_name(&mut self, op: &str) -> String {
+        self.counter += 1;
+        format!("{op}-{:04}", self.counter)
+    }
+
+    /// `name` when given, else a generated `<op>-<n>`.
+    fn name_or_generated(&mut self, name: Option<&str>, op: &str) -> String {
+        name.map_or_else(|| self.generated_name(op), str::to_string)
+    }
+
+    fn add(&mut self, name: String, kind: NodeKind, parents: Vec<usize>) -> usize {
+        self.claim_name(&name);
+        self.nodes.push(Draft {
+            name,
+            kind,
+            parents,
+        });
+        self.nodes.len() - 1
+    }
+
+    /// Records that `node` lacks a `what` serde; `build` will fail with it.
+    fn missing_serde(&mut self, node: usize, what: &'static str, hint: &'static str) {
+        let node = self.nodes[node].name.clone();
+        self.errors
+            .push(TopologyError::MissingSerde { node, what, hint });
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+fn decoder<K: Datum, V: Datum>(key: Arc<dyn Serde<K>>, value: Arc<dyn Serde<V>>) -> Decoder {
+    Arc::new(move |raw: &RawRecord| {
+        let k = match &raw.key {
+            Some(bytes) => Some(key.deserialize(bytes)?),
+            None => None,
+        };
+        let v = match &raw.value {
+            Some(bytes) => value.deserialize(bytes)?,
+            None => {
+                return Err(SerdeError::new(
+                    "source",
+                    "null value (tombstone) in a stream",
+                ))
+            }
+        };
+        Ok(erase(Record {
+            key: k,
+            value: v,
+            timestamp: raw.timestamp,
+            headers: raw.headers.clone(),
+        }))
+    })
+}
+
+fn encoder<K: Datum, V: Datum + Clone>(
+    key: Arc<dyn Serde<K>>,
+    value: Arc<dyn Serde<V>>,
+) -> Encoder {
+    Arc::new(move |rec: &ErasedRecord| {
+        let k = match &rec.key {
+            Some(k) => Some(key.serialize((**k).as_any().downcast_ref::<K>().ok_or_else(
+                || {
+                    SerdeError::new(
+                        "sink",
+                        format!("key is not a {}", std::any::type_name::<K>()),
+                    )
+                },
+            )?)?),
+            None => None,
+        };
+        let v = (*rec.value).as_any().downcast_ref::<V>().ok_or_else(|| {
+            SerdeError::new(
+                "sink",
+                format!("value is not a {}", std::any::type_name::<V>()),
+            )
+        })?;
+        Ok(RawRecord {
+            key: k,
+            value: Some(value.serialize(v)?),
+            timestamp: rec.timestamp,
+            headers: rec.headers.clone(),
+        })
+    })
+}
+
+type StatelessFn =
+    dyn Fn(ErasedRecord, &mut dyn ProcessorHost) -> Result<(), ProcessError> + Send + Sync;
+
+/// A processor made of one shared closure: stateless operations.
+struct FnProcessor(Arc<StatelessFn>);
+
+impl ErasedProcessor for FnProcessor {
+    fn init(&mut self, _host: &mut dyn ProcessorHost) -> Result<(), ProcessError> {
+        Ok(())
+    }
+    fn process(
+        &mut self,
+        record: ErasedRecord,
+        host: &mut dyn ProcessorHost,
+    ) -> Result<(), ProcessError> {
+        (self.0)(record, host)
+    }
+    fn punctuate(
+        &mut self,
+        _kind: PunctuationType,
+        _timestamp: i64,
+        _host: &mut dyn ProcessorHost,
+    ) -> Result<(), ProcessError> {
+        Ok(())
+    }
+}
+
+/// A serde that always fails: stands in where build() will report a missing serde anyway.
+struct NoSerde;
+impl<T> Serde<T> for NoSerde {
+    fn serialize(&self, _: &T) -> Result<Vec<u8>, SerdeError> {
+        Err(SerdeError::new("missing serde", "no serde was given"))
+    }
+    fn deserialize(&self, _: &[u8]) -> Result<T, SerdeError> {
+        Err(SerdeError::new("missing serde", "no serde was given"))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,277 @@
+//! Option objects of the DSL, named as in Kafka Streams: [`Materialized`] (a store),
+//! [`Grouped`] (a grouping and its repartition topic), [`Produced`] (a sink), [`Consumed`] (a
+//! source), [`Repartitioned`] (an explicit repartition) and [`Named`] (a processor).
+//!
+//! Each is a small builder: `Materialized::named("counts").with_value_serde(I64Serde)`. Where
+//! Kafka Streams writes `X.as(name)` (a Rust keyword), rill writes `X::named(name)`; where it
+//! writes `X.with(keySerde, valueSerde)`, rill writes `X::with(key_serde, value_serde)`. Methods
+//! that take an option object take `impl Into<X>`, and a `&str` converts into the name of a
+//! [`Materialized`], [`Grouped`], [`Repartitioned`] or [`Named`], so the short forms read as before:
+//! `count("counts")`, `repartition("by-user")`, `process("enrich", ..)`.
+//!
+//! Unset serdes fall back to the ones the stream already knows; a step that needs a serde nobody
+//! gave fails `build` with [`super::TopologyError::MissingSerde`].
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::serdes::Serde;
+
+/// Defines an option object with an optional name and optional key and value serdes.
+macro_rules! named_serde_options {
+    ($(#[$doc:meta])* $ty:ident, $what:literal) => {
+        $(#[$doc])*
+        pub struct $ty<K, V> {
+            pub(crate) name: Option<String>,
+            pub(crate) key_serde: Option<Arc<dyn Serde<K>>>,
+            pub(crate) value_serde: Option<Arc<dyn Serde<V>>>,
+        }
+
+        impl<K, V> $ty<K, V> {
+            #[doc = concat!("Names the ", $what, " (Kafka Streams' `", stringify!($ty), ".as(name)`).")]
+            pub fn named(name: impl Into<String>) -> Self {
+                Self::default().with_name(name)
+            }
+
+            #[doc = concat!("Sets both serdes (Kafka Streams' `", stringify!($ty), ".with(keySerde, valueSerde)`).")]
+            pub fn with(key_serde: impl Serde<K>, value_serde: impl Serde<V>) -> Self {
+                Self::default()
+                    .with_key_serde(key_serde)
+                    .with_value_serde(value_serde)
+            }
+
+            #[doc = concat!("Sets the name of the ", $what, ".")]
+            pub fn with_name(mut self, name: impl Into<String>) -> Self {
+                self.name = Some(name.into());
+                self
+            }
+
+            /// Sets the key serde.
+            pub fn with_key_serde(mut self, serde: impl Serde<K>) -> Self {
+                self.key_serde = Some(Arc::new(serde));
+                self
+            }
+
+            /// Sets the value serde.
+            pub fn with_value_serde(mut self, serde: impl Serde<V>) -> Self {
+                self.value_serde = Some(Arc::new(serde));
+                self
+            }
+
+            #[doc = concat!("The name of the ", $what, ", when one was given.")]
+            pub fn name(&self) -> Option<&str> {
+                self.name.as_deref()
+            }
+        }
+
+        impl<K, V> Default for $ty<K, V> {
+            fn default() -> Self {
+                $ty {
+                    name: None,
+                    key_serde: None,
+                    value_serde: None,
+                }
+            }
+        }
+
+        impl<K, V> Clone for $ty<K, V> {
+            fn clone(&self) -> Self {
+                $ty {
+                    name: self.name.clone(),
+                    key_serde: self.key_serde.clone(),
+                    value_serde: self.value_serde.clone(),
+                }
+            }
+        }
+
+        impl<K, V> fmt::Debug for $ty<K, V> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($ty))
+                    .field("name", &self.name)
+                    .field("key_serde", &self.key_serde.is_some())
+                    .field("value_serde", &self.value_serde.is_some())
+                    .finish()
+            }
+        }
+    };
+}
+
+/// Lets a name stand for the whole option object: `count("counts")`.
+macro_rules! from_name {
+    ($ty:ident) => {
+        impl<K, V> From<&str> for $ty<K, V> {
+            fn from(name: &str) -> Self {
+                Self::named(name)
+            }
+        }
+        impl<K, V> From<&String> for $ty<K, V> {
+            fn from(name: &String) -> Self {
+                Self::named(name.as_str())
+            }
+        }
+        impl<K, V> From<String> for $ty<K, V> {
+            fn from(name: String) -> Self {
+                Self::named(name)
+            }
+        }
+    };
+}
+
+named_serde_options!(
+    /// How an aggregation keeps its state: the store's name and serdes (Kafka Streams'
+    /// `Materialized`).
+    ///
+    /// The name names the store and its changelog topic `<application.id>-<name>-changelog`;
+    /// without one a name is generated, which changes when the topology does (and with it the
+    /// changelog), so name every store of a long-lived application. The serdes default to the
+    /// grouping's key serde and to the aggregation's value serde (`i64` for `count`, the stream's
+    /// value serde for `reduce`, the `agg_serde` of `aggregate`).
+    Materialized,
+    "store"
+);
+from_name!(Materialized);
+
+named_serde_options!(
+    /// How a stream is grouped for an aggregation (Kafka Streams' `Grouped`).
+    ///
+    /// The serdes are the grouping key's and the values' (needed when the key or value type
+    /// changed upstream). When the grouping repartitions, the name names the repartition topic
+    /// `<application.id>-<name>-repartition`, and every aggregation of the grouped stream reads
+    /// that one topic; without a name each aggregation repartitions through
+    /// `<application.id>-<store>-repartition`.
+    Grouped,
+    "grouping"
+);
+from_name!(Grouped);
+
+named_serde_options!(
+    /// How a stream is written to a topic: the serdes and the sink's node name (Kafka Streams'
+    /// `Produced`). Unset serdes default to the stream's.
+    Produced,
+    "sink node"
+);
+
+named_serde_options!(
+    /// How a stream is repartitioned by its current key (Kafka Streams' `Repartitioned`): the
+    /// name of the topic `<application.id>-<name>-repartition` and its serdes (default: the
+    /// stream's). Without a name one is generated, which changes when the topology does.
+    Repartitioned,
+    "repartition topic"
+);
+from_name!(Repartitioned);
+
+/// How a topic is read: its serdes and the source's node name (Kafka Streams' `Consumed`).
+pub struct Consumed<K, V> {
+    pub(crate) name: Option<String>,
+    pub(crate) key_serde: Arc<dyn Serde<K>>,
+    pub(crate) value_serde: Arc<dyn Serde<V>>,
+}
+
+impl<K, V> Consumed<K, V> {
+    /// Reads keys with `key_serde` and values with `value_serde` (Kafka Streams'
+    /// `Consumed.with(keySerde, valueSerde)`).
+    pub fn with(key_serde: impl Serde<K>, value_serde: impl Serde<V>) -> Self {
+        Consumed {
+            name: None,
+            key_serde: Arc::new(key_serde),
+            value_serde: Arc::new(value_serde),
+        }
+    }
+
+    /// Names the source node (default: a generated `source-<n>`).
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The name of the source node, when one was given.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+}
+
+impl<K, V> Clone for Consumed<K, V> {
+    fn clone(&self) -> Self {
+        Consumed {
+            name: self.name.clone(),
+            key_serde: self.key_serde.clone(),
+            value_serde: self.value_serde.clone(),
+        }
+    }
+}
+
+impl<K, V> fmt::Debug for Consumed<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Consumed")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The name of a processor node (Kafka Streams' `Named`); node names appear in errors and must
+/// be unique within a topology.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Named {
+    name: String,
+}
+
+impl Named {
+    /// The name `name` (Kafka Streams' `Named.as(name)`).
+    pub fn new(name: impl Into<String>) -> Self {
+        Named { name: name.into() }
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl From<&str> for Named {
+    fn from(name: &str) -> Self {
+        Named::new(name)
+    }
+}
+
+impl From<&String> for Named {
+    fn from(name: &String) -> Self {
+        Named::new(name.as_str())
+    }
+}
+
+impl From<String> for Named {
+    fn from(name: String) -> Self {
+        Named::new(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serdes::{I64Serde, StringSerde};
+
+    #[test]
+    fn a_name_converts_into_each_named_option() {
+        let m: Materialized<String, i64> = "counts".into();
+        assert_eq!(m.name(), Some("counts"));
+        assert!(m.key_serde.is_none() && m.value_serde.is_none());
+        let g: Grouped<String, i64> = String::from("by-word").into();
+        assert_eq!(g.name(), Some("by-word"));
+        let r: Repartitioned<String, i64> = (&"by-user".to_string()).into();
+        assert_eq!(r.name(), Some("by-user"));
+        assert_eq!(Named::from("enrich").name(), "enrich");
+    }
+
+    #[test]
+    fn builders_set_serdes_and_names() {
+        let m = Materialized::<String, i64>::with(StringSerde, I64Serde).with_name("totals");
+        assert_eq!(m.name(), Some("totals"));
+        assert!(m.key_serde.is_some() && m.value_serde.is_some());
+        let p = Produced::<String, i64>::named("to-out").with_value_serde(I64Serde);
+        assert_eq!(p.name(), Some("to-out"));
+        assert!(p.key_serde.is_none() && p.value_serde.is_some());
+        assert!(format!("{p:?}").contains("to-out"));
+        let c = Consumed::<String, i64>::with(StringSerde, I64Serde).with_name("orders-in");
+        assert_eq!(c.name(), Some("orders-in"));
+    }
+}
