@@ -20,7 +20,7 @@ use crate::error::StateError;
 pub(crate) type Db = rocksdb::DBWithThreadMode<rocksdb::MultiThreaded>;
 
 /// Version of the state directory layout, written to `FORMAT`.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Name of the format file in the state directory.
 pub const FORMAT_FILE: &str = "FORMAT";
 /// Name of the file in the state directory that records the Kafka cluster id.

@@ -9,7 +9,7 @@ use rill_topology::keyrange::KeyRange;
 
 use crate::subtask::{DATA_PREFIX, PROGRESS_KEY};
 use crate::{
-    ColumnFamilyId, Origin, Progress, StateConfig, StateDb, StateError, SubTaskState,
+    ColumnFamilyId, Origin, Progress, StateConfig, StateDb, StateError, StoreWrite, SubTaskState,
     MIN_MEMORY_BYTES,
 };
 
@@ -38,7 +38,17 @@ fn on_disk(
     let cf = db.db().cf_handle(&name).unwrap();
     let mut k = vec![DATA_PREFIX];
     k.extend_from_slice(key);
-    db.db().get_cf(&cf, k).unwrap()
+    // Stored values start with the 8-byte routing hash.
+    db.db().get_cf(&cf, k).unwrap().map(|v| v[8..].to_vec())
+}
+
+/// A write of `value` (`None`: delete) to `key` tagged with routing hash 0.
+fn w(key: &[u8], value: Option<&[u8]>) -> StoreWrite {
+    StoreWrite {
+        key: key.to_vec(),
+        value: value.map(<[u8]>::to_vec),
+        hash: 0,
+    }
 }
 
 fn put(state: &mut SubTaskState, store: &str, key: &str, value: &str) {
@@ -162,14 +172,8 @@ fn commit_applies_the_cache_and_progress_together_and_returns_the_last_write_per
     assert_eq!(
         applied,
         vec![
-            (
-                "a".to_string(),
-                vec![
-                    (b"gone".to_vec(), None),
-                    (b"k".to_vec(), Some(b"2".to_vec()))
-                ]
-            ),
-            ("b".to_string(), vec![(b"j".to_vec(), Some(b"9".to_vec()))]),
+            ("a".to_string(), vec![w(b"gone", None), w(b"k", Some(b"2"))]),
+            ("b".to_string(), vec![w(b"j", Some(b"9"))]),
         ]
     );
     assert!(!st.is_dirty());
@@ -276,10 +280,7 @@ fn a_sealed_commit_stays_readable_and_is_written_only_by_write_sealed() {
     let sealed = st.seal().unwrap();
     let expected = vec![(
         "s".to_string(),
-        vec![
-            (b"a".to_vec(), Some(b"1".to_vec())),
-            (b"b".to_vec(), Some(b"1".to_vec())),
-        ],
+        vec![w(b"a", Some(b"1")), w(b"b", Some(b"1"))],
     )];
     assert_eq!(
         sealed, expected,
@@ -317,7 +318,7 @@ fn restored_entries_are_written_directly_and_progress_only_when_given() {
     let db = StateDb::open(&cfg(tmp.path())).unwrap();
     let range = KeyRange::FULL;
     let mut st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, range).unwrap();
-    let entries = vec![(b"a".to_vec(), Some(b"1".to_vec())), (b"b".to_vec(), None)];
+    let entries = vec![w(b"a", Some(b"1")), w(b"b", None)];
     st.apply_restored("s", &entries, None).unwrap();
     assert_eq!(on_disk(&db, "s", 0, range, b"a"), Some(b"1".to_vec()));
     assert_eq!(
@@ -328,12 +329,8 @@ fn restored_entries_are_written_directly_and_progress_only_when_given() {
     assert!(st.committed_progress().is_none());
     let mut p = Progress::new(range, "t", 9);
     p.attempt = 4;
-    st.apply_restored(
-        "u",
-        &[(b"x".to_vec(), Some(b"2".to_vec()))],
-        Some(p.clone()),
-    )
-    .unwrap();
+    st.apply_restored("u", &[w(b"x", Some(b"2"))], Some(p.clone()))
+        .unwrap();
     drop(st);
     let st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, range).unwrap();
     assert_eq!(
@@ -399,8 +396,9 @@ fn another_process_holding_the_dir_gives_locked() {
 #[test]
 fn a_format_mismatch_is_refused_and_nothing_is_touched() {
     let cases = [
-        ("rill-state 2\nhash-id 1\n", "format 2"),
-        ("rill-state 1\nhash-id 2\n", "key-hash id 2"),
+        ("rill-state 1\nhash-id 1\n", "format 1"),
+        ("rill-state 3\nhash-id 1\n", "format 3"),
+        ("rill-state 2\nhash-id 2\n", "key-hash id 2"),
         ("hello\n", "lacks"),
         ("rill-state one\nhash-id 1\n", "is not"),
     ];
@@ -431,7 +429,7 @@ fn the_format_file_is_written_on_first_open() {
     assert_eq!(db.dir(), dir);
     assert_eq!(
         std::fs::read_to_string(dir.join("FORMAT")).unwrap(),
-        "rill-state 1\nhash-id 1\n"
+        "rill-state 2\nhash-id 1\n"
     );
 }
 
@@ -895,4 +893,45 @@ mod range_scans {
             prop_assert_eq!(store.all().unwrap(), model.into_iter().collect::<Vec<_>>());
         }
     }
+}
+
+#[test]
+fn writes_carry_the_routing_hash_of_the_record_that_made_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = StateDb::open(&cfg(tmp.path())).unwrap();
+    let range = KeyRange::nth(1, 4);
+    let mut st = SubTaskState::open(db, &names(&["s"]), 0, range).unwrap();
+    st.set_routing_hash(range.start + 7);
+    put(&mut st, "s", "a", "1");
+    st.set_routing_hash(range.start + 9);
+    st.store("s").unwrap().delete(b"b").unwrap();
+    let sealed = st.seal().unwrap();
+    let hashes: Vec<(Vec<u8>, u64)> = sealed[0]
+        .1
+        .iter()
+        .map(|w| (w.key.clone(), w.hash))
+        .collect();
+    assert_eq!(
+        hashes,
+        vec![
+            (b"a".to_vec(), range.start + 7),
+            (b"b".to_vec(), range.start + 9)
+        ]
+    );
+    st.write_sealed(Progress::new(range, "t", 1)).unwrap();
+    let committed = st.committed_entries("s").unwrap();
+    assert_eq!(committed.len(), 1);
+    assert_eq!(committed[0].hash, range.start + 7);
+    assert_eq!(
+        get(&mut st, "s", "a").as_deref(),
+        Some("1"),
+        "reads strip the hash"
+    );
+    // A repair rewrites the committed entry with its own hash.
+    st.set_routing_hash(range.start + 100);
+    st.touch("s", b"a").unwrap();
+    st.touch("s", b"never").unwrap();
+    let sealed = st.seal().unwrap();
+    assert_eq!(sealed[0].1[0].hash, range.start + 7);
+    assert_eq!(sealed[0].1[1].value, None);
 }

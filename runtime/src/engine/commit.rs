@@ -237,12 +237,12 @@ impl Core {
             if shared.config.changelogs {
                 for (store, entries) in sealed {
                     let topic = changelog_topic(&shared.config.application_id, &store);
-                    for (key, value) in entries {
+                    for write in entries {
                         let ticket = self.deliveries.ticket();
                         shared.sink.send(
                             &topic,
                             Some(id.partition),
-                            data_record(&commit, key, value),
+                            data_record(&commit, write),
                             ticket,
                         )?;
                     }

@@ -87,6 +87,7 @@ impl Engine {
                 source,
                 offset,
                 raw,
+                hash,
             }),
             &self.shared,
         );

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
-use rill_state::{Progress, StateDb, SubTaskState, TopicOffset};
+use rill_state::{Progress, StateDb, StoreWrite, SubTaskState, TopicOffset};
 use rill_topology::KeyRange;
 
 use super::changelog::{
@@ -273,8 +273,8 @@ pub struct RestoreSummary {
     pub repairs: Vec<Vec<(String, BTreeSet<Vec<u8>>)>>,
 }
 
-/// A data record waiting for confirmation: (lineage, attempt, key, value).
-type Waiting = (u64, u64, Vec<u8>, Option<Vec<u8>>);
+/// A data record waiting for confirmation: (lineage, attempt, write).
+type Waiting = (u64, u64, StoreWrite);
 
 /// Per range of the deciding store: data waiting for its confirmation.
 #[derive(Default)]
@@ -294,14 +294,14 @@ impl Pending {
     ) -> rill_state::StoreEntries {
         let mut confirmed = Vec::new();
         let mut keep = Vec::new();
-        for (l, a, key, value) in self.entries.drain(..) {
+        for (l, a, write) in self.entries.drain(..) {
             if l == lineage && a <= attempt {
-                orphans.remove(&key);
-                confirmed.push((key, value));
+                orphans.remove(&write.key);
+                confirmed.push(write);
             } else if others && l != lineage {
-                orphans.insert(key);
+                orphans.insert(write.key);
             } else {
-                keep.push((l, a, key, value));
+                keep.push((l, a, write));
             }
         }
         self.entries = keep;
@@ -392,17 +392,15 @@ pub fn restore(
                         }
                     }
                 }
-                Entry::Data { id, key, value } => {
+                Entry::Data { id, write } => {
                     let r = range_index(&ranges, id.range, &topic, partition)?;
                     if checkpoints[r].is_some_and(|c| offset < c) {
                         return Ok(());
                     }
                     if accepted.is_some_and(|l| l != id.lineage) {
-                        orphans[r].insert(key);
+                        orphans[r].insert(write.key);
                     } else {
-                        pending[r]
-                            .entries
-                            .push((id.lineage, id.attempt, key, value));
+                        pending[r].entries.push((id.lineage, id.attempt, write));
                     }
                 }
                 Entry::Marker(progress) => {
@@ -432,7 +430,7 @@ pub fn restore(
         })?;
         summary.records.push((last.clone(), count));
         for (r, (p, mut o)) in pending.into_iter().zip(orphans).enumerate() {
-            o.extend(p.entries.into_iter().map(|(_, _, k, _)| k));
+            o.extend(p.entries.into_iter().map(|(_, _, w)| w.key));
             if let Some((_, position)) = &finals[r] {
                 positions[r].push(TopicOffset {
                     topic: topic.clone(),
@@ -460,7 +458,7 @@ pub fn restore(
         let count = reader.read(&topic, partition, from, cancel, &mut |offset, record| {
             match classify(&topic, partition, offset, record)? {
                 Entry::Claim(_) | Entry::Base(_) => {}
-                Entry::Data { id, key, value } => {
+                Entry::Data { id, write } => {
                     let r = range_index(&ranges, id.range, &topic, partition)?;
                     if checkpoints[r].is_some_and(|c| offset < c) {
                         return Ok(());
@@ -469,8 +467,8 @@ pub fn restore(
                         .get(&id.lineage)
                         .is_some_and(|&max| id.attempt <= max)
                     {
-                        orphans[r].remove(&key);
-                        batches[r].push((key, value));
+                        orphans[r].remove(&write.key);
+                        batches[r].push(write);
                         if batches[r].len() >= RESTORE_BATCH {
                             let batch = std::mem::take(&mut batches[r]);
                             states[r]
@@ -478,7 +476,7 @@ pub fn restore(
                                 .map_err(EngineError::from)?;
                         }
                     } else {
-                        orphans[r].insert(key);
+                        orphans[r].insert(write.key);
                     }
                 }
                 Entry::Marker(progress) => {

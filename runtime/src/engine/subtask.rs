@@ -66,6 +66,8 @@ pub(crate) struct Input {
     pub source: Arc<Source>,
     pub offset: u64,
     pub raw: RawRecord,
+    /// The record's routing hash (its key's, or its offset's for a null key).
+    pub hash: u64,
 }
 
 /// Work in a mailbox.
@@ -138,14 +140,12 @@ impl SubTask {
         opening: Opening,
     ) -> Result<(Arc<SubTask>, TopicOffsets), EngineError> {
         let mut state = state;
-        for (store, keys) in &opening.repairs {
-            if let Some(s) = state.as_mut().and_then(|s| s.store(store)) {
+        if let Some(s) = state.as_mut() {
+            for (store, keys) in &opening.repairs {
                 for key in keys {
-                    // Writing the current value back makes the first commit send it again.
-                    match s.get(key)? {
-                        Some(v) => s.put(key, &v)?,
-                        None => s.delete(key)?,
-                    }
+                    // The current value written again: the first commit sends it after the
+                    // unconfirmed record it must shadow.
+                    s.touch(store, key)?;
                 }
             }
         }
@@ -293,6 +293,9 @@ impl Core {
             Work::Punctuate(now) => {
                 // No origin: wall-clock outputs depend on time, so a replay cannot reproduce
                 // them; downstream applies them at least once.
+                if let Some(state) = self.state.as_mut() {
+                    state.set_routing_hash(id.range.start);
+                }
                 let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
                 let r = self
                     .instance
@@ -374,6 +377,9 @@ impl Core {
                 })
             }
         };
+        if let Some(state) = self.state.as_mut() {
+            state.set_routing_hash(input.hash);
+        }
         if let Some(record) = record {
             self.latency_tick = self.latency_tick.wrapping_add(1);
             let started = crate::metrics::sample_latency(self.latency_tick);
