@@ -52,6 +52,7 @@
 
 #![warn(missing_docs)]
 
+pub mod carry;
 mod cf;
 mod db;
 mod error;
@@ -67,5 +68,5 @@ pub use db::{
     ROCKSDB_DIR,
 };
 pub use error::StateError;
-pub use progress::{Origin, Progress, TopicOffset, PROGRESS_VERSION};
+pub use progress::{CarriedOffset, Origin, Progress, TopicOffset, PROGRESS_VERSION};
 pub use subtask::{StoreEntries, StoreWrite, SubTaskState, DATA_PREFIX, PROGRESS_KEY};

@@ -167,6 +167,8 @@ fn commit_applies_the_cache_and_progress_together_and_returns_the_last_write_per
         seq: 3,
         source_topic: 7,
         via_topic: 8,
+        lo: 0,
+        hi: u64::MAX,
     });
     let applied = st.commit(progress.clone()).unwrap();
     assert_eq!(

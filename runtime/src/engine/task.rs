@@ -335,9 +335,11 @@ impl Engine {
                 repairs: repairs.next().unwrap_or_default(),
             };
             let (subtask, local) = SubTask::open(id, &self.shared, states.next(), topics, opening)?;
-            for (i, next) in local {
-                task.resume[i].push((range, next));
-                task.trackers[i].raise_floor(index, next);
+            for (i, part, next) in local {
+                task.resume[i].push((part, next));
+                if part == range {
+                    task.trackers[i].raise_floor(index, next);
+                }
             }
             task.subtasks.push(subtask);
         }
