@@ -57,6 +57,7 @@ mod cf;
 mod db;
 mod error;
 mod progress;
+pub mod resplit;
 mod subtask;
 
 #[cfg(test)]

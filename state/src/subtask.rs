@@ -651,6 +651,43 @@ impl SubTaskState {
     }
 }
 
+/// Writes `progress[i]` as the progress of `new[i]` and deletes the progress of every `old`
+/// state, in ONE WriteBatch (the switch of a re-split; see [`crate::resplit`]).
+pub(crate) fn swap_progress(
+    new: &mut [SubTaskState],
+    progress: Vec<Progress>,
+    old: &mut [SubTaskState],
+) -> Result<(), StateError> {
+    let Some(db) = new.first().map(|s| s.db.clone()) else {
+        return Ok(());
+    };
+    let mut batch = WriteBatch::default();
+    for (state, p) in new.iter().zip(&progress) {
+        state.check_progress(p)?;
+        let encoded = p.to_bytes();
+        for store in &state.stores {
+            let cf = cf_handle(&db, &store.cf).map_err(|e| StateError::backend("re-split", e))?;
+            batch.put_cf(&cf, PROGRESS_KEY, &encoded);
+        }
+    }
+    for state in old.iter() {
+        for store in &state.stores {
+            let cf = cf_handle(&db, &store.cf).map_err(|e| StateError::backend("re-split", e))?;
+            batch.delete_cf(&cf, PROGRESS_KEY);
+        }
+    }
+    db.db()
+        .write_opt(batch, &WriteOptions::default())
+        .map_err(|e| StateError::backend("re-split", e))?;
+    for (state, p) in new.iter_mut().zip(progress) {
+        state.committed = Some(p);
+    }
+    for state in old.iter_mut() {
+        state.committed = None;
+    }
+    Ok(())
+}
+
 impl Drop for SubTaskState {
     /// Releases the column families; uncommitted writes are dropped, as by `discard`.
     fn drop(&mut self) {

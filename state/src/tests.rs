@@ -937,3 +937,103 @@ fn writes_carry_the_routing_hash_of_the_record_that_made_them() {
     assert_eq!(sealed[0].1[0].hash, range.start + 7);
     assert_eq!(sealed[0].1[1].value, None);
 }
+
+mod resplits {
+    use super::*;
+    use crate::carry::next_for;
+    use crate::resplit::resplit;
+    use rill_topology::keyrange::{range_of, ranges};
+
+    /// Writes `n` entries into the ranges of factor `p` (key i, routing hash spread over the
+    /// space, value i) and commits each range at offset 100 + its index, with a carried part.
+    fn written(db: &Arc<StateDb>, p: usize, n: u64) {
+        for (i, r) in ranges(p).into_iter().enumerate() {
+            let mut st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, r).unwrap();
+            for k in 0..n {
+                let hash = k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                if range_of(hash, p) != i {
+                    continue;
+                }
+                st.set_routing_hash(hash);
+                put(&mut st, "s", &format!("k{k}"), &k.to_string());
+                put(&mut st, "u", &format!("k{k}"), "u");
+            }
+            let mut progress = Progress::new(r, "t", 100 + i as u64);
+            progress.stream_time = Some(i as i64);
+            st.commit(progress).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_resplit_moves_every_entry_to_the_range_of_its_hash_and_keeps_offsets_per_hash() {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = StateDb::open(&cfg(tmp.path())).unwrap();
+        written(&db, 2, 500);
+        let target = ranges(3);
+        let done = resplit(&db, &names(&["s", "u"]), 0, &target)
+            .unwrap()
+            .unwrap();
+        assert_eq!(done.from, ranges(2));
+        assert_eq!(done.entries, 1000);
+        let mut seen = 0;
+        for (i, r) in target.iter().enumerate() {
+            let mut st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, *r).unwrap();
+            let p = st.committed_progress().cloned().unwrap();
+            for w in st.committed_entries("s").unwrap() {
+                assert_eq!(range_of(w.hash, 3), i, "entry in the range of its hash");
+                assert_eq!(next_for(&p, "t", w.hash), 100 + range_of(w.hash, 2) as u64);
+                seen += 1;
+            }
+            assert_eq!(
+                all(&mut st, "u").len(),
+                st.committed_entries("s").unwrap().len()
+            );
+        }
+        assert_eq!(seen, 500);
+        assert!(
+            db.column_families()
+                .iter()
+                .all(|cf| target.contains(&cf.range)),
+            "the old column families are gone"
+        );
+        assert_eq!(resplit(&db, &names(&["s", "u"]), 0, &target).unwrap(), None);
+    }
+
+    #[test]
+    fn a_resplit_that_died_before_its_switch_starts_over_from_the_old_ranges() {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = StateDb::open(&cfg(tmp.path())).unwrap();
+        written(&db, 4, 300);
+        // A crashed attempt: a partial copy in a new range, no progress there, old progress kept.
+        let target = ranges(2);
+        {
+            let mut partial =
+                SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, target[0]).unwrap();
+            partial
+                .apply_restored(
+                    "s",
+                    &[StoreWrite {
+                        key: b"garbage".to_vec(),
+                        value: Some(b"x".to_vec()),
+                        hash: 1,
+                    }],
+                    None,
+                )
+                .unwrap();
+        }
+        resplit(&db, &names(&["s", "u"]), 0, &target)
+            .unwrap()
+            .unwrap();
+        let mut total = 0;
+        for r in &target {
+            let mut st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, *r).unwrap();
+            assert_eq!(
+                get(&mut st, "s", "garbage"),
+                None,
+                "the partial copy was cleared"
+            );
+            total += all(&mut st, "s").len();
+        }
+        assert_eq!(total, 300);
+    }
+}
