@@ -1,7 +1,8 @@
-//! Helpers the `enrich` and `orders` examples share: writing input to the embedded cluster and
+//! Helpers the examples share: the `--config` option, writing input to the embedded cluster and
 //! reading the output topic. Not part of the examples' lesson: the topology is.
 #![allow(dead_code)]
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -13,21 +14,13 @@ use rdkafka::Message;
 /// An error of an example's helper.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
-/// The value of `--name VALUE` in this process's arguments.
-pub fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    let i = args.iter().position(|a| a == name)?;
-    args.get(i + 1).cloned()
-}
-
-/// The whole number of `--name N`, or `default`.
-pub fn number_arg(name: &str, default: u64) -> Result<u64, String> {
-    match arg(name) {
-        None => Ok(default),
-        Some(s) => s
-            .parse()
-            .map_err(|_| format!("{name} takes a whole number, got `{s}`")),
-    }
+/// The option every example service takes; flatten it into the example's arguments.
+#[derive(clap::Args, Debug)]
+pub struct ServiceArgs {
+    /// TOML config file (keys as in the README); RILL_CONFIG names one too, RILL_* variables
+    /// override it
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 /// A producer to `bootstrap`.
