@@ -61,13 +61,13 @@ fn prepare(
     )?;
     cluster.create_topic(INPUT, 1)?;
     cluster.create_topic(OUTPUT, 1)?;
-    let producer = common::producer(runtime.bootstrap_servers())?;
+    let producer = common::input_producer(runtime.bootstrap_servers(), 5)?;
     for i in 0..records {
         let user = format!("user-{}", i % 1000);
         common::send(
             &producer,
             INPUT,
-            user.as_bytes(),
+            Some(user.as_bytes()),
             format!("click {i}").as_bytes(),
         )?;
     }

@@ -68,7 +68,7 @@ fn topology() -> Result<Topology, TopologyError> {
 
 /// Writes random orders for 20 customers until `stop`.
 fn feed(bootstrap: String, stop: Arc<AtomicBool>) -> Result<(), common::Error> {
-    let producer = common::producer(&bootstrap)?;
+    let producer = common::input_producer(&bootstrap, 5)?;
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     let mut order_id = 0;
     while !stop.load(Ordering::SeqCst) {
@@ -82,12 +82,12 @@ fn feed(bootstrap: String, stop: Arc<AtomicBool>) -> Result<(), common::Error> {
             amount_cents: (seed % 10_000) as i64 + 100,
         };
         let json = serde_json::to_vec(&order)?;
-        common::send(&producer, INPUT, order.customer.as_bytes(), &json)?;
+        common::send(&producer, INPUT, Some(order.customer.as_bytes()), &json)?;
         if order_id % 100 == 0 {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-    common::flush(&producer)
+    Ok(common::flush(&producer)?)
 }
 
 /// Prints the latest totals every two seconds until `stop`.

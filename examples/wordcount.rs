@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::Message;
 use rill::prelude::*;
 use rill::runtime::kafka::admin::{client_config, create_topics};
@@ -74,19 +73,17 @@ fn feed(
     topic: String,
     stop: Arc<AtomicBool>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .create()?;
+    let producer = common::input_producer(&bootstrap, 5)?;
     let mut i = 0usize;
     while !stop.load(Ordering::SeqCst) {
         let line = DEMO_TEXT[i % DEMO_TEXT.len()];
-        let _ = producer.send(BaseRecord::<(), str>::to(&topic).payload(line));
+        common::send(&producer, &topic, None, line.as_bytes())?;
         i += 1;
         if i % 100 == 0 {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-    producer.flush(Duration::from_secs(5))?;
+    common::flush(&producer)?;
     Ok(())
 }
 
