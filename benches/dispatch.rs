@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use rill::prelude::*;
-use rill::runtime::engine::{Dispatch, Engine, EngineConfig};
-use rill::runtime::sink::MemorySink;
+use rill::runtime::internals::MemorySink;
+use rill::runtime::internals::{Dispatch, Engine, EngineConfig};
 use rill::topology::{key_hash, range_of, RawRecord};
 
 const RECORDS: u64 = 100_000;
@@ -46,7 +46,8 @@ fn engine(p: usize) -> Engine {
         HashMap::new(),
     )
     .expect("engine");
-    e.assign("in", 0, &HashMap::new()).expect("assign");
+    e.assign("in", 0, rill::runtime::internals::Resume::default())
+        .expect("assign");
     e
 }
 

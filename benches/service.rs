@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 
 use rdkafka::producer::Producer;
 use rill::prelude::*;
-use rill::runtime::engine::{Dispatch, Engine, EngineConfig};
+use rill::runtime::internals::MemorySink;
+use rill::runtime::internals::{Dispatch, Engine, EngineConfig};
 use rill::runtime::kafka::admin::{client_config, create_topics};
-use rill::runtime::sink::MemorySink;
 use rill::runtime::{ConfigBuilder, Runtime};
 use rill::state::{StateConfig, StateDb};
 use rill::topology::RawRecord;
@@ -242,7 +242,7 @@ fn overhead_run(metrics_on: bool, n: u64) -> Result<(f64, f64), Error> {
         Arc::new(MemorySink::new()),
         HashMap::new(),
     )?;
-    engine.assign("in", 0, &HashMap::new())?;
+    engine.assign("in", 0, rill::runtime::internals::Resume::default())?;
     let records: Vec<RawRecord> = (0..n)
         .map(|i| RawRecord {
             key: Some(format!("key-{}", i % 100_000).into_bytes()),
@@ -261,12 +261,12 @@ fn overhead_run(metrics_on: bool, n: u64) -> Result<(f64, f64), Error> {
         }
         if last_commit.elapsed() >= Duration::from_millis(100) {
             last_commit = Instant::now();
-            engine.commit();
+            engine.request_commit();
             engine.publish_metrics();
-            engine.progress();
+            engine.collect_progress();
         }
     }
-    engine.commit();
+    engine.request_commit();
     if !engine.wait_idle(Duration::from_secs(600)) {
         return Err("the engine did not finish".into());
     }

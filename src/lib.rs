@@ -6,7 +6,10 @@
 //! range, and each sub-task commits its own progress, so per-key order holds and state is applied
 //! exactly once across restarts.
 //!
+//! With the `test-util` feature, the `TestDriver` runs a topology without a broker:
+//!
 //! ```
+//! # #[cfg(feature = "test-util")] {
 //! use rill::prelude::*;
 //!
 //! let builder = StreamsBuilder::new();
@@ -22,6 +25,7 @@
 //! input.pipe_input("alice".to_string(), 20);
 //! let output = driver.output_topic("order-counts", StringSerde, I64Serde);
 //! assert_eq!(output.read_key_values(), vec![("alice".into(), 1), ("alice".into(), 2)]);
+//! # }
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -33,7 +37,8 @@ pub use rill_topology as topology;
 
 /// The names most applications need.
 pub mod prelude {
+    #[cfg(feature = "test-util")]
     pub use rill_runtime::driver::{TestDriver, TestInputTopic, TestOutputTopic, TestStore};
-    pub use rill_runtime::engine::DeserializationHandler;
+    pub use rill_runtime::DeserializationHandler;
     pub use rill_topology::prelude::*;
 }

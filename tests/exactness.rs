@@ -43,8 +43,12 @@ fn merged_inputs_are_counted_once_each_through_a_repartition_topic() {
 fn two_repartition_topics_into_one_range_are_counted_once_each() {
     let builder = StreamsBuilder::new();
     let s = builder.stream("in", StringSerde, StringSerde);
-    let by_value = s.repartition("by-value");
-    let again = s.filter(|_k, _v| true).repartition("by-value-2");
+    let by_value = s
+        .select_key(|_k, v: &String| v.clone())
+        .repartition(Repartitioned::with(StringSerde, StringSerde).with_name("by-value"));
+    let again = s
+        .select_key(|_k, v: &String| v.clone())
+        .repartition(Repartitioned::with(StringSerde, StringSerde).with_name("by-value-2"));
     by_value.merge(&again).group_by_key().count("counts");
     let driver = TestDriver::builder(builder.build().unwrap())
         .parallelising_factor(2)
@@ -118,4 +122,77 @@ fn wall_clock_punctuation_outputs_pass_through_a_repartition_topic() {
     let ticks = TICKS.load(Ordering::SeqCst);
     assert!(ticks >= 2, "the punctuation fired {ticks} times");
     assert_eq!(counts.get(&"tick".to_string()), Some(ticks));
+}
+
+/// Emits the stream time at each stream-time punctuation (every 10 ms of event time).
+struct Clock;
+
+impl Processor<String, String, String, String> for Clock {
+    fn init(&mut self, ctx: &mut ProcessorContext<'_, String, String>) -> Result<(), ProcessError> {
+        ctx.schedule(Duration::from_millis(10), PunctuationType::StreamTime);
+        Ok(())
+    }
+    fn process(
+        &mut self,
+        _record: Record<String, String>,
+        _ctx: &mut ProcessorContext<'_, String, String>,
+    ) -> Result<(), ProcessError> {
+        Ok(())
+    }
+    fn punctuate(
+        &mut self,
+        _kind: PunctuationType,
+        timestamp: i64,
+        ctx: &mut ProcessorContext<'_, String, String>,
+    ) -> Result<(), ProcessError> {
+        ctx.forward(Record::new("tick".to_string(), timestamp.to_string()));
+        Ok(())
+    }
+}
+
+fn clock_topology() -> Topology {
+    let builder = StreamsBuilder::new();
+    builder.add_state_store("unused");
+    builder
+        .stream("in", StringSerde, StringSerde)
+        .process("clock", || Clock, &["unused"])
+        .to_with("ticks", Produced::with(StringSerde, StringSerde));
+    builder.build().unwrap()
+}
+
+/// Issue 10, item 8: stream time is committed with the range, so a restart fires stream-time
+/// punctuations at the same records as an uninterrupted run.
+#[test]
+fn stream_time_punctuation_fires_at_the_same_records_across_a_restart() {
+    let times = [5i64, 12, 13, 27, 31, 44, 45, 58];
+    let uninterrupted: Vec<String> = {
+        let driver = TestDriver::new(clock_topology()).unwrap();
+        let input = driver.input_topic("in", StringSerde, StringSerde);
+        for t in times {
+            input.pipe_input_at("k".into(), "v".into(), t);
+        }
+        driver
+            .output_topic("ticks", StringSerde, StringSerde)
+            .read_values()
+    };
+    assert!(!uninterrupted.is_empty());
+    let dir = tempfile::tempdir().unwrap();
+    let mut restarted = Vec::new();
+    for part in [&times[..3], &times[3..]] {
+        let driver = TestDriver::builder(clock_topology())
+            .state_dir(dir.path())
+            .build()
+            .unwrap();
+        let input = driver.input_topic("in", StringSerde, StringSerde);
+        for &t in part {
+            input.pipe_input_at("k".into(), "v".into(), t);
+        }
+        restarted.extend(
+            driver
+                .output_topic("ticks", StringSerde, StringSerde)
+                .read_values(),
+        );
+        driver.close().unwrap();
+    }
+    assert_eq!(restarted, uninterrupted);
 }

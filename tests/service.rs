@@ -239,15 +239,14 @@ fn http_serves_metrics_that_grow_with_processing_and_shutdown_commits_offsets() 
         Some(16.0),
         "2 partitions x P = 4 x 2 sub-topologies"
     );
-    assert_eq!(
-        sum(
-            &second,
-            "rill_restore_records_total",
-            &["store=\"counts-store\""]
-        ),
-        Some(0.0),
-        "restore counter present per store before any restore"
+    // A fresh instance's restore reads at least its own claim, one per partition (other tests
+    // in this process count into the same global metric).
+    let restored = sum(
+        &second,
+        "rill_restore_records_total",
+        &["store=\"counts-store\""],
     );
+    assert!(restored.is_some_and(|n| n >= 2.0), "{restored:?}");
     let latency_count = sum(&second, "rill_process_latency_seconds_count", &[]).unwrap_or(0.0);
     let processed = sum(&second, "rill_records_processed_total", &[]).unwrap_or(0.0);
     assert!(
@@ -417,4 +416,32 @@ fn a_second_signal_exits_at_once() {
         "at once: {:?}",
         started.elapsed()
     );
+}
+
+/// Issue 10, item 9: a second demo run on a new embedded cluster with the default state dir
+/// counts its input (it used to skip everything: the old run's offsets looked applied).
+#[test]
+fn a_second_demo_run_on_a_new_embedded_cluster_counts_its_input() {
+    let app = format!("svc-rerun-{}", std::process::id());
+    let (input, output) = ("rerun-lines", "rerun-counts");
+    for run in 0..2 {
+        let config = ConfigBuilder::new()
+            .set("application.id", &app)
+            .set("metrics.addr", "off")
+            .set("commit.interval.ms", 100)
+            .build()
+            .expect("config");
+        let runtime = Runtime::new(wordcount(input, output), config).expect("runtime");
+        let cluster = runtime.embedded().expect("embedded cluster");
+        cluster.create_topic(input, 1).expect("input topic");
+        cluster.create_topic(output, 1).expect("output topic");
+        produce_lines(runtime.bootstrap_servers(), input, 0, 50);
+        let running = runtime.start().expect("start");
+        wait_for(Duration::from_secs(60), "every line processed", || {
+            // 50 lines, and 4 words each through the repartition topic.
+            (running.processed() >= 250).then_some(())
+        });
+        running.shutdown().expect("clean shutdown");
+        let _ = run;
+    }
 }

@@ -115,6 +115,8 @@ pub struct Config {
     pub worker_threads: usize,
     /// State directory.
     pub state_dir: PathBuf,
+    /// Whether `state.dir` was set (a demo on the embedded cluster without it gets a fresh one).
+    pub state_dir_configured: bool,
     /// Commit interval.
     pub commit_interval: Duration,
     /// Records a sub-task may queue before its partition pauses.
@@ -426,6 +428,7 @@ impl ConfigBuilder {
             .map(|b| b.trim().to_string())
             .filter(|b| !b.is_empty());
         Ok(Config {
+            state_dir_configured: s.state_dir.is_some(),
             state_dir: s
                 .state_dir
                 .unwrap_or_else(|| std::env::temp_dir().join("rill").join(&application_id)),

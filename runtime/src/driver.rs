@@ -40,7 +40,7 @@ use rill_topology::serdes::Serde;
 use rill_topology::{key_hash, Headers, RawRecord, Topic, Topology};
 
 use crate::engine::{
-    DeserializationHandler, Dispatch, Engine, EngineConfig, EngineError, EngineStats,
+    DeserializationHandler, Dispatch, Engine, EngineConfig, EngineError, EngineStats, Resume,
 };
 use crate::sink::{MemorySink, RecordSink};
 
@@ -186,7 +186,7 @@ impl TestDriverBuilder {
         let ends = read_offsets(&dir)?;
         for (topic, &n) in &partitions {
             for p in 0..n {
-                engine.assign(topic, p, &HashMap::new())?;
+                engine.assign(topic, p, Resume::default())?;
             }
         }
         let inner = Inner {
@@ -286,9 +286,9 @@ impl Inner {
 
     fn commit(&mut self) -> Result<(), DriverError> {
         self.settle()?;
-        self.engine.commit_durable();
+        self.engine.request_durable_commit();
         self.settle()?;
-        self.engine.progress();
+        self.engine.collect_progress();
         write_offsets(&self.dir, &self.ends)
     }
 }

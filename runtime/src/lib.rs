@@ -1,26 +1,47 @@
 //! rill-runtime: runs rill topologies.
 //!
-//! - [`engine`]: dispatch by key range, sub-tasks on a worker pool, the range commit protocol;
-//! - [`driver`]: the broker-free `TestDriver` for unit tests of topologies;
-//! - [`sink`]: where outputs go (the Kafka producer, or memory in tests);
-//! - [`service`]: the long-lived `Runtime` with [`config`], [`metrics`], [`http`] and [`health`],
-//!   HTTP and signals served by the [`control`] runtime.
+//! - [`service`]: the long-lived [`Runtime`], configured by [`config`], observed through
+//!   [`metrics`] and [`health`];
+//! - `driver` (feature `test-util`): the broker-free `TestDriver` for unit tests of topologies;
+//! - [`kafka`]: what the Kafka edge offers besides the runtime: the commit metadata codec, topic
+//!   administration and the embedded cluster.
+//!
+//! The engine (dispatch by key range, sub-tasks on a worker pool, the range commit protocol) is
+//! internal; [`internals`] exposes it to rill's own benchmarks and protocol tests, without any
+//! stability promise.
 
 #![warn(missing_docs)]
 
 pub mod config;
-pub mod control;
+pub(crate) mod control;
+#[cfg(feature = "test-util")]
 pub mod driver;
-pub mod engine;
+pub(crate) mod engine;
 pub mod health;
-pub mod http;
+pub(crate) mod http;
 pub mod kafka;
 pub mod metrics;
 pub mod service;
-pub mod sink;
+pub(crate) mod sink;
 
 pub use config::{Config, ConfigBuilder, ConfigError};
+#[cfg(feature = "test-util")]
 pub use driver::{TestDriver, TestDriverBuilder, TestInputTopic, TestOutputTopic, TestStore};
-pub use engine::{DeserializationHandler, Engine, EngineConfig, EngineError};
+pub use engine::{DeserializationHandler, EngineError};
 pub use health::Health;
+pub use http::HttpError;
+pub use kafka::producer::ProducerError;
+pub use kafka::source::SourceError;
 pub use service::{RunningRuntime, Runtime, RuntimeError};
+pub use sink::SinkError;
+
+/// The engine's internals, for rill's own benchmarks and protocol tests: not a stable API.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::engine::changelog::{changelog_topic, ChangelogReader, MemoryChangelog};
+    pub use crate::engine::{
+        Dispatch, Engine, EngineConfig, EngineStats, PartitionProgress, PriorClaim, Resume,
+        Revoked, TaskId, TopicPartition,
+    };
+    pub use crate::sink::{MemorySink, RecordSink, Ticket};
+}

@@ -40,18 +40,24 @@ use crate::engine::{Engine, EngineConfig, EngineError};
 use crate::health::Health;
 use crate::http::{self, HttpError, HttpServer};
 use crate::kafka::admin::{
-    client_config, create_topics, create_topics_with, is_transient, partition_counts,
+    client_config, cluster_id, create_topics, create_topics_with, is_transient, partition_counts,
+    topic_config,
 };
-use crate::kafka::changelog::KafkaChangelogReader;
+use crate::kafka::changelog_reader::KafkaChangelogReader;
 use crate::kafka::embedded::EmbeddedCluster;
 use crate::kafka::producer::KafkaSink;
-use crate::kafka::source::{self, SourceContext, SourceError};
+use crate::kafka::rebalance::SourceContext;
+use crate::kafka::source::{self, SourceError};
 use crate::sink::RecordSink;
 
 /// How long to wait for brokers at start before giving up.
 const CONNECT_DEADLINE: Duration = Duration::from_secs(300);
 /// Time allowed for one metadata or admin request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// `min.compaction.lag.ms` of the changelogs rill creates: a commit's confirmed values stay in
+/// the log at least this long after a crashed commit's leftovers were written over them, for
+/// the next owner to repair them (see `engine::changelog`, "Why compaction cannot break this").
+pub const CHANGELOG_MIN_COMPACTION_LAG: Duration = Duration::from_secs(3600);
 
 /// Why the runtime could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -76,12 +82,36 @@ pub enum RuntimeError {
     /// The processing thread panicked.
     #[error("the processing thread panicked")]
     Panicked,
+    /// A thread could not be started.
+    #[error("cannot start a thread: {0}")]
+    Thread(#[source] std::io::Error),
     /// The metrics recorder could not be installed.
     #[error(transparent)]
     Metrics(#[from] crate::metrics::MetricsError),
     /// The HTTP endpoint could not start.
     #[error(transparent)]
     Http(#[from] HttpError),
+    /// The producer could not be created.
+    #[error(transparent)]
+    Producer(#[from] crate::kafka::producer::ProducerError),
+    /// Topics one sub-topology reads together have different partition counts.
+    #[error("topics {topics:?} are read by one sub-topology (a merge or join) but have {counts:?} partitions: co-partitioned inputs need the same partition count (repartition one of them)")]
+    NotCoPartitioned {
+        /// The topics.
+        topics: Vec<String>,
+        /// Their partition counts.
+        counts: Vec<u32>,
+    },
+    /// An internal topic exists with settings rill cannot work with.
+    #[error(
+        "internal topic `{topic}` {problem}: delete it (rill creates it again) or fix it by hand"
+    )]
+    InternalTopic {
+        /// The topic.
+        topic: String,
+        /// What is wrong.
+        problem: String,
+    },
 }
 
 /// A topology bound to its configuration, ready to start.
@@ -174,6 +204,16 @@ impl Runtime {
                 partitions.insert(self.resolve(t), n);
             }
         }
+        for st in self.topology.sub_topologies() {
+            let topics: Vec<String> = st.sources.iter().map(|(t, _)| self.resolve(t)).collect();
+            let counts: Vec<u32> = topics
+                .iter()
+                .map(|t| partitions.get(t).copied().unwrap_or(1))
+                .collect();
+            if counts.windows(2).any(|w| w[0] != w[1]) {
+                return Err(RuntimeError::NotCoPartitioned { topics, counts });
+            }
+        }
         let to_create: Vec<(String, u32)> = internal
             .keys()
             .map(|t| {
@@ -195,6 +235,26 @@ impl Runtime {
                 changelogs.push((changelog_topic(&self.config.application_id, store), n));
             }
         }
+        // Internal topics that exist already must match what rill would create.
+        let names: Vec<String> = to_create
+            .iter()
+            .chain(&changelogs)
+            .map(|(n, _)| n.clone())
+            .collect();
+        let existing = partition_counts(&cfg, &names, REQUEST_TIMEOUT)?;
+        for (name, want) in to_create.iter().chain(&changelogs) {
+            if let Some(Some(have)) = existing.get(name) {
+                if have != want {
+                    return Err(RuntimeError::InternalTopic {
+                        topic: name.clone(),
+                        problem: format!(
+                            "has {have} partitions, but its input has {want}: records would reach \
+                             the wrong tasks"
+                        ),
+                    });
+                }
+            }
+        }
         match &self.embedded {
             Some(cluster) => {
                 for (name, n) in to_create.iter().chain(&changelogs) {
@@ -202,11 +262,37 @@ impl Runtime {
                 }
             }
             None => {
+                let existing_changelogs: Vec<String> = changelogs
+                    .iter()
+                    .filter(|(n, _)| matches!(existing.get(n), Some(Some(_))))
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                let policies = topic_config(
+                    &cfg,
+                    &existing_changelogs,
+                    "cleanup.policy",
+                    REQUEST_TIMEOUT,
+                )?;
+                for (topic, policy) in policies {
+                    if !policy.split(',').any(|p| p.trim() == "compact") {
+                        return Err(RuntimeError::InternalTopic {
+                            topic,
+                            problem: format!(
+                                "has cleanup.policy={policy}: a changelog needs compact, or \
+                                 restores lose state"
+                            ),
+                        });
+                    }
+                }
                 create_topics(&cfg, &to_create, REQUEST_TIMEOUT)?;
+                let lag = CHANGELOG_MIN_COMPACTION_LAG.as_millis().to_string();
                 create_topics_with(
                     &cfg,
                     &changelogs,
-                    &[("cleanup.policy", "compact")],
+                    &[
+                        ("cleanup.policy", "compact"),
+                        ("min.compaction.lag.ms", lag.as_str()),
+                    ],
                     REQUEST_TIMEOUT,
                 )?;
             }
@@ -230,12 +316,30 @@ impl Runtime {
             }
         };
         let partitions = self.prepare_topics()?;
+        let cluster = cluster_id(&client_config(&self.bootstrap, &c.kafka), REQUEST_TIMEOUT)?
+            .unwrap_or_default();
+        // The embedded cluster is new on every start: state left by an earlier run refers to
+        // offsets of a cluster that is gone, so a demo without a configured state.dir starts
+        // from a fresh one.
+        let (state_dir, temp_state) = if self.embedded.is_some() && !c.state_dir_configured {
+            let temp = tempfile::Builder::new()
+                .prefix(&format!("rill-{}-", c.application_id))
+                .tempdir()
+                .map_err(|source| rill_state::StateError::Io {
+                    path: std::env::temp_dir(),
+                    source,
+                })?;
+            (temp.path().to_path_buf(), Some(temp))
+        } else {
+            (c.state_dir.clone(), None)
+        };
         tracing::info!(
             application_id = %c.application_id,
             bootstrap = %self.bootstrap,
+            cluster_id = %cluster,
             parallelising_factor = c.parallelising_factor,
             worker_threads = c.worker_threads,
-            state_dir = %c.state_dir.display(),
+            state_dir = %state_dir.display(),
             "starting"
         );
         let stateful = self
@@ -244,10 +348,14 @@ impl Runtime {
             .iter()
             .any(|s| s.is_stateful());
         let db = if stateful {
-            Some(StateDb::open(&StateConfig {
-                dir: c.state_dir.clone(),
+            let db = StateDb::open(&StateConfig {
+                dir: state_dir,
                 memory_bytes: c.rocksdb_memory_bytes,
-            })?)
+            })?;
+            if !cluster.is_empty() {
+                db.bind_cluster(&cluster)?;
+            }
+            Some(db)
         } else {
             None
         };
@@ -270,6 +378,7 @@ impl Runtime {
                 mailbox_capacity: c.mailbox_capacity,
                 deserialization_handler: c.deserialization_handler.clone(),
                 changelogs: true,
+                cluster_id: cluster,
             },
             db,
             sink,
@@ -284,7 +393,7 @@ impl Runtime {
         let ctx = SourceContext {
             engine: engine.clone(),
             drain_timeout: c.shutdown_timeout,
-            committed: Mutex::new(HashMap::new()),
+            committer: Default::default(),
             error: Mutex::new(None),
             rebalances: AtomicU64::new(0),
             restoring: Mutex::new(std::collections::BTreeSet::new()),
@@ -292,13 +401,36 @@ impl Runtime {
             health: health.clone(),
         };
         let mut cfg = client_config(&self.bootstrap, &c.kafka);
+        // A sub-topology with several inputs needs partition p of each on one member: `range`
+        // assigns them together (co-partitioning); other topologies keep incremental rebalancing.
+        let co_partitioned = self
+            .topology
+            .sub_topologies()
+            .iter()
+            .any(|s| s.sources.len() > 1);
+        let kip848 = c
+            .kafka
+            .get("group.protocol")
+            .is_some_and(|p| p == "consumer");
+        if kip848 {
+            // The broker assigns (KIP-848); its `range` assignor co-partitions.
+            if co_partitioned {
+                cfg.set("group.remote.assignor", "range");
+            }
+        } else {
+            let strategy = if co_partitioned {
+                "range"
+            } else {
+                "cooperative-sticky"
+            };
+            cfg.set("partition.assignment.strategy", strategy)
+                .set("session.timeout.ms", "10000")
+                .set("heartbeat.interval.ms", "1000");
+        }
         cfg.set("group.id", &c.application_id)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
-            .set("partition.assignment.strategy", "cooperative-sticky")
-            .set("session.timeout.ms", "10000")
-            .set("heartbeat.interval.ms", "1000")
             // A resumed partition is fetched only when the outstanding long-poll fetch returns;
             // the 500 ms default turned every backpressure pause into a half-second stall.
             .set("fetch.wait.max.ms", "10")
@@ -333,7 +465,7 @@ impl Runtime {
                 drop(consumer);
                 r
             })
-            .map_err(|_| RuntimeError::Panicked)?;
+            .map_err(RuntimeError::Thread)?;
         Ok(RunningRuntime {
             stop,
             thread: Some(thread),
@@ -341,6 +473,7 @@ impl Runtime {
             health,
             http,
             control,
+            _temp_state: temp_state,
         })
     }
 
@@ -363,6 +496,8 @@ pub struct RunningRuntime {
     http: Option<HttpServer>,
     /// Serves `http` and the signal handler; declared after `http`, so dropped after it.
     control: ControlPlane,
+    /// The throwaway state dir of a demo on the embedded cluster, removed when the runtime is.
+    _temp_state: Option<tempfile::TempDir>,
 }
 
 impl RunningRuntime {

@@ -21,7 +21,7 @@ pub struct SinkError {
 /// Takes the engine's output records (sinks, repartition topics, dead letters).
 pub trait RecordSink: Send + Sync {
     /// Queues `record` for `topic`; `partition: None` lets the sink's partitioner choose. The
-    /// sink reports the record's delivery to `deliveries` under `ticket` (see [`Deliveries`]).
+    /// sink reports the record's delivery to `deliveries` under `ticket` (see `Deliveries`).
     fn send(
         &self,
         topic: &str,
@@ -31,7 +31,7 @@ pub trait RecordSink: Send + Sync {
     ) -> Result<(), SinkError>;
 }
 
-/// One output record's claim on its sub-task's [`Deliveries`], settled by
+/// One output record's claim on its sub-task's `Deliveries`, settled by
 /// [`Ticket::delivered`]; a ticket dropped unsettled counts as a lost output.
 pub struct Ticket {
     deliveries: Option<std::sync::Arc<Deliveries>>,
@@ -147,6 +147,31 @@ impl Deliveries {
             }
         }
         Ok(())
+    }
+
+    /// Like [`Deliveries::wait_through`], but returns early (`Ok`) soon after `stop` is set; the
+    /// caller checks `stop` to tell the two apart.
+    pub fn wait_through_unless(
+        &self,
+        epoch: u64,
+        timeout: Duration,
+        stop: &std::sync::atomic::AtomicBool,
+    ) -> Result<(), SinkError> {
+        /// How often a waiter looks at `stop`.
+        const SLICE: Duration = Duration::from_millis(50);
+        let deadline = Instant::now() + timeout;
+        loop {
+            if stop.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.wait_through(epoch, left.min(SLICE)) {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() >= deadline => return Err(e),
+                Err(e) if self.state.lock().failed.is_some() => return Err(e),
+                Err(_) => {}
+            }
+        }
     }
 
     fn check(s: &DeliveryState, epoch: u64) -> Result<bool, SinkError> {

@@ -20,9 +20,11 @@ use crate::error::StateError;
 pub(crate) type Db = rocksdb::DBWithThreadMode<rocksdb::MultiThreaded>;
 
 /// Version of the state directory layout, written to `FORMAT`.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Name of the format file in the state directory.
 pub const FORMAT_FILE: &str = "FORMAT";
+/// Name of the file in the state directory that records the Kafka cluster id.
+pub const CLUSTER_FILE: &str = "CLUSTER";
 /// Name of the RocksDB directory inside the state directory.
 pub const ROCKSDB_DIR: &str = "rocksdb";
 /// The smallest accepted memory budget (4 MiB).
@@ -238,6 +240,26 @@ impl StateDb {
     /// The state directory.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Binds the state to Kafka cluster `cluster_id`: records it on first use, refuses another
+    /// cluster later ([`StateError::OtherCluster`]). Offsets in the state are only meaningful on
+    /// the cluster that issued them.
+    pub fn bind_cluster(&self, cluster_id: &str) -> Result<(), StateError> {
+        let path = self.dir.join(CLUSTER_FILE);
+        match fs::read_to_string(&path) {
+            Ok(recorded) if recorded.trim() == cluster_id => Ok(()),
+            Ok(recorded) => Err(StateError::OtherCluster {
+                dir: self.dir.clone(),
+                recorded: recorded.trim().to_string(),
+                current: cluster_id.to_string(),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                fs::write(&path, format!("{cluster_id}\n"))
+                    .map_err(|source| StateError::Io { path, source })
+            }
+            Err(source) => Err(StateError::Io { path, source }),
+        }
     }
 
     /// Every column family rill knows of, parsed from its name, in id order.

@@ -44,6 +44,21 @@ pub enum StateError {
         #[source]
         source: std::io::Error,
     },
+    /// The state belongs to another Kafka cluster than the one the brokers are.
+    #[error(
+        "state directory {dir} holds the state of Kafka cluster `{recorded}`, but the brokers are \
+         cluster `{current}`: its offsets mean nothing there (a rebuilt cluster, or another one). \
+         Point state.dir at a new directory, or move this one away to start from the new cluster's \
+         changelogs"
+    )]
+    OtherCluster {
+        /// The state directory.
+        dir: PathBuf,
+        /// The cluster id recorded in it.
+        recorded: String,
+        /// The cluster id of the brokers now.
+        current: String,
+    },
     /// A store name that cannot be part of a column family name.
     #[error("invalid store name `{name}`: {reason}")]
     InvalidStoreName {

@@ -5,12 +5,14 @@
 //!
 //! ```text
 //! state.dir/
-//!   FORMAT        "rill-state 1\nhash-id 1\n": layout version and key-hash id (checked at open)
+//!   FORMAT        "rill-state 2\nhash-id 1\n": layout version and key-hash id (checked at open)
+//!   CLUSTER       the Kafka cluster id the state's offsets belong to (checked by the runtime)
 //!   rocksdb/      ONE RocksDB for the whole process (multi-threaded column families)
 //!     column family "{store}.p{partition}.r{start:016x}-{end:016x}", e.g.
 //!     "counts.p3.r8000000000000000-ffffffffffffffff"
 //!       0x00 "progress"   the sub-task's Progress record (prost, versioned)
-//!       0x01 ++ key       the store's data, one entry per user key
+//!       0x01 ++ key       the store's data, one entry per user key: the routing hash of the
+//!                         record that wrote it (8 bytes, big-endian), then the value
 //! ```
 //!
 //! - [`StateDb`] opens the database with every existing column family and owns the single memory
@@ -61,8 +63,9 @@ mod tests;
 
 pub use cf::{validate_store_name, ColumnFamilyId, MAX_STORE_NAME_LEN};
 pub use db::{
-    MemoryUsage, StateConfig, StateDb, FORMAT_FILE, FORMAT_VERSION, MIN_MEMORY_BYTES, ROCKSDB_DIR,
+    MemoryUsage, StateConfig, StateDb, CLUSTER_FILE, FORMAT_FILE, FORMAT_VERSION, MIN_MEMORY_BYTES,
+    ROCKSDB_DIR,
 };
 pub use error::StateError;
 pub use progress::{Origin, Progress, TopicOffset, PROGRESS_VERSION};
-pub use subtask::{StoreEntries, SubTaskState, DATA_PREFIX, PROGRESS_KEY};
+pub use subtask::{StoreEntries, StoreWrite, SubTaskState, DATA_PREFIX, PROGRESS_KEY};

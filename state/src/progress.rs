@@ -6,8 +6,9 @@
 
 use rill_topology::keyrange::{KeyRange, HASH_ID};
 
-/// The version of the progress record this crate writes and reads.
-pub const PROGRESS_VERSION: u32 = 1;
+/// The version of the progress record this crate writes and reads (2: commit identity, lineage,
+/// origins keyed by topic, stream time).
+pub const PROGRESS_VERSION: u32 = 2;
 
 /// A sub-task's durable progress: how far its range of one input partition has been applied.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -31,16 +32,40 @@ pub struct Progress {
     /// Unused (an early single-changelog position; see `changelogs`). Never reuse the tag.
     #[prost(uint64, optional, tag = "6")]
     pub changelog_offset: Option<u64>,
-    /// Highest origin applied per upstream (partition, range), for repartition de-duplication.
+    /// Highest origin applied per (repartition topic, upstream topic, partition, range), for
+    /// repartition de-duplication.
     #[prost(message, repeated, tag = "7")]
     pub origins: Vec<Origin>,
     /// Per store changelog topic: the offset after this commit's range marker (restore resumes
     /// there). Empty when changelogs are off.
     #[prost(message, repeated, tag = "8")]
     pub changelogs: Vec<TopicOffset>,
-    /// Number of this range's commits so far (1 for the first); range markers carry it.
+    /// The commit attempt within its lineage (1 for the first); every changelog record of the
+    /// commit carries it, so restore keeps exactly the data its marker confirms.
     #[prost(uint64, tag = "9")]
-    pub commit_seq: u64,
+    pub attempt: u64,
+    /// The lineage (one owner's claim on the task) that wrote this commit.
+    #[prost(fixed64, tag = "10")]
+    pub lineage: u64,
+    /// The lineage the writer continued from when it claimed the task (0: none).
+    #[prost(fixed64, tag = "11")]
+    pub parent_lineage: u64,
+    /// The consumer-group generation of the writer's claim.
+    #[prost(int32, tag = "12")]
+    pub generation: i32,
+    /// The range's stream time (largest record timestamp applied), if any record was.
+    #[prost(sint64, optional, tag = "13")]
+    pub stream_time: Option<i64>,
+    /// Id of the Kafka cluster the offsets refer to (empty: unknown, e.g. the TestDriver).
+    #[prost(string, tag = "14")]
+    pub cluster_id: String,
+    /// The lineage that owns the local state now: the writer, or the member that restored it
+    /// since (local records only; the next owner trusts the state only if it follows this one).
+    #[prost(fixed64, tag = "15")]
+    pub owner: u64,
+    /// The lineage the owner continued from.
+    #[prost(fixed64, tag = "16")]
+    pub owner_parent: u64,
 }
 
 /// How far a range has applied one source topic.
@@ -54,7 +79,8 @@ pub struct TopicOffset {
     pub next_offset: u64,
 }
 
-/// The highest origin a downstream range applied from one upstream (partition, range).
+/// The highest origin a downstream range applied from one upstream (topic, partition, range)
+/// through one repartition topic.
 #[derive(Clone, PartialEq, Eq, Hash, prost::Message)]
 pub struct Origin {
     /// Upstream input partition.
@@ -72,6 +98,12 @@ pub struct Origin {
     /// Sequence number of that record within its upstream offset.
     #[prost(uint32, tag = "5")]
     pub seq: u32,
+    /// Id of the upstream input topic (hash of its resolved name).
+    #[prost(fixed64, tag = "6")]
+    pub source_topic: u64,
+    /// Id of the repartition topic the records arrived on (hash of its resolved name).
+    #[prost(fixed64, tag = "7")]
+    pub via_topic: u64,
 }
 
 impl Progress {
@@ -89,7 +121,14 @@ impl Progress {
             changelog_offset: None,
             origins: Vec::new(),
             changelogs: Vec::new(),
-            commit_seq: 0,
+            attempt: 0,
+            lineage: 0,
+            parent_lineage: 0,
+            generation: 0,
+            stream_time: None,
+            cluster_id: String::new(),
+            owner: 0,
+            owner_parent: 0,
         }
     }
 
@@ -172,7 +211,11 @@ mod tests {
             range_end: u64::MAX,
             offset: 9,
             seq: 4,
+            source_topic: 11,
+            via_topic: 12,
         });
+        p.lineage = 0xfeed;
+        p.stream_time = Some(-5);
         p
     }
 
@@ -188,10 +231,10 @@ mod tests {
     #[test]
     fn other_versions_and_hashes_are_refused() {
         let mut p = sample();
-        p.version = 2;
+        p.version = 1;
         assert!(Progress::from_bytes(&p.to_bytes())
             .unwrap_err()
-            .contains("version 2"));
+            .contains("version 1"));
         let mut p = sample();
         p.hash_id = 9;
         assert!(Progress::from_bytes(&p.to_bytes())

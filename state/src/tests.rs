@@ -9,7 +9,7 @@ use rill_topology::keyrange::KeyRange;
 
 use crate::subtask::{DATA_PREFIX, PROGRESS_KEY};
 use crate::{
-    ColumnFamilyId, Origin, Progress, StateConfig, StateDb, StateError, SubTaskState,
+    ColumnFamilyId, Origin, Progress, StateConfig, StateDb, StateError, StoreWrite, SubTaskState,
     MIN_MEMORY_BYTES,
 };
 
@@ -38,7 +38,17 @@ fn on_disk(
     let cf = db.db().cf_handle(&name).unwrap();
     let mut k = vec![DATA_PREFIX];
     k.extend_from_slice(key);
-    db.db().get_cf(&cf, k).unwrap()
+    // Stored values start with the 8-byte routing hash.
+    db.db().get_cf(&cf, k).unwrap().map(|v| v[8..].to_vec())
+}
+
+/// A write of `value` (`None`: delete) to `key` tagged with routing hash 0.
+fn w(key: &[u8], value: Option<&[u8]>) -> StoreWrite {
+    StoreWrite {
+        key: key.to_vec(),
+        value: value.map(<[u8]>::to_vec),
+        hash: 0,
+    }
 }
 
 fn put(state: &mut SubTaskState, store: &str, key: &str, value: &str) {
@@ -155,19 +165,15 @@ fn commit_applies_the_cache_and_progress_together_and_returns_the_last_write_per
         range_end: u64::MAX,
         offset: 41,
         seq: 3,
+        source_topic: 7,
+        via_topic: 8,
     });
     let applied = st.commit(progress.clone()).unwrap();
     assert_eq!(
         applied,
         vec![
-            (
-                "a".to_string(),
-                vec![
-                    (b"gone".to_vec(), None),
-                    (b"k".to_vec(), Some(b"2".to_vec()))
-                ]
-            ),
-            ("b".to_string(), vec![(b"j".to_vec(), Some(b"9".to_vec()))]),
+            ("a".to_string(), vec![w(b"gone", None), w(b"k", Some(b"2"))]),
+            ("b".to_string(), vec![w(b"j", Some(b"9"))]),
         ]
     );
     assert!(!st.is_dirty());
@@ -274,10 +280,7 @@ fn a_sealed_commit_stays_readable_and_is_written_only_by_write_sealed() {
     let sealed = st.seal().unwrap();
     let expected = vec![(
         "s".to_string(),
-        vec![
-            (b"a".to_vec(), Some(b"1".to_vec())),
-            (b"b".to_vec(), Some(b"1".to_vec())),
-        ],
+        vec![w(b"a", Some(b"1")), w(b"b", Some(b"1"))],
     )];
     assert_eq!(
         sealed, expected,
@@ -315,7 +318,7 @@ fn restored_entries_are_written_directly_and_progress_only_when_given() {
     let db = StateDb::open(&cfg(tmp.path())).unwrap();
     let range = KeyRange::FULL;
     let mut st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, range).unwrap();
-    let entries = vec![(b"a".to_vec(), Some(b"1".to_vec())), (b"b".to_vec(), None)];
+    let entries = vec![w(b"a", Some(b"1")), w(b"b", None)];
     st.apply_restored("s", &entries, None).unwrap();
     assert_eq!(on_disk(&db, "s", 0, range, b"a"), Some(b"1".to_vec()));
     assert_eq!(
@@ -325,13 +328,9 @@ fn restored_entries_are_written_directly_and_progress_only_when_given() {
     );
     assert!(st.committed_progress().is_none());
     let mut p = Progress::new(range, "t", 9);
-    p.commit_seq = 4;
-    st.apply_restored(
-        "u",
-        &[(b"x".to_vec(), Some(b"2".to_vec()))],
-        Some(p.clone()),
-    )
-    .unwrap();
+    p.attempt = 4;
+    st.apply_restored("u", &[w(b"x", Some(b"2"))], Some(p.clone()))
+        .unwrap();
     drop(st);
     let st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, range).unwrap();
     assert_eq!(
@@ -397,8 +396,9 @@ fn another_process_holding_the_dir_gives_locked() {
 #[test]
 fn a_format_mismatch_is_refused_and_nothing_is_touched() {
     let cases = [
-        ("rill-state 2\nhash-id 1\n", "format 2"),
-        ("rill-state 1\nhash-id 2\n", "key-hash id 2"),
+        ("rill-state 1\nhash-id 1\n", "format 1"),
+        ("rill-state 3\nhash-id 1\n", "format 3"),
+        ("rill-state 2\nhash-id 2\n", "key-hash id 2"),
         ("hello\n", "lacks"),
         ("rill-state one\nhash-id 1\n", "is not"),
     ];
@@ -429,7 +429,7 @@ fn the_format_file_is_written_on_first_open() {
     assert_eq!(db.dir(), dir);
     assert_eq!(
         std::fs::read_to_string(dir.join("FORMAT")).unwrap(),
-        "rill-state 1\nhash-id 1\n"
+        "rill-state 2\nhash-id 1\n"
     );
 }
 
@@ -738,4 +738,200 @@ fn the_types_cross_threads_as_the_engine_needs() {
     send_sync::<Arc<StateDb>>();
     send::<SubTaskState>();
     send::<StateError>();
+}
+
+#[test]
+fn clear_deletes_data_and_progress_of_every_store_and_nothing_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = StateDb::open(&cfg(tmp.path())).unwrap();
+    let (mine, other) = (KeyRange::nth(0, 2), KeyRange::nth(1, 2));
+    let mut st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, mine).unwrap();
+    let mut neighbour = SubTaskState::open(db.clone(), &names(&["s"]), 0, other).unwrap();
+    put(&mut st, "s", "a", "1");
+    put(&mut st, "u", "b", "2");
+    st.commit(Progress::new(mine, "t", 3)).unwrap();
+    put(&mut neighbour, "s", "a", "9");
+    neighbour.commit(Progress::new(other, "t", 4)).unwrap();
+    put(&mut st, "s", "pending", "x");
+    st.clear().unwrap();
+    assert!(st.committed_progress().is_none());
+    assert_eq!(
+        get(&mut st, "s", "pending"),
+        None,
+        "uncommitted writes dropped"
+    );
+    assert_eq!(on_disk(&db, "s", 0, mine, b"a"), None);
+    assert_eq!(on_disk(&db, "u", 0, mine, b"b"), None);
+    drop(st);
+    let st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, mine).unwrap();
+    assert!(
+        st.committed_progress().is_none(),
+        "no progress after reopen"
+    );
+    assert_eq!(on_disk(&db, "s", 0, other, b"a"), Some(b"9".to_vec()));
+    assert!(neighbour.committed_progress().is_some());
+}
+
+#[test]
+fn state_is_bound_to_the_first_kafka_cluster_it_sees() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = StateDb::open(&cfg(tmp.path())).unwrap();
+    db.bind_cluster("cluster-a").unwrap();
+    db.bind_cluster("cluster-a").unwrap();
+    let err = db.bind_cluster("cluster-b").unwrap_err();
+    assert!(matches!(err, StateError::OtherCluster { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("cluster-a") && text.contains("cluster-b"),
+        "{text}"
+    );
+}
+
+mod range_scans {
+    use std::ops::Bound;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A write to one of the three layers a read merges: committed (RocksDB), sealed, cache.
+    #[derive(Clone, Debug)]
+    enum Write {
+        Put(Vec<u8>, u8),
+        Delete(Vec<u8>),
+        /// Moves the cache to the sealed layer, writing the sealed one first.
+        Seal,
+        /// Writes everything sealed and cached to RocksDB.
+        Commit,
+    }
+
+    fn key() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(
+            prop_oneof![Just(0u8), Just(1), Just(0x7f), Just(0xff)],
+            0..3,
+        )
+    }
+
+    fn bound() -> impl Strategy<Value = Bound<Vec<u8>>> {
+        prop_oneof![
+            Just(Bound::Unbounded),
+            key().prop_map(Bound::Included),
+            key().prop_map(Bound::Excluded),
+        ]
+    }
+
+    fn write() -> impl Strategy<Value = Write> {
+        prop_oneof![
+            4 => (key(), any::<u8>()).prop_map(|(k, v)| Write::Put(k, v)),
+            2 => key().prop_map(Write::Delete),
+            1 => Just(Write::Seal),
+            1 => Just(Write::Commit),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// Ranges and prefix scans over committed, sealed and cached writes equal a BTreeMap's.
+        #[test]
+        fn range_and_prefix_scans_see_every_layer_like_a_map(
+            writes in proptest::collection::vec(write(), 0..40),
+            from in bound(),
+            to in bound(),
+            prefix in key(),
+        ) {
+            let tmp = tempfile::tempdir().unwrap();
+            let db = StateDb::open(&cfg(tmp.path())).unwrap();
+            let range = KeyRange::FULL;
+            let mut st = SubTaskState::open(db, &names(&["s"]), 0, range).unwrap();
+            let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+            let mut next = 1;
+            for w in writes {
+                let store = st.store("s").unwrap();
+                match w {
+                    Write::Put(k, v) => {
+                        store.put(&k, &[v]).unwrap();
+                        model.insert(k, vec![v]);
+                    }
+                    Write::Delete(k) => {
+                        store.delete(&k).unwrap();
+                        model.remove(&k);
+                    }
+                    Write::Seal => {
+                        if st.has_sealed() {
+                            st.write_sealed(Progress::new(range, "t", next)).unwrap();
+                            next += 1;
+                        }
+                        st.seal().unwrap();
+                    }
+                    Write::Commit => {
+                        if st.has_sealed() {
+                            st.write_sealed(Progress::new(range, "t", next)).unwrap();
+                            next += 1;
+                        }
+                        st.commit(Progress::new(range, "t", next)).unwrap();
+                        next += 1;
+                    }
+                }
+            }
+            let store = st.store("s").unwrap();
+            let (f, t) = (from.as_ref().map(Vec::as_slice), to.as_ref().map(Vec::as_slice));
+            let expected: Vec<(Vec<u8>, Vec<u8>)> = if matches!((&from, &to), (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) if a > b)
+                || matches!((&from, &to), (Bound::Excluded(a), Bound::Excluded(b)) if a == b)
+            {
+                Vec::new()
+            } else {
+                model.range::<Vec<u8>, _>((from.clone(), to.clone())).map(|(k, v)| (k.clone(), v.clone())).collect()
+            };
+            prop_assert_eq!(store.range(f, t).unwrap(), expected);
+            let prefixed: Vec<(Vec<u8>, Vec<u8>)> = model
+                .iter()
+                .filter(|(k, _)| k.starts_with(&prefix))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            prop_assert_eq!(store.prefix_scan(&prefix).unwrap(), prefixed);
+            prop_assert_eq!(store.all().unwrap(), model.into_iter().collect::<Vec<_>>());
+        }
+    }
+}
+
+#[test]
+fn writes_carry_the_routing_hash_of_the_record_that_made_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = StateDb::open(&cfg(tmp.path())).unwrap();
+    let range = KeyRange::nth(1, 4);
+    let mut st = SubTaskState::open(db, &names(&["s"]), 0, range).unwrap();
+    st.set_routing_hash(range.start + 7);
+    put(&mut st, "s", "a", "1");
+    st.set_routing_hash(range.start + 9);
+    st.store("s").unwrap().delete(b"b").unwrap();
+    let sealed = st.seal().unwrap();
+    let hashes: Vec<(Vec<u8>, u64)> = sealed[0]
+        .1
+        .iter()
+        .map(|w| (w.key.clone(), w.hash))
+        .collect();
+    assert_eq!(
+        hashes,
+        vec![
+            (b"a".to_vec(), range.start + 7),
+            (b"b".to_vec(), range.start + 9)
+        ]
+    );
+    st.write_sealed(Progress::new(range, "t", 1)).unwrap();
+    let committed = st.committed_entries("s").unwrap();
+    assert_eq!(committed.len(), 1);
+    assert_eq!(committed[0].hash, range.start + 7);
+    assert_eq!(
+        get(&mut st, "s", "a").as_deref(),
+        Some("1"),
+        "reads strip the hash"
+    );
+    // A repair rewrites the committed entry with its own hash.
+    st.set_routing_hash(range.start + 100);
+    st.touch("s", b"a").unwrap();
+    st.touch("s", b"never").unwrap();
+    let sealed = st.seal().unwrap();
+    assert_eq!(sealed[0].1[0].hash, range.start + 7);
+    assert_eq!(sealed[0].1[1].value, None);
 }

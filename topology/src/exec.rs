@@ -161,6 +161,26 @@ impl TaskInstance {
         self.stream_time
     }
 
+    /// The smallest interval of the wall-clock punctuations scheduled, in ms, if any.
+    pub fn wall_clock_interval(&self) -> Option<u64> {
+        self.schedules
+            .iter()
+            .filter(|s| s.kind == PunctuationType::WallClockTime)
+            .map(|s| s.interval_ms.max(1) as u64)
+            .min()
+    }
+
+    /// Resumes from a committed stream time, so that stream-time punctuations fire at the same
+    /// records after a restart as they would have without one.
+    pub fn set_stream_time(&mut self, stream_time: Option<i64>) {
+        self.stream_time = stream_time;
+        for s in &mut self.schedules {
+            if s.kind == PunctuationType::StreamTime {
+                s.next = stream_time.map(|t| next_multiple(t, s.interval_ms));
+            }
+        }
+    }
+
     /// Deserializes `raw` as read from `topic`.
     pub fn decode(&self, topic: &Topic, raw: &RawRecord) -> Result<ErasedRecord, TaskError> {
         let node = self.source_node(topic)?;
@@ -210,7 +230,14 @@ impl TaskInstance {
             if s.kind != kind {
                 continue;
             }
-            let next = *s.next.get_or_insert(now.saturating_add(s.interval_ms));
+            // Stream time fires at multiples of the interval: where the next punctuation falls
+            // then depends only on the stream time, which a range commits, so a restart fires
+            // at the same records as an uninterrupted run.
+            let first = match kind {
+                PunctuationType::StreamTime => next_multiple(now, s.interval_ms),
+                PunctuationType::WallClockTime => now.saturating_add(s.interval_ms),
+            };
+            let next = *s.next.get_or_insert(first);
             if now < next {
                 continue;
             }
@@ -309,4 +336,10 @@ impl TaskInstance {
         }
         Ok(())
     }
+}
+
+/// The smallest multiple of `interval_ms` above `t`.
+fn next_multiple(t: i64, interval_ms: i64) -> i64 {
+    let i = interval_ms.max(1);
+    t.div_euclid(i).saturating_add(1).saturating_mul(i)
 }

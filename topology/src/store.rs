@@ -4,6 +4,8 @@
 //! The topology crate only defines the interface; `rill-state` implements it over RocksDB with a
 //! write cache, so a processor's reads see its own uncommitted writes.
 
+use std::ops::Bound;
+
 use crate::serdes::{Serde, SerdeError};
 
 /// Why a store operation failed.
@@ -44,8 +46,32 @@ pub trait KeyValueBytes: Send {
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError>;
     /// Removes `key`.
     fn delete(&mut self, key: &[u8]) -> Result<(), StoreError>;
+    /// The (key, value) pairs with keys between `from` and `to`, in key-byte order, uncommitted
+    /// writes included.
+    fn range(&self, from: Bound<&[u8]>, to: Bound<&[u8]>) -> Result<Entries, StoreError>;
     /// Every (key, value) of this sub-task's range, in key-byte order, uncommitted writes included.
-    fn all(&self) -> Result<Entries, StoreError>;
+    fn all(&self) -> Result<Entries, StoreError> {
+        self.range(Bound::Unbounded, Bound::Unbounded)
+    }
+    /// The (key, value) pairs whose key starts with `prefix`, in key-byte order.
+    fn prefix_scan(&self, prefix: &[u8]) -> Result<Entries, StoreError> {
+        let end = prefix_end(prefix);
+        let to = end.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+        self.range(Bound::Included(prefix), to)
+    }
+}
+
+/// The smallest byte string above every string that starts with `prefix`; `None` when there is
+/// none (the prefix is empty or all `0xff`).
+pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
 }
 
 /// A typed view of a key-value store, as `ctx.store(name)` hands it to processors.
@@ -116,8 +142,44 @@ impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
 
     /// Every entry of this sub-task's range, in key-byte order.
     pub fn all(&self) -> Result<Vec<(K, V)>, StoreError> {
-        self.inner
-            .all()?
+        self.decode(self.inner.all()?)
+    }
+
+    /// The entries with keys from `from` to `to` (both included), in the order of the keys'
+    /// serialized bytes (Kafka Streams' `range`; as there, byte order is the order of the
+    /// serialized keys, which for strings and big-endian numbers of one sign is their natural
+    /// order).
+    pub fn range(&self, from: &K, to: &K) -> Result<Vec<(K, V)>, StoreError> {
+        let (f, t) = (self.key(from)?, self.key(to)?);
+        self.decode(self.inner.range(Bound::Included(&f), Bound::Included(&t))?)
+    }
+
+    /// [`KeyValueStore::range`] in descending order (Kafka Streams' `reverseRange`).
+    pub fn reverse_range(&self, from: &K, to: &K) -> Result<Vec<(K, V)>, StoreError> {
+        let mut entries = self.range(from, to)?;
+        entries.reverse();
+        Ok(entries)
+    }
+
+    /// The entries whose serialized key starts with `prefix` serialized by `prefix_serde`
+    /// (Kafka Streams' `prefixScan`).
+    pub fn prefix_scan<P: 'static>(
+        &self,
+        prefix: &P,
+        prefix_serde: &dyn Serde<P>,
+    ) -> Result<Vec<(K, V)>, StoreError> {
+        let p = prefix_serde
+            .serialize(prefix)
+            .map_err(|e| self.serde_err(e))?;
+        self.decode(self.inner.prefix_scan(&p)?)
+    }
+
+    fn key(&self, key: &K) -> Result<Vec<u8>, StoreError> {
+        self.key_serde.serialize(key).map_err(|e| self.serde_err(e))
+    }
+
+    fn decode(&self, entries: Entries) -> Result<Vec<(K, V)>, StoreError> {
+        entries
             .into_iter()
             .map(|(k, v)| {
                 let k = self
@@ -131,5 +193,18 @@ impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
                 Ok((k, v))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_end_of_a_prefix_is_the_next_string_of_its_length() {
+        assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_end(b"a\xff"), Some(b"b".to_vec()));
+        assert_eq!(prefix_end(b"\xff\xff"), None);
+        assert_eq!(prefix_end(b""), None);
     }
 }

@@ -1,56 +1,200 @@
-//! Store changelogs: how a range commit is written to Kafka, and how a task restores from it.
+//! Store changelogs: the records a range commit writes, and how a task restores from them.
 //!
-//! # Format
+//! # Records
 //!
 //! Each store has a compacted topic `<application.id>-<store>-changelog`; partition = the input
-//! partition. A range commit writes, to each store's changelog partition:
-//! - one **data record** per key the commit changed: key = the store key, value = the new value,
-//!   or null for a delete (a tombstone, which compaction honours);
-//! - then one **range marker**: header `rill.marker`, key `rill.marker/<start>-<end>` (so
-//!   compaction keeps the latest marker of each range), value = the range's prost [`Progress`]
-//!   (offsets, origins, `commit_seq`).
+//! partition. Three kinds of records go there:
+//! - a **data record** per key a commit changed: key = the store key, value = the new value or
+//!   null for a delete (a tombstone). Header `rill.c` carries the [`CommitId`] (the key range
+//!   that wrote it, the writer's lineage and the commit attempt) and the routing hash of the
+//!   input record that wrote the entry. Restore never derives a range from the store key (store
+//!   keys need not be the routing key).
+//! - a **range marker** per commit and store: header `rill.marker`, key
+//!   `rill.marker/<start>-<end>/<lineage>` (compaction keeps each lineage's latest marker of each
+//!   range), value = the range's prost [`Progress`] (offsets, origins, stream time, lineage,
+//!   attempt, generation).
+//! - a **claim** when a member takes over the task, in the *last* store's changelog only:
+//!   header `rill.claim`, key `rill.claim/<lineage>` (never compacted away), value = [`Claim`]
+//!   (lineage, consumer-group generation, the lineage it continues);
+//! - a **base** right after the new owner's restore, also in the last store's changelog only:
+//!   header `rill.base`, key `rill.base/<lineage>` (never compacted away), value = [`Base`]: per
+//!   range, the progress of the newest complete commit the new lineage continues from.
+//!
+//! A **lineage** is one owner's tenure of a task: a random id chosen at assignment. Within a
+//! lineage, a range's commit attempts are numbered 1, 2, ...; an attempt that does not finish
+//! ends the lineage (the sub-task or the process stops), so every attempt of a lineage but the
+//! last has its marker.
 //!
 //! # Write order (the range commit protocol with changelogs)
 //!
-//! 1. The commit seals its writes and sends their data records, in the range's delivery epoch.
+//! 0. On assignment the new owner writes its claim, waits for the ack, then restores: every
+//!    record before its claim is what it continues from; anything an older lineage writes after
+//!    it (a zombie that lost the partition without knowing) is ignored by every later restore.
+//!    Then it writes its base (what its restore confirmed, per range) before it processes.
+//! 1. A commit seals its writes and sends their data records, in the range's delivery epoch.
 //! 2. Once the sink acknowledged every output and data record of that epoch, the marker goes to
 //!    the first store's changelog; once acknowledged, to the next store's, and so on. The last
-//!    store's marker therefore proves that every store has its marker.
+//!    store's marker therefore proves that every store has its data and marker.
 //! 3. Then the state, the progress and each changelog position (the offset after the marker) are
 //!    written in one WriteBatch, and the range reports its progress.
 //!
 //! # Restore
 //!
-//! Data records of a range count only once a later marker of that range confirms them; those
-//! after the range's last marker belong to a commit that did not finish and are ignored. The
-//! last store's changelog is read first and decides, per range, the newest complete commit
-//! (`commit_seq`); every other store is applied up to the marker of that same commit. Each range
-//! resumes from the changelog position in its local progress, so an intact state dir restores
-//! only the tail, and a missing one restores from the start.
+//! The last store's changelog is read first and decides. In log order: a claim whose generation
+//! is not below the accepted one makes its lineage the accepted one; data records wait for their
+//! range's confirmation; a marker of the accepted lineage confirms that lineage's waiting data
+//! (attempts up to its own) and becomes the range's newest complete commit; a base of the accepted
+//! lineage confirms, per range, the waiting data of the commit it continues from (attempts up to
+//! the base's) and drops every other older lineage's data. Data and markers of a lineage that is
+//! not the accepted one when they appear are dropped. Everything dropped, and data still waiting
+//! at the end, has its keys **repaired**: the range's first commit after the restore rewrites their
+//! current value. Every other store then applies exactly the data of the commits the last store
+//! confirmed. Each
+//! range resumes from the changelog positions in its local progress, so an intact state dir
+//! restores only the tail, and a missing (or untrusted) one restores from the start.
+//!
+//! # Why compaction cannot break this
+//!
+//! Compaction keeps the newest record per key, and restore ignores unconfirmed records; so an
+//! unconfirmed record (the leftover of a commit that died, or a zombie's write) must not be the
+//! newest record of its key for long, or compaction would delete the confirmed value below it.
+//! Two things make sure it is not:
+//! - the first restore that reads it repairs its key: the next commit writes the confirmed value
+//!   again, after it, under a marker. Every owner restores before processing, and restores read
+//!   every record after the last commit they know, so the leftovers of a crashed commit are
+//!   repaired by the next owner's first commit;
+//! - changelog topics are created with `min.compaction.lag.ms` (see `changelog.min.compaction.lag.ms`):
+//!   the cleaner does not compact a record younger than that, so a confirmed value stays readable
+//!   until its shadowing leftover is that old. An application that stays down longer than that
+//!   right after crashing in the middle of a commit is the one case left.
+//!
+//! Claims and bases have keys of their own per lineage, so compaction never removes what orders
+//! lineages or what a new lineage continues from. A marker's key is per (range, lineage): a
+//! zombie's marker written after the next owner's claim can shadow the zombie lineage's last
+//! legitimate marker, which is why the next owner writes its base: the base carries that commit's
+//! progress and confirms its data, whatever compaction removed.
+//!
+//! A zombie cannot make its own lineage win: it has no claim after the new owner's, and its
+//! generation is older. What a zombie writes before it learns that it lost the partition is
+//! ignored by every restore, and repaired like a leftover by the next restore that reads it.
+//!
+//! **The residual case**, closed only by transactions (`processing.guarantee=exactly_once_v2`):
+//! a zombie's data record that no restore reads (every later restore starts from a local
+//! checkpoint past it) stays unrepaired; once it is older than `min.compaction.lag.ms`, the
+//! cleaner may drop the confirmed value it shadows, and a later restore from scratch would miss
+//! that key. It takes a member paused past its session timeout in the middle of a commit, and
+//! then no restore from scratch of that partition for longer than the lag. (A fix short of
+//! transactions: the owner tracks the offsets it wrote since its claim and reads back, then
+//! repairs, any offset in between that it did not write.)
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use rill_state::{Progress, SubTaskState, TopicOffset};
-use rill_topology::{key_hash, range_of, Headers, KeyRange, RawRecord};
+use rill_state::{Progress, StoreWrite};
+use rill_topology::{Headers, KeyRange, RawRecord};
 
 use super::EngineError;
 
 /// Header that marks a range marker record.
 pub const MARKER_HEADER: &str = "rill.marker";
+/// Header that marks a claim record.
+pub const CLAIM_HEADER: &str = "rill.claim";
+/// Header that marks a base record.
+pub const BASE_HEADER: &str = "rill.base";
+/// Header of a data record: its [`CommitId`].
+pub const COMMIT_HEADER: &str = "rill.c";
 
 /// The changelog topic of `store`.
 pub fn changelog_topic(application_id: &str, store: &str) -> String {
     format!("{application_id}-{store}-changelog")
 }
 
-/// The data record of one store entry.
-pub fn data_record(key: Vec<u8>, value: Option<Vec<u8>>) -> RawRecord {
+/// Which commit wrote a data record: the range, the writer's lineage and the attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommitId {
+    /// The key range whose commit wrote the record.
+    pub range: KeyRange,
+    /// The writer's lineage.
+    pub lineage: u64,
+    /// The commit attempt within the lineage.
+    pub attempt: u64,
+}
+
+impl CommitId {
+    /// Fixed 32-byte big-endian encoding: range start, range end, lineage, attempt.
+    pub fn encode(&self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        b[..8].copy_from_slice(&self.range.start.to_be_bytes());
+        b[8..16].copy_from_slice(&self.range.end.to_be_bytes());
+        b[16..24].copy_from_slice(&self.lineage.to_be_bytes());
+        b[24..].copy_from_slice(&self.attempt.to_be_bytes());
+        b
+    }
+
+    /// Decodes [`CommitId::encode`]'s output; `None` for anything else.
+    pub fn decode(b: &[u8]) -> Option<CommitId> {
+        let b: &[u8; 32] = b.try_into().ok()?;
+        let at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+        let range = KeyRange {
+            start: at(0),
+            end: at(8),
+        };
+        (range.start <= range.end).then_some(CommitId {
+            range,
+            lineage: at(16),
+            attempt: at(24),
+        })
+    }
+}
+
+/// A member's claim on a task, written before it restores (see the module docs).
+#[derive(Clone, PartialEq, Eq, prost::Message)]
+pub struct Claim {
+    /// The new lineage.
+    #[prost(fixed64, tag = "1")]
+    pub lineage: u64,
+    /// The consumer-group generation the member was assigned the task in.
+    #[prost(int32, tag = "2")]
+    pub generation: i32,
+    /// The lineage whose committed state it continues (0: none known).
+    #[prost(fixed64, tag = "3")]
+    pub parent: u64,
+}
+
+/// What a new lineage continues from: per range, the progress of the newest complete commit its
+/// restore found (written right after the restore, before the lineage processes).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Base {
+    /// The new lineage.
+    #[prost(fixed64, tag = "1")]
+    pub lineage: u64,
+    /// Per range with any commit: that commit's progress (its lineage and attempt included).
+    #[prost(message, repeated, tag = "2")]
+    pub ranges: Vec<Progress>,
+}
+
+/// The base record of `base`.
+pub fn base_record(base: &Base) -> RawRecord {
+    lineage_record(
+        BASE_HEADER,
+        base.lineage,
+        prost::Message::encode_to_vec(base),
+    )
+}
+
+/// The data record of one store write made by commit `id`: header `rill.c` = the commit id,
+/// then the write's routing hash (8 bytes, big-endian).
+pub fn data_record(id: &CommitId, write: StoreWrite) -> RawRecord {
+    let mut header = Vec::with_capacity(40);
+    header.extend_from_slice(&id.encode());
+    header.extend_from_slice(&write.hash.to_be_bytes());
+    let mut headers = Headers::with_capacity(1);
+    headers.add(COMMIT_HEADER, header);
     RawRecord {
-        key: Some(key),
-        value,
+        key: Some(write.key),
+        value: write.value,
         timestamp: 0,
-        headers: Headers::new(),
+        headers,
     }
 }
 
@@ -61,8 +205,8 @@ pub fn marker_record(progress: &Progress) -> RawRecord {
     RawRecord {
         key: Some(
             format!(
-                "rill.marker/{:016x}-{:016x}",
-                progress.range_start, progress.range_end
+                "rill.marker/{:016x}-{:016x}/{:016x}",
+                progress.range_start, progress.range_end, progress.lineage
             )
             .into_bytes(),
         ),
@@ -72,159 +216,121 @@ pub fn marker_record(progress: &Progress) -> RawRecord {
     }
 }
 
+/// The claim record of `claim`.
+pub fn claim_record(claim: &Claim) -> RawRecord {
+    lineage_record(
+        CLAIM_HEADER,
+        claim.lineage,
+        prost::Message::encode_to_vec(claim),
+    )
+}
+
+/// A record of kind `header` (claim or base) keyed by kind and lineage, so compaction never
+/// removes it.
+fn lineage_record(header: &str, lineage: u64, value: Vec<u8>) -> RawRecord {
+    let mut headers = Headers::new();
+    headers.add(header, "1");
+    let kind = header.trim_start_matches("rill.");
+    RawRecord {
+        key: Some(format!("rill.{kind}/{lineage:016x}").into_bytes()),
+        value: Some(value),
+        timestamp: 0,
+        headers,
+    }
+}
+
 /// Reads changelog partitions (Kafka in the runtime; tests use memory).
 pub trait ChangelogReader: Send + Sync {
     /// Calls `visit` with every record of `topic`/`partition` from offset `from` up to the end
-    /// as of the call, in order; returns how many it visited.
+    /// as of the call, in order; returns how many it visited. Stops with an error soon after
+    /// `cancel` is set, also while waiting for the broker.
     fn read(
         &self,
         topic: &str,
         partition: u32,
         from: u64,
+        cancel: &AtomicBool,
         visit: &mut dyn FnMut(u64, RawRecord) -> Result<(), EngineError>,
     ) -> Result<u64, EngineError>;
 }
 
-/// What a restore did, for logs and metrics.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct RestoreSummary {
-    /// Changelog records read, per store.
-    pub records: Vec<(String, u64)>,
-    /// Ranges whose progress moved past their local state.
-    pub ranges_restored: usize,
+/// The error of a restore stopped by its cancel flag.
+pub fn cancelled(topic: &str, partition: u32) -> EngineError {
+    EngineError::Restore {
+        topic: topic.to_string(),
+        partition,
+        message: "cancelled (the partition was revoked)".into(),
+    }
 }
 
-/// Per range of one store's changelog: entries since the last marker, and what was applied.
-#[derive(Default)]
-struct RangeRestore {
-    pending: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-    /// Newest complete commit applied from this changelog, with the position after its marker.
-    applied: Option<(Progress, u64)>,
-    /// Stop applying after the commit with this sequence number (set for all but the last store).
-    target: Option<u64>,
+/// A changelog record, by kind.
+pub(super) enum Entry {
+    Claim(Claim),
+    Base(Base),
+    Data { id: CommitId, write: StoreWrite },
+    Marker(Progress),
 }
 
-/// Restores the sub-task states of one task (partition `partition`, ranges in order) from the
-/// changelogs of `stores`, then writes each advanced range's progress. Returns what it did;
-/// stops with an error soon after `cancel` is set.
-pub fn restore(
-    reader: &dyn ChangelogReader,
-    application_id: &str,
-    stores: &[String],
+pub(super) fn classify(
+    topic: &str,
     partition: u32,
-    states: &mut [SubTaskState],
-    cancel: &AtomicBool,
-) -> Result<RestoreSummary, EngineError> {
-    let mut summary = RestoreSummary::default();
-    let Some((last, others)) = stores.split_last() else {
-        return Ok(summary);
-    };
-    let ranges: Vec<KeyRange> = states.iter().map(SubTaskState::range).collect();
-    let mut targets: Vec<Option<u64>> = vec![None; states.len()];
-    let mut finals: Vec<Option<Progress>> = vec![None; states.len()];
-    let mut positions: Vec<Vec<TopicOffset>> = vec![Vec::new(); states.len()];
-    // The last store decides which commits are complete; the others follow it.
-    for (i, store) in std::iter::once(last).chain(others).enumerate() {
-        let topic = changelog_topic(application_id, store);
-        let deciding = i == 0;
-        let mut per_range: Vec<RangeRestore> = (0..states.len())
-            .map(|r| RangeRestore {
-                target: if deciding { None } else { targets[r] },
-                ..RangeRestore::default()
-            })
-            .collect();
-        let checkpoints: Vec<Option<u64>> = states
-            .iter()
-            .map(|s| {
-                s.committed_progress()
-                    .and_then(|p| p.changelog_position(&topic))
-            })
-            .collect();
-        let from = checkpoints
-            .iter()
-            .map(|c| c.unwrap_or(0))
-            .min()
-            .unwrap_or(0);
-        let local_seq: Vec<u64> = states
-            .iter()
-            .map(|s| s.committed_progress().map_or(0, |p| p.commit_seq))
-            .collect();
-        let n = reader.read(&topic, partition, from, &mut |offset, record| {
-            if cancel.load(Ordering::Relaxed) {
-                return Err(EngineError::Restore {
-                    topic: topic.clone(),
-                    partition,
-                    message: "cancelled (the partition was revoked)".into(),
-                });
-            }
-            let is_marker = record.headers.last(MARKER_HEADER).is_some();
-            if is_marker {
-                let progress = Progress::from_bytes(record.value.as_deref().unwrap_or_default())
-                    .map_err(|e| corrupt(&topic, partition, offset, e))?;
-                let r = ranges
-                    .iter()
-                    .position(|k| *k == progress.range())
-                    .ok_or_else(|| EngineError::Config {
-                        key: "parallelising.factor",
-                        message: format!(
-                            "changelog `{topic}` partition {partition} has a commit of key range {} \
-                             that this factor does not have; run with the factor the application \
-                             was written with",
-                            progress.range()
-                        ),
-                    })?;
-                let rr = &mut per_range[r];
-                if checkpoints[r].is_some_and(|c| offset < c) || progress.commit_seq <= local_seq[r]
-                {
-                    rr.pending.clear();
-                    return Ok(());
-                }
-                if rr.target.is_some_and(|t| progress.commit_seq > t) || (!deciding && rr.target.is_none()) {
-                    rr.pending.clear();
-                    return Ok(());
-                }
-                let entries = std::mem::take(&mut rr.pending);
-                states[r]
-                    .apply_restored(store, &entries, None)
-                    .map_err(EngineError::from)?;
-                rr.applied = Some((progress, offset + 1));
-            } else {
-                let Some(key) = record.key else {
-                    return Err(corrupt(&topic, partition, offset, "a data record without a key".into()));
-                };
-                let r = range_of(key_hash(&key), ranges.len());
-                if checkpoints[r].is_some_and(|c| offset < c) {
-                    return Ok(());
-                }
-                per_range[r].pending.push((key, record.value));
-            }
-            Ok(())
-        })?;
-        summary.records.push((store.clone(), n));
-        for (r, rr) in per_range.into_iter().enumerate() {
-            if let Some((progress, position)) = rr.applied {
-                if deciding {
-                    targets[r] = Some(progress.commit_seq);
-                    finals[r] = Some(progress);
-                }
-                positions[r].push(TopicOffset {
-                    topic: topic.clone(),
-                    next_offset: position,
-                });
-            }
+    offset: u64,
+    record: RawRecord,
+) -> Result<Entry, EngineError> {
+    let headers = &record.headers;
+    if headers.last(MARKER_HEADER).is_some() {
+        let progress = Progress::from_bytes(record.value.as_deref().unwrap_or_default())
+            .map_err(|e| corrupt(topic, partition, offset, e))?;
+        return Ok(Entry::Marker(progress));
+    }
+    if headers.last(CLAIM_HEADER).is_some() {
+        let claim = <Claim as prost::Message>::decode(record.value.as_deref().unwrap_or_default())
+            .map_err(|e| corrupt(topic, partition, offset, format!("undecodable claim: {e}")))?;
+        return Ok(Entry::Claim(claim));
+    }
+    if headers.last(BASE_HEADER).is_some() {
+        let base = <Base as prost::Message>::decode(record.value.as_deref().unwrap_or_default())
+            .map_err(|e| corrupt(topic, partition, offset, format!("undecodable base: {e}")))?;
+        for p in &base.ranges {
+            // The same checks as a marker's progress.
+            Progress::from_bytes(&p.to_bytes())
+                .map_err(|e| corrupt(topic, partition, offset, e))?;
         }
+        return Ok(Entry::Base(base));
     }
-    for (r, progress) in finals.into_iter().enumerate() {
-        let Some(mut progress) = progress else {
-            continue;
-        };
-        progress.changelogs = std::mem::take(&mut positions[r]);
-        states[r]
-            .apply_restored(last, &[], Some(progress))
-            .map_err(EngineError::from)?;
-        summary.ranges_restored += 1;
-    }
-    Ok(summary)
+    let header = headers.last(COMMIT_HEADER).flatten().unwrap_or_default();
+    let (id, hash) = header
+        .split_first_chunk::<32>()
+        .and_then(|(id, hash)| {
+            Some((
+                CommitId::decode(id)?,
+                u64::from_be_bytes(hash.try_into().ok()?),
+            ))
+        })
+        .ok_or_else(|| {
+            corrupt(
+                topic,
+                partition,
+                offset,
+                "a data record without its commit id".into(),
+            )
+        })?;
+    let Some(key) = record.key else {
+        return Err(corrupt(
+            topic,
+            partition,
+            offset,
+            "a data record without a key".into(),
+        ));
+    };
+    Ok(Entry::Data {
+        id,
+        write: StoreWrite {
+            key,
+            value: record.value,
+            hash,
+        },
+    })
 }
 
 fn corrupt(topic: &str, partition: u32, offset: u64, detail: String) -> EngineError {
@@ -232,16 +338,24 @@ fn corrupt(topic: &str, partition: u32, offset: u64, detail: String) -> EngineEr
         key: "changelog",
         message: format!(
             "changelog `{topic}` partition {partition} offset {offset}: {detail}; \
-             the changelog was written by something other than this rill application"
+             the changelog was written by something other than this rill version"
         ),
     }
 }
 
-/// Changelog records kept in memory, per (topic, partition), for tests.
+/// Changelog records kept in memory, per (topic, partition), for tests; offsets survive
+/// [`MemoryChangelog::compact`] as they do on a broker.
 #[derive(Default)]
 pub struct MemoryChangelog {
     /// Invariant: appends under the lock keep each partition in write order.
-    logs: parking_lot::Mutex<HashMap<(String, u32), Vec<RawRecord>>>,
+    logs: parking_lot::Mutex<HashMap<(String, u32), Log>>,
+}
+
+/// One partition: its records with their offsets, and the next offset.
+#[derive(Default)]
+struct Log {
+    next: u64,
+    records: Vec<(u64, RawRecord)>,
 }
 
 impl MemoryChangelog {
@@ -249,8 +363,57 @@ impl MemoryChangelog {
     pub fn append(&self, topic: &str, partition: u32, record: RawRecord) -> u64 {
         let mut logs = self.logs.lock();
         let log = logs.entry((topic.to_string(), partition)).or_default();
-        log.push(record);
-        log.len() as u64 - 1
+        let offset = log.next;
+        log.next += 1;
+        log.records.push((offset, record));
+        offset
+    }
+
+    /// A copy of the records of `topic`/`partition` with their offsets, in order.
+    pub fn records(&self, topic: &str, partition: u32) -> Vec<(u64, RawRecord)> {
+        self.logs
+            .lock()
+            .get(&(topic.to_string(), partition))
+            .map(|l| l.records.clone())
+            .unwrap_or_default()
+    }
+
+    /// Removes the records of `topic`/`partition` for which `drop` holds (tests simulate lost
+    /// writes with it); offsets stay as they were.
+    pub fn remove(
+        &self,
+        topic: &str,
+        partition: u32,
+        mut drop: impl FnMut(u64, &RawRecord) -> bool,
+    ) {
+        if let Some(log) = self.logs.lock().get_mut(&(topic.to_string(), partition)) {
+            log.records.retain(|(o, r)| !drop(*o, r));
+        }
+    }
+
+    /// Log compaction as a broker does it: among the records below offset `below` (the cleaner's
+    /// reach), keeps only the newest record of each key, and removes tombstones there too when
+    /// `drop_tombstones` (after `delete.retention.ms`).
+    pub fn compact(&self, topic: &str, partition: u32, below: u64, drop_tombstones: bool) {
+        let mut logs = self.logs.lock();
+        let Some(log) = logs.get_mut(&(topic.to_string(), partition)) else {
+            return;
+        };
+        // The cleaner's offset map covers only the cleanable part: a record at or above `below`
+        // (younger than min.compaction.lag.ms) shadows nothing yet.
+        let mut newest: HashMap<Vec<u8>, u64> = HashMap::new();
+        for (o, r) in log.records.iter().filter(|(o, _)| *o < below) {
+            if let Some(k) = &r.key {
+                newest.insert(k.clone(), *o);
+            }
+        }
+        log.records.retain(|(o, r)| {
+            if *o >= below {
+                return true;
+            }
+            let Some(k) = &r.key else { return true };
+            newest.get(k) == Some(o) && !(drop_tombstones && r.value.is_none())
+        });
     }
 }
 
@@ -274,200 +437,28 @@ impl ChangelogReader for MemoryChangelog {
         topic: &str,
         partition: u32,
         from: u64,
+        cancel: &AtomicBool,
         visit: &mut dyn FnMut(u64, RawRecord) -> Result<(), EngineError>,
     ) -> Result<u64, EngineError> {
-        let records: Vec<RawRecord> = self
+        let records: Vec<(u64, RawRecord)> = self
             .logs
             .lock()
             .get(&(topic.to_string(), partition))
-            .map(|l| l.iter().skip(from as usize).cloned().collect())
+            .map(|l| {
+                l.records
+                    .iter()
+                    .filter(|(o, _)| *o >= from)
+                    .cloned()
+                    .collect()
+            })
             .unwrap_or_default();
         let n = records.len() as u64;
-        for (i, r) in records.into_iter().enumerate() {
-            visit(from + i as u64, r)?;
+        for (offset, r) in records {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(cancelled(topic, partition));
+            }
+            visit(offset, r)?;
         }
         Ok(n)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use rill_state::{StateConfig, StateDb};
-    use rill_topology::prelude::*;
-
-    use super::*;
-    use crate::engine::{Engine, EngineConfig};
-
-    /// An engine over `dir` writing to and restoring from `log`, assigned partition 0 of `in`
-    /// and restored.
-    fn restored_engine(
-        topology: Arc<rill_topology::Topology>,
-        p: usize,
-        dir: &std::path::Path,
-        log: &Arc<MemoryChangelog>,
-    ) -> Engine {
-        let db = StateDb::open(&StateConfig {
-            dir: dir.to_path_buf(),
-            memory_bytes: 16 << 20,
-        })
-        .unwrap();
-        let config = EngineConfig {
-            application_id: "app".into(),
-            parallelising_factor: p,
-            worker_threads: 2,
-            changelogs: true,
-            ..EngineConfig::default()
-        };
-        let no_internal = std::collections::HashMap::new();
-        let mut e = Engine::new(topology, config, Some(db), log.clone(), no_internal).unwrap();
-        e.restore_from(log.clone());
-        e.assign("in", 0, &std::collections::HashMap::new())
-            .unwrap();
-        assert!(e.wait_restored(Duration::from_secs(20)).unwrap());
-        e
-    }
-
-    /// Count by key into store `counts` at P = 4.
-    fn counting_engine(dir: &std::path::Path, log: &Arc<MemoryChangelog>) -> Engine {
-        let b = StreamsBuilder::new();
-        b.stream("in", StringSerde, StringSerde)
-            .group_by_key()
-            .count("counts")
-            .to_stream()
-            .to("out");
-        restored_engine(Arc::new(b.build().unwrap()), 4, dir, log)
-    }
-
-    fn record(key: &str) -> RawRecord {
-        RawRecord {
-            key: Some(key.as_bytes().to_vec()),
-            value: Some(b"v".to_vec()),
-            timestamp: 0,
-            headers: Headers::new(),
-        }
-    }
-
-    fn count(e: &Engine, key: &str) -> Option<i64> {
-        e.store_get("counts", key.as_bytes())
-            .unwrap()
-            .map(|v| I64Serde.deserialize(&v).unwrap())
-    }
-
-    /// Feeds `keys` from `offset` on and commits durably.
-    fn feed(e: &mut Engine, offset: u64, keys: &[&str]) {
-        for (i, k) in keys.iter().enumerate() {
-            e.dispatch("in", 0, offset + i as u64, record(k)).unwrap();
-        }
-        e.commit_durable();
-        assert!(e.wait_idle(Duration::from_secs(20)));
-    }
-
-    #[test]
-    fn a_lost_state_dir_is_rebuilt_exactly_from_the_changelog() {
-        let log = Arc::new(MemoryChangelog::default());
-        let first = tempfile::tempdir().unwrap();
-        let keys: Vec<String> = (0..40).map(|i| format!("k{}", i % 13)).collect();
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        {
-            let mut e = counting_engine(first.path(), &log);
-            feed(&mut e, 0, &keys[..25]);
-            feed(&mut e, 25, &keys[25..]);
-            assert_eq!(count(&e, "k0"), Some(4));
-        }
-        // A commit that did not finish: data records with no marker after them.
-        log.append(
-            "app-counts-changelog",
-            0,
-            data_record(b"k0".to_vec(), Some(I64Serde.serialize(&99).unwrap())),
-        );
-        let fresh = tempfile::tempdir().unwrap();
-        let mut e = counting_engine(fresh.path(), &log);
-        assert!(e.stats().restored() > 0);
-        for i in 0..13 {
-            let k = format!("k{i}");
-            let expected = keys.iter().filter(|x| **x == k).count() as i64;
-            assert_eq!(count(&e, &k), Some(expected), "{k}");
-        }
-        // Replayed input is skipped by every range (restored progress), new input counts.
-        feed(&mut e, 0, &keys);
-        assert_eq!(count(&e, "k0"), Some(4));
-        feed(&mut e, 40, &["k0"]);
-        assert_eq!(count(&e, "k0"), Some(5));
-    }
-
-    #[test]
-    fn an_intact_state_dir_reads_only_the_changelog_tail() {
-        let log = Arc::new(MemoryChangelog::default());
-        let dir = tempfile::tempdir().unwrap();
-        let keys: Vec<String> = (0..200).map(|i| format!("k{}", i % 50)).collect();
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        {
-            let mut e = counting_engine(dir.path(), &log);
-            for round in 0..4 {
-                feed(&mut e, round * 50, &keys[round as usize * 50..][..50]);
-            }
-        }
-        let written = log.logs.lock()[&("app-counts-changelog".to_string(), 0)].len() as u64;
-        let e = counting_engine(dir.path(), &log);
-        // Only records after the oldest range's last marker: part of the last commit round.
-        assert!(
-            e.stats().restored() < written / 4,
-            "re-read {} of {written}",
-            e.stats().restored()
-        );
-        assert_eq!(count(&e, "k7"), Some(4));
-    }
-
-    /// A crash between the markers of a two-store commit: the first store's changelog has the
-    /// newer marker, the last store's does not. Restore applies the older commit to both.
-    #[test]
-    fn a_commit_without_its_last_stores_marker_is_applied_to_no_store() {
-        let b = StreamsBuilder::new();
-        let grouped = b.stream("in", StringSerde, StringSerde).group_by_key();
-        grouped.count("first");
-        grouped.count("second");
-        let topology = Arc::new(b.build().unwrap());
-        let stores = topology.sub_topologies()[0].stores.clone();
-        assert_eq!(stores.len(), 2);
-        let engine = |dir: &std::path::Path, log: &Arc<MemoryChangelog>| {
-            restored_engine(topology.clone(), 1, dir, log)
-        };
-        let get = |e: &Engine, store: &str| {
-            e.store_get(store, b"k")
-                .unwrap()
-                .map(|v| I64Serde.deserialize(&v).unwrap())
-        };
-        let log = Arc::new(MemoryChangelog::default());
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let mut e = engine(dir.path(), &log);
-            feed(&mut e, 0, &["k", "k"]);
-            feed(&mut e, 2, &["k"]);
-            assert_eq!((get(&e, "first"), get(&e, "second")), (Some(3), Some(3)));
-        }
-        // Drop the last store's newest marker, as if the process died before sending it.
-        let last = changelog_topic("app", &stores[1]);
-        {
-            let mut logs = log.logs.lock();
-            let l = logs.get_mut(&(last, 0)).unwrap();
-            let newest = l
-                .iter()
-                .rposition(|r| r.headers.last(MARKER_HEADER).is_some())
-                .unwrap();
-            l.remove(newest);
-        }
-        let fresh = tempfile::tempdir().unwrap();
-        let mut e = engine(fresh.path(), &log);
-        assert_eq!(
-            (get(&e, "first"), get(&e, "second")),
-            (Some(2), Some(2)),
-            "both stores at the last commit every store confirmed"
-        );
-        // The input of the unconfirmed commit is processed again, once.
-        feed(&mut e, 0, &["k", "k", "k"]);
-        assert_eq!((get(&e, "first"), get(&e, "second")), (Some(3), Some(3)));
     }
 }

@@ -6,6 +6,12 @@
 //! - a range's committed offset never goes back;
 //! - `next(r)`: every record of range `r` below it has been committed.
 //!
+//! A tracker starts at the offset the partition resumes from, with each range's **floor**: the
+//! offset below which the range is known to have applied everything already (from the commit
+//! metadata or the range's local progress). A range with nothing pending reports the larger of
+//! the position and its floor, so offsets committed before a restart are not forgotten while a
+//! range stays idle.
+//!
 //! The tracker is a plain data structure owned by the engine's dispatching thread; sub-tasks
 //! report their range commits to that thread over a channel, so no lock is needed here.
 
@@ -19,7 +25,10 @@ pub struct ProgressTracker {
     ranges: Vec<KeyRange>,
     /// Offsets dispatched to each range and not yet covered by a range commit, in order.
     pending: Vec<VecDeque<u64>>,
-    /// The offset after the last one dispatched or skipped; `None` before the first record.
+    /// Per range: every record of the range below it was applied before this tracker started.
+    floors: Vec<u64>,
+    /// The offset after the last one dispatched or skipped (or the resume offset); `None`
+    /// before the first record when no resume offset is known.
     position: Option<u64>,
 }
 
@@ -28,10 +37,23 @@ impl ProgressTracker {
     pub fn new(ranges: Vec<KeyRange>) -> Self {
         let pending = ranges.iter().map(|_| VecDeque::new()).collect();
         ProgressTracker {
+            floors: vec![0; ranges.len()],
             ranges,
             pending,
             position: None,
         }
+    }
+
+    /// Starts at `offset`, the offset the partition resumes from (when known).
+    pub fn start_at(&mut self, offset: Option<u64>) {
+        if let Some(o) = offset {
+            self.position = Some(self.position.map_or(o, |p| p.max(o)));
+        }
+    }
+
+    /// Records that range `range` applied every record below `next` before the tracker started.
+    pub fn raise_floor(&mut self, range: usize, next: u64) {
+        self.floors[range] = self.floors[range].max(next);
     }
 
     fn advance(&mut self, offset: u64) {
@@ -79,7 +101,8 @@ impl ProgressTracker {
         self.ranges
             .iter()
             .zip(&self.pending)
-            .map(|(r, q)| (*r, q.front().copied().unwrap_or(position)))
+            .zip(&self.floors)
+            .map(|((r, q), floor)| (*r, q.front().copied().unwrap_or(position.max(*floor))))
             .collect()
     }
 }
@@ -160,6 +183,29 @@ mod tests {
                 prev_ranges = now;
             }
         }
+    }
+
+    #[test]
+    fn an_idle_range_keeps_its_floor_until_the_position_passes_it() {
+        let mut t = ProgressTracker::new(ranges(2));
+        t.start_at(Some(10));
+        t.raise_floor(1, 15);
+        assert_eq!(t.low_watermark(), Some(10));
+        assert_eq!(t.range_offsets()[0].1, 10);
+        assert_eq!(
+            t.range_offsets()[1].1,
+            15,
+            "range 1 applied everything below 15"
+        );
+        t.dispatched(0, 10);
+        t.skipped(11);
+        t.committed(0, 11);
+        assert_eq!(t.range_offsets()[1].1, 15);
+        for o in 12..20 {
+            t.dispatched(0, o);
+        }
+        t.committed(0, 20);
+        assert_eq!(t.range_offsets()[1].1, 20, "the position passed the floor");
     }
 
     #[test]

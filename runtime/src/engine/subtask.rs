@@ -10,32 +10,37 @@
 //!    between the look and the clear would otherwise wait forever.
 //!
 //! A range commit is an item in the mailbox, so it covers exactly the records dispatched before
-//! it, and each range commits on its own without waiting for the others (individual commit).
-//!
-//! A periodic commit never blocks the worker on the broker: it *seals* the range's state and
-//! progress and the current delivery epoch, and writes them at a later commit item, once the sink
-//! acknowledged every output of that epoch (at most one sealed commit per range). A durable commit
-//! (revoke, shutdown, TestDriver) waits for the acknowledgements and writes at once.
+//! it, and each range commits on its own without waiting for the others (individual commit; the
+//! steps are in [`super::commit`]).
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
-use rill_state::{Origin as StoredOrigin, Progress, SubTaskState, TopicOffset};
+use rill_state::SubTaskState;
 use rill_topology::exec::{TaskEnv, TaskError, TaskInstance};
 use rill_topology::processor::{PunctuationType, RecordMeta};
 use rill_topology::store::{Entries, KeyValueBytes, StoreError};
-use rill_topology::{key_hash, KeyRange, RawRecord, Topic, HASH_ID};
+use rill_topology::{key_hash, KeyRange, RawRecord, Topic};
 
-use super::changelog::{changelog_topic, data_record, marker_record};
-use super::origin::{Origin, ORIGIN_HEADER};
+/// Who owns a task now: what every commit of its ranges is attributed to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lineage {
+    /// Random id of this owner's tenure of the task.
+    pub id: u64,
+    /// The lineage it continued (0: none known).
+    pub parent: u64,
+    /// The consumer-group generation it was assigned the task in.
+    pub generation: i32,
+}
+
+use super::commit::Sealed;
+use super::origin::{topic_id, Origin, OriginSource, ORIGIN_HEADER};
+use super::task::Fence;
 use super::{DeserializationHandler, EngineError, Shared, Source};
 use crate::sink::Deliveries;
-
-/// How long a durable commit waits for the broker to acknowledge the range's outputs.
-const DELIVERY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// (source topic index, next offset) pairs.
 pub(crate) type TopicOffsets = Vec<(usize, u64)>;
@@ -61,6 +66,8 @@ pub(crate) struct Input {
     pub source: Arc<Source>,
     pub offset: u64,
     pub raw: RawRecord,
+    /// The record's routing hash (its key's, or its offset's for a null key).
+    pub hash: u64,
 }
 
 /// Work in a mailbox.
@@ -75,42 +82,27 @@ pub(crate) enum Work {
     Punctuate(i64),
 }
 
-/// A sealed range commit on its way to disk (see `super::changelog` for the steps).
-struct Sealed {
-    /// Delivery epoch of the last record it waits for.
-    epoch: u64,
-    /// (source topic index, next offset) it makes durable.
-    next: TopicOffsets,
-    /// The progress it writes (changelog positions are filled in as markers land).
-    progress: Progress,
-    /// Range markers sent so far (one per store, in store order), each with its offset slot.
-    markers: Vec<Arc<AtomicU64>>,
-    /// When it was sealed (commit latency runs from here to the write).
-    sealed_at: std::time::Instant,
-}
-
-/// A range commit that finished: the engine's tracker learns that every record of
-/// `id`'s range below `next[topic]` is durable.
-#[derive(Debug)]
-pub(crate) struct CommitReport {
-    pub id: SubTaskId,
-    pub next: Vec<(usize, u64)>,
-}
-
-/// The state only the running job touches.
+/// The state only the running job touches (the commit steps in [`super::commit`] too).
 pub(crate) struct Core {
-    instance: TaskInstance,
-    state: Option<SubTaskState>,
+    pub(super) instance: TaskInstance,
+    pub(super) state: Option<SubTaskState>,
     /// Per source topic (by index): the offset after the last record processed.
-    processed: Vec<Option<u64>>,
+    pub(super) processed: Vec<Option<u64>>,
     /// Per source topic: the offset after the last record sealed or made durable.
-    committed: Vec<Option<u64>>,
+    pub(super) committed: Vec<Option<u64>>,
     /// The sealed commit, if one waits for its outputs.
-    sealed: Option<Sealed>,
+    pub(super) sealed: Option<Sealed>,
     /// This range's outputs in flight (the sink settles them).
-    deliveries: Arc<Deliveries>,
-    /// Highest origin applied per upstream (partition, range start, range end).
-    origins: BTreeMap<(u32, u64, u64), (u64, u32)>,
+    pub(super) deliveries: Arc<Deliveries>,
+    /// Highest origin applied per (repartition source index, upstream origin source).
+    pub(super) origins: BTreeMap<(usize, OriginSource), (u64, u32)>,
+    /// The task's owner; every commit carries it.
+    pub(super) lineage: Lineage,
+    /// Commit attempts made in this lineage (the next one is `attempt + 1`; never reused).
+    pub(super) attempt: u64,
+    /// Fenced when the task's partition is lost or its drain timed out: from then on the
+    /// sub-task processes and commits nothing (another member may own the partition already).
+    pub(super) fence: Arc<Fence>,
     failed: bool,
     /// `rill_records_processed_total` per source topic index.
     processed_total: Vec<metrics::Counter>,
@@ -130,14 +122,33 @@ pub(crate) struct SubTask {
     pub core: Mutex<Core>,
 }
 
+/// What a sub-task starts from besides its state.
+pub(crate) struct Opening {
+    pub lineage: Lineage,
+    pub fence: Arc<Fence>,
+    /// Keys per store whose current value the first commit writes again (see
+    /// `super::changelog`, "Why compaction cannot break this").
+    pub repairs: Vec<(String, BTreeSet<Vec<u8>>)>,
+}
+
 impl SubTask {
     pub fn open(
         id: SubTaskId,
         shared: &Shared,
         state: Option<SubTaskState>,
         topics: usize,
+        opening: Opening,
     ) -> Result<(Arc<SubTask>, TopicOffsets), EngineError> {
         let mut state = state;
+        if let Some(s) = state.as_mut() {
+            for (store, keys) in &opening.repairs {
+                for key in keys {
+                    // The current value written again: the first commit sends it after the
+                    // unconfirmed record it must shadow.
+                    s.touch(store, key)?;
+                }
+            }
+        }
         let deliveries = Arc::default();
         let mut env = Env::new(shared, &id, state.as_mut(), &deliveries);
         let instance = TaskInstance::new(shared.topology.clone(), id.sub_topology, &mut env)
@@ -145,11 +156,15 @@ impl SubTask {
                 what: format!("initialising sub-topology {}", id.sub_topology),
                 source: e,
             })?;
+        let mut instance = instance;
+        if let Some(ms) = instance.wall_clock_interval() {
+            shared.wall_clock_interval.fetch_min(ms, Ordering::Relaxed);
+        }
         let mut committed = vec![None; topics];
         let mut origins = BTreeMap::new();
         let mut resume = Vec::new();
+        let names = shared.topic_names(id.sub_topology);
         if let Some(p) = state.as_ref().and_then(|s| s.committed_progress()) {
-            let names: Vec<String> = shared.topic_names(id.sub_topology);
             for o in &p.offsets {
                 if let Some(i) = names.iter().position(|n| *n == o.topic) {
                     committed[i] = Some(o.next_offset);
@@ -157,10 +172,14 @@ impl SubTask {
                 }
             }
             for o in &p.origins {
-                origins.insert((o.partition, o.range_start, o.range_end), (o.offset, o.seq));
+                // Origins of a repartition topic the topology no longer reads are dropped.
+                if let Some(via) = names.iter().position(|n| topic_id(n) == o.via_topic) {
+                    let source = (o.source_topic, o.partition, o.range_start, o.range_end);
+                    origins.insert((via, source), (o.offset, o.seq));
+                }
             }
+            instance.set_stream_time(p.stream_time);
         }
-        let names = shared.topic_names(id.sub_topology);
         let core = Core {
             instance,
             state,
@@ -169,6 +188,9 @@ impl SubTask {
             sealed: None,
             deliveries,
             origins,
+            lineage: opening.lineage,
+            attempt: 0,
+            fence: opening.fence,
             failed: false,
             processed_total: crate::metrics::processed_counters(&names, id.partition, id.index),
             latency_tick: 0,
@@ -234,7 +256,10 @@ impl SubTask {
                     Work::Commit { done, .. } => done.clone(),
                     _ => None,
                 };
-                if !core.failed && !shared.abandoned.load(Ordering::Relaxed) {
+                if !core.failed
+                    && !shared.abandoned.load(Ordering::Relaxed)
+                    && !core.fence.is_fenced()
+                {
                     if let Err(e) = core.handle(&self.id, work, &shared) {
                         core.failed = true;
                         shared.fail(e);
@@ -246,7 +271,7 @@ impl SubTask {
             }
             // Finish a sealed commit as soon as its records are acknowledged, not a commit
             // interval later.
-            if !core.failed && core.sealed.is_some() {
+            if !core.failed && core.sealed.is_some() && !core.fence.is_fenced() {
                 if let Err(e) = core.advance_sealed(&self.id, false, &shared) {
                     core.failed = true;
                     shared.fail(e);
@@ -266,6 +291,11 @@ impl Core {
             Work::Record(input) => self.process(id, input, shared),
             Work::Commit { durable, .. } => self.commit(id, durable, shared),
             Work::Punctuate(now) => {
+                // No origin: wall-clock outputs depend on time, so a replay cannot reproduce
+                // them; downstream applies them at least once.
+                if let Some(state) = self.state.as_mut() {
+                    state.set_routing_hash(id.range.start);
+                }
                 let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
                 let r = self
                     .instance
@@ -295,16 +325,17 @@ impl Core {
         let mut raw = input.raw;
         if source.topic.is_internal() {
             if let Some(o) = Origin::from_headers(&raw.headers) {
+                let key = (source.index, o.source());
                 if self
                     .origins
-                    .get(&o.source())
+                    .get(&key)
                     .is_some_and(|&seen| o.position() <= seen)
                 {
                     shared.stats.count_skipped_duplicate();
                     self.processed[source.index] = Some(input.offset + 1);
                     return Ok(());
                 }
-                self.origins.insert(o.source(), o.position());
+                self.origins.insert(key, o.position());
             }
             raw.headers.remove(ORIGIN_HEADER);
         }
@@ -346,11 +377,14 @@ impl Core {
                 })
             }
         };
+        if let Some(state) = self.state.as_mut() {
+            state.set_routing_hash(input.hash);
+        }
         if let Some(record) = record {
             self.latency_tick = self.latency_tick.wrapping_add(1);
             let started = crate::metrics::sample_latency(self.latency_tick);
             let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
-            env.origin_offset = input.offset;
+            env.origin = Some((source.id, input.offset));
             let r = self
                 .instance
                 .process(&source.topic, record, &meta, &mut env);
@@ -367,161 +401,6 @@ impl Core {
         }
         self.processed[source.index] = Some(input.offset + 1);
         Ok(())
-    }
-
-    /// The range commit protocol for this sub-task (see `crate::engine` and the module docs).
-    fn commit(
-        &mut self,
-        id: &SubTaskId,
-        durable: bool,
-        shared: &Shared,
-    ) -> Result<(), EngineError> {
-        // 1. Finish the sealed commit once its records are acknowledged; otherwise try again at
-        //    the next commit item (one sealed commit at a time).
-        if !self.advance_sealed(id, durable, shared)? {
-            return Ok(());
-        }
-        let dirty = self.state.as_ref().is_some_and(SubTaskState::is_dirty);
-        if self.processed == self.committed && !dirty {
-            return Ok(());
-        }
-        // 2. Seal state, progress and the outputs sent so far; send the changelog data.
-        let names = shared.topic_names(id.sub_topology);
-        let mut progress = Progress {
-            version: 1,
-            hash_id: HASH_ID,
-            range_start: id.range.start,
-            range_end: id.range.end,
-            offsets: self
-                .processed
-                .iter()
-                .enumerate()
-                .filter_map(|(i, o)| {
-                    o.map(|next_offset| TopicOffset {
-                        topic: names[i].clone(),
-                        next_offset,
-                    })
-                })
-                .collect(),
-            changelog_offset: None,
-            origins: self
-                .origins
-                .iter()
-                .map(
-                    |(&(partition, range_start, range_end), &(offset, seq))| StoredOrigin {
-                        partition,
-                        range_start,
-                        range_end,
-                        offset,
-                        seq,
-                    },
-                )
-                .collect(),
-            changelogs: Vec::new(),
-            commit_seq: 0,
-        };
-        if let Some(state) = self.state.as_mut() {
-            let last = state.committed_progress();
-            progress.commit_seq = last.map_or(0, |p| p.commit_seq) + 1;
-            // Positions of stores this commit does not reach stay as they were.
-            progress.changelogs = last.map(|p| p.changelogs.clone()).unwrap_or_default();
-            let sealed = state.seal()?;
-            if shared.config.changelogs {
-                for (store, entries) in sealed {
-                    let topic = changelog_topic(&shared.config.application_id, &store);
-                    for (key, value) in entries {
-                        let ticket = self.deliveries.ticket();
-                        shared.sink.send(
-                            &topic,
-                            Some(id.partition),
-                            data_record(key, value),
-                            ticket,
-                        )?;
-                    }
-                }
-            }
-        }
-        let epoch = self.deliveries.seal();
-        self.sealed = Some(Sealed {
-            epoch,
-            next: self
-                .processed
-                .iter()
-                .enumerate()
-                .filter_map(|(i, o)| o.map(|o| (i, o)))
-                .collect(),
-            progress,
-            markers: Vec::new(),
-            sealed_at: std::time::Instant::now(),
-        });
-        self.committed = self.processed.clone();
-        // 3. Move it along now when its records are already acknowledged (or must be waited for).
-        self.advance_sealed(id, durable, shared)?;
-        Ok(())
-    }
-
-    /// Moves the sealed commit through its steps as far as acknowledgements allow (`wait`
-    /// blocks for them): range markers store by store, then state + progress in one
-    /// WriteBatch, then the report to the tracker. True when nothing is left sealed.
-    pub(crate) fn advance_sealed(
-        &mut self,
-        id: &SubTaskId,
-        wait: bool,
-        shared: &Shared,
-    ) -> Result<bool, EngineError> {
-        loop {
-            let Some(sealed) = self.sealed.as_mut() else {
-                return Ok(true);
-            };
-            if wait {
-                self.deliveries
-                    .wait_through(sealed.epoch, DELIVERY_TIMEOUT)?;
-            } else if !self.deliveries.written_through(sealed.epoch)? {
-                return Ok(false);
-            }
-            let stores: &[String] = match (&self.state, shared.config.changelogs) {
-                (Some(_), true) => &shared.topology.sub_topologies()[id.sub_topology].stores,
-                _ => &[],
-            };
-            if let Some(store) = stores.get(sealed.markers.len()) {
-                // The previous marker landed: record its position, send the next one.
-                if let Some(slot) = sealed.markers.last() {
-                    let prev = &stores[sealed.markers.len() - 1];
-                    set_position(&mut sealed.progress, shared, prev, slot);
-                }
-                let slot = Arc::new(AtomicU64::new(0));
-                let ticket = self.deliveries.ticket_with_offset(slot.clone());
-                let topic = changelog_topic(&shared.config.application_id, store);
-                shared.sink.send(
-                    &topic,
-                    Some(id.partition),
-                    marker_record(&sealed.progress),
-                    ticket,
-                )?;
-                sealed.markers.push(slot);
-                sealed.epoch = self.deliveries.seal();
-                continue;
-            }
-            if let (Some(slot), Some(store)) = (sealed.markers.last(), stores.last()) {
-                set_position(&mut sealed.progress, shared, store, slot);
-            }
-            let Some(sealed) = self.sealed.take() else {
-                return Ok(true);
-            };
-            if let Some(state) = self.state.as_mut() {
-                state.write_sealed(sealed.progress)?;
-            }
-            shared.metrics.commits.increment(1);
-            shared
-                .metrics
-                .commit_latency
-                .record(sealed.sealed_at.elapsed());
-            shared.report(CommitReport {
-                id: *id,
-                next: sealed.next,
-            });
-            return Ok(true);
-        }
     }
 
     /// Every entry of `store` in this sub-task's range (committed and cached).
@@ -542,22 +421,14 @@ impl Core {
 }
 
 /// The [`TaskEnv`] of one sub-task while it processes one item.
-/// Records in `progress` that `store`'s changelog continues after the marker in `slot`.
-fn set_position(progress: &mut Progress, shared: &Shared, store: &str, slot: &AtomicU64) {
-    let topic = changelog_topic(&shared.config.application_id, store);
-    let next_offset = slot.load(Ordering::SeqCst) + 1;
-    match progress.changelogs.iter_mut().find(|o| o.topic == topic) {
-        Some(o) => o.next_offset = next_offset,
-        None => progress.changelogs.push(TopicOffset { topic, next_offset }),
-    }
-}
-
 struct Env<'a> {
     shared: &'a Shared,
     id: &'a SubTaskId,
     state: Option<&'a mut SubTaskState>,
     deliveries: &'a Arc<Deliveries>,
-    origin_offset: u64,
+    /// (input topic id, input offset) of the record being processed; `None` outside of one
+    /// (wall-clock punctuation, init), whose repartition outputs carry no origin.
+    origin: Option<(u64, u64)>,
     seq: u32,
     error: Option<EngineError>,
 }
@@ -574,7 +445,7 @@ impl<'a> Env<'a> {
             id,
             state,
             deliveries,
-            origin_offset: 0,
+            origin: None,
             seq: 0,
             error: None,
         }
@@ -599,14 +470,17 @@ impl TaskEnv for Env<'_> {
         }
         let resolved = self.shared.output_name(topic);
         let partition = if topic.is_internal() {
-            let origin = Origin {
-                partition: self.id.partition,
-                range: self.id.range,
-                offset: self.origin_offset,
-                seq: self.seq,
-            };
-            self.seq += 1;
-            record.headers.add(ORIGIN_HEADER, origin.encode());
+            if let Some((topic, offset)) = self.origin {
+                let origin = Origin {
+                    topic,
+                    partition: self.id.partition,
+                    range: self.id.range,
+                    offset,
+                    seq: self.seq,
+                };
+                self.seq += 1;
+                record.headers.add(ORIGIN_HEADER, origin.encode());
+            }
             let n = self.shared.partitions_of(topic).max(1);
             // Not range_of: partitions and ranges must split the hash space independently, or
             // each partition's records would fall into a few of its ranges.

@@ -106,3 +106,39 @@ pub fn is_transient(e: &KafkaError) -> bool {
         )
     )
 }
+
+/// The id of the Kafka cluster `cfg` points at; `None` when the brokers do not say.
+pub fn cluster_id(cfg: &ClientConfig, timeout: Duration) -> Result<Option<String>, KafkaError> {
+    let consumer: BaseConsumer = cfg.create()?;
+    Ok(consumer.client().fetch_cluster_id(timeout))
+}
+
+/// The value of topic config `key` of every topic in `topics` that has it set (or defaulted).
+pub fn topic_config(
+    cfg: &ClientConfig,
+    topics: &[String],
+    key: &str,
+    timeout: Duration,
+) -> Result<BTreeMap<String, String>, KafkaError> {
+    use rdkafka::admin::ResourceSpecifier;
+    if topics.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let admin: AdminClient<DefaultClientContext> = cfg.create()?;
+    let specs: Vec<ResourceSpecifier<'_>> =
+        topics.iter().map(|t| ResourceSpecifier::Topic(t)).collect();
+    let opts = AdminOptions::new().request_timeout(Some(timeout));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| KafkaError::AdminOpCreation(e.to_string()))?;
+    let results = rt.block_on(admin.describe_configs(&specs, &opts))?;
+    let mut out = BTreeMap::new();
+    for (topic, result) in topics.iter().zip(results) {
+        let resource = result.map_err(KafkaError::AdminOp)?;
+        if let Some(value) = resource.get(key).and_then(|e| e.value.clone()) {
+            out.insert(topic.clone(), value);
+        }
+    }
+    Ok(out)
+}

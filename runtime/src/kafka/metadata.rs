@@ -29,6 +29,7 @@
 //!   uint32 hash_id = 2;                      // rill_topology::HASH_ID of the key hash (1 = XXH3-64)
 //!   repeated fixed64 range_starts = 3;       // packed; start of each key range, in hash order
 //!   repeated uint64 next_offset_deltas = 4;  // packed varints; next[r] - base, same order
+//!   fixed64 lineage = 5;                     // the task's lineage (stateful tasks), else absent
 //! }
 //! ```
 //!
@@ -47,6 +48,10 @@
 //!   `next[r] = base + next_offset_deltas[r]`, where `base` is the offset committed in the same
 //!   commit (the partition's low watermark, which is never above any `next[r]`). A sum that
 //!   overflows `u64` is malformed.
+//! - **Lineage.** The lineage that owns the task when it commits (see
+//!   `rill_runtime::engine::changelog`): the group coordinator fences offset commits, so the
+//!   next owner learns from it which member's local state may still be trusted. Absent (0) for
+//!   stateless tasks.
 //! - **Other fields** are ignored, as protobuf decoding does, so a writer may add fields without a
 //!   new version as long as version-1 readers may ignore them. [`encode`] writes fields 1–4 in
 //!   order, each once, the repeated ones packed (proto3 encoding: a field holding 0 is omitted).
@@ -82,6 +87,8 @@ pub struct RangeOffsets {
     pub hash_id: u32,
     /// Each key range, in hash order, with its next offset (`next[r]`).
     pub ranges: Vec<(KeyRange, u64)>,
+    /// The lineage that owned the task when it committed (stateful tasks).
+    pub lineage: Option<u64>,
 }
 
 impl RangeOffsets {
@@ -157,6 +164,8 @@ struct CommitMetadataV1 {
     range_starts: Vec<u64>,
     #[prost(uint64, repeated, packed = "true", tag = "4")]
     next_offset_deltas: Vec<u64>,
+    #[prost(fixed64, tag = "5")]
+    lineage: u64,
 }
 
 /// Encodes `offsets` as commit metadata text for a commit of offset `base`.
@@ -211,6 +220,7 @@ pub fn encode(offsets: &RangeOffsets, base: u64) -> Result<String, MetadataError
         hash_id: offsets.hash_id,
         range_starts: ranges.iter().map(|(r, _)| r.start).collect(),
         next_offset_deltas: deltas,
+        lineage: offsets.lineage.unwrap_or(0),
     };
     let bytes = message.encode_to_vec();
     let text_len = PREFIX.len() + bytes.len().div_ceil(3) * 4;
@@ -289,6 +299,7 @@ pub fn decode(text: &str, base: u64) -> Result<RangeOffsets, MetadataError> {
     Ok(RangeOffsets {
         hash_id: message.hash_id,
         ranges,
+        lineage: (message.lineage != 0).then_some(message.lineage),
     })
 }
 
@@ -302,6 +313,7 @@ mod tests {
     fn offsets(p: usize, base: u64, delta: impl Fn(usize) -> u64) -> RangeOffsets {
         RangeOffsets {
             hash_id: HASH_ID,
+            lineage: None,
             ranges: ranges(p)
                 .into_iter()
                 .enumerate()
@@ -324,6 +336,7 @@ mod tests {
             hash_id: HASH_ID,
             range_starts: vec![0, 1 << 63],
             next_offset_deltas: vec![0, 5],
+            lineage: 0,
         }
     }
 
@@ -368,7 +381,7 @@ mod tests {
                     (KeyRange { start, end }, next)
                 })
                 .collect();
-            let o = RangeOffsets { hash_id: HASH_ID, ranges };
+            let o = RangeOffsets { hash_id: HASH_ID, ranges, lineage: Some(7) };
             let text = encode(&o, base).unwrap();
             prop_assert_eq!(decode(&text, base).unwrap(), o);
         }
@@ -467,6 +480,7 @@ mod tests {
         let o = RangeOffsets {
             hash_id: HASH_ID,
             ranges: vec![(KeyRange { start: 10, end: 20 }, 1)],
+            lineage: None,
         };
         assert_eq!(o.next_for(9), None);
         assert_eq!(o.next_for(10), Some(1));
@@ -475,6 +489,7 @@ mod tests {
         let empty = RangeOffsets {
             hash_id: HASH_ID,
             ranges: vec![],
+            lineage: None,
         };
         assert_eq!(empty.next_for(0), None);
     }
@@ -585,7 +600,7 @@ mod tests {
     fn unknown_fields_are_ignored() {
         // A v1 writer of the future may add fields; this reader skips them.
         let mut bytes = valid_message().encode_to_vec();
-        bytes.extend([0x28, 0x07]); // field 5, varint 7
+        bytes.extend([0x48, 0x07]); // field 9, varint 7
         let text = format!("rill:{}", STANDARD.encode(bytes));
         assert_eq!(decode(&text, 0), decode(&raw(&valid_message()), 0));
     }
@@ -614,6 +629,7 @@ mod tests {
                 RangeOffsets {
                     hash_id: HASH_ID,
                     ranges: vec![],
+                    lineage: None,
                 },
             ),
             ("gap", {

@@ -1,9 +1,13 @@
-//! Kafka I/O: the consumer-group source, the producer sink, internal topics, commit metadata,
-//! changelog restore and the embedded cluster.
+//! Kafka I/O: the consumer-group source (`source` loop, `rebalance` protocol, `committer`,
+//! `backpressure`), the producer sink, internal topics ([`admin`]), the commit metadata codec
+//! ([`metadata`]), the changelog reader for restore, and the [`embedded`] cluster.
 
 pub mod admin;
-pub mod changelog;
+pub(crate) mod backpressure;
+pub(crate) mod changelog_reader;
+pub(crate) mod committer;
 pub mod embedded;
 pub mod metadata;
-pub mod producer;
-pub mod source;
+pub(crate) mod producer;
+pub(crate) mod rebalance;
+pub(crate) mod source;

@@ -2,6 +2,12 @@
 //!
 //! Each record carries its sub-task's delivery [`Ticket`]; the delivery callback settles it, so a
 //! range commits its progress only over outputs the broker acknowledged.
+//!
+//! Exactness needs the producer to be **gapless**: if a record is lost, no later record of its
+//! partition may be acknowledged, or a downstream range could commit past the gap and skip the
+//! replayed record as a duplicate of a later origin. So the producer is idempotent with
+//! `enable.gapless.guarantee` (librdkafka raises a fatal error instead of leaving a gap), and
+//! `kafka.*` overrides that would break that are refused ([`ProducerError`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -38,12 +44,68 @@ pub struct KafkaSink {
     producer: ThreadedProducer<DeliveryContext>,
 }
 
+/// Why the producer could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum ProducerError {
+    /// A `kafka.*` setting would let the producer leave gaps in a partition.
+    #[error("config key `kafka.{key}` = `{value}` is refused: {why}")]
+    Unsafe {
+        /// The librdkafka key.
+        key: String,
+        /// The value given.
+        value: String,
+        /// What it would break.
+        why: &'static str,
+    },
+    /// librdkafka refused the configuration.
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+}
+
+/// A producer setting exactness relies on: its key, the values that keep it, and what others break.
+type Required = (&'static str, fn(&str) -> bool, &'static str);
+
+/// The librdkafka producer settings that exactness relies on.
+const REQUIRED: &[Required] = &[
+    (
+        "enable.idempotence",
+        |v| v == "true",
+        "rill needs the idempotent producer (no duplicates, no reordering within a partition)",
+    ),
+    (
+        "enable.gapless.guarantee",
+        |v| v == "true",
+        "without it a lost record can be followed by acknowledged ones, and downstream ranges would skip its replay",
+    ),
+    (
+        "acks",
+        |v| v == "all" || v == "-1",
+        "the idempotent producer needs acks=all",
+    ),
+    (
+        "max.in.flight.requests.per.connection",
+        |v| v.parse::<u32>().is_ok_and(|n| (1..=5).contains(&n)),
+        "the idempotent producer keeps order only with at most 5 requests in flight",
+    ),
+];
+
 impl KafkaSink {
-    /// An idempotent producer for `bootstrap` with extra librdkafka settings.
-    pub fn new(bootstrap: &str, extra: &BTreeMap<String, String>) -> Result<Self, KafkaError> {
+    /// An idempotent, gapless producer for `bootstrap` with extra librdkafka settings; refuses
+    /// settings that would break either.
+    pub fn new(bootstrap: &str, extra: &BTreeMap<String, String>) -> Result<Self, ProducerError> {
+        for (key, ok, why) in REQUIRED {
+            if let Some(value) = extra.get(*key).filter(|v| !ok(v.trim())) {
+                return Err(ProducerError::Unsafe {
+                    key: key.to_string(),
+                    value: value.clone(),
+                    why,
+                });
+            }
+        }
         let mut cfg = ClientConfig::new();
         cfg.set("bootstrap.servers", bootstrap)
             .set("enable.idempotence", "true")
+            .set("enable.gapless.guarantee", "true")
             .set("linger.ms", "5")
             .set("compression.type", "lz4")
             // The Java client's partitioner, so keyed outputs land where Kafka Streams puts them.
@@ -99,6 +161,50 @@ impl RecordSink for KafkaSink {
                     })
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(key: &str, value: &str) -> Result<KafkaSink, ProducerError> {
+        let extra = BTreeMap::from([(key.to_string(), value.to_string())]);
+        // No broker is contacted to create a producer.
+        KafkaSink::new("127.0.0.1:1", &extra)
+    }
+
+    #[test]
+    fn overrides_that_allow_gaps_are_refused_with_the_key_named() {
+        for (key, value) in [
+            ("enable.idempotence", "false"),
+            ("enable.gapless.guarantee", "false"),
+            ("acks", "1"),
+            ("max.in.flight.requests.per.connection", "6"),
+            ("max.in.flight.requests.per.connection", "many"),
+        ] {
+            match with(key, value) {
+                Err(ProducerError::Unsafe { key: k, .. }) => assert_eq!(k, key),
+                Err(e) => panic!("{key}={value}: {e}"),
+                Ok(_) => panic!("{key}={value} was accepted"),
+            }
+        }
+        let e = with("acks", "0")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("kafka.acks"), "{e}");
+    }
+
+    #[test]
+    fn safe_overrides_are_accepted() {
+        for (key, value) in [
+            ("acks", "all"),
+            ("max.in.flight.requests.per.connection", "1"),
+            ("linger.ms", "20"),
+        ] {
+            assert!(with(key, value).is_ok(), "{key}={value}");
         }
     }
 }

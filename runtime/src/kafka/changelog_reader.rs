@@ -1,5 +1,6 @@
 //! Reading a store changelog partition from Kafka for restore.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
@@ -8,7 +9,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
 use super::source::raw_record;
-use crate::engine::changelog::ChangelogReader;
+use crate::engine::changelog::{cancelled, ChangelogReader};
 use crate::engine::EngineError;
 use rill_topology::RawRecord;
 
@@ -38,6 +39,7 @@ impl KafkaChangelogReader {
         topic: &str,
         partition: u32,
         from: u64,
+        cancel: &AtomicBool,
         visit: &mut dyn FnMut(u64, RawRecord) -> Result<(), EngineError>,
     ) -> Result<u64, ReadError> {
         let consumer: BaseConsumer = self.config.create()?;
@@ -54,6 +56,9 @@ impl KafkaChangelogReader {
         // Compaction leaves gaps, so stop at the first record at or past the end, or at the end.
         let mut next = start;
         while next < high {
+            if cancel.load(Ordering::SeqCst) {
+                return Err(cancelled(topic, partition).into());
+            }
             match consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(m)) => {
                     next = m.offset() + 1;
@@ -100,9 +105,10 @@ impl ChangelogReader for KafkaChangelogReader {
         topic: &str,
         partition: u32,
         from: u64,
+        cancel: &AtomicBool,
         visit: &mut dyn FnMut(u64, RawRecord) -> Result<(), EngineError>,
     ) -> Result<u64, EngineError> {
-        self.read_kafka(topic, partition, from, visit)
+        self.read_kafka(topic, partition, from, cancel, visit)
             .map_err(|e| match e {
                 ReadError::Engine(e) => e,
                 other => EngineError::Restore {

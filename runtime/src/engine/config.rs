@@ -1,0 +1,62 @@
+//! How the engine runs: its settings and the deserialization error handler.
+
+/// What to do with a record whose key or value does not deserialize.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum DeserializationHandler {
+    /// Stop with an error naming topic, partition and offset; nothing is committed past it.
+    #[default]
+    Fail,
+    /// Skip it, log it and count it in `rill_discarded_records_total{reason="deserialization"}`.
+    LogAndContinue,
+    /// Send the raw record with error headers to this topic, then continue.
+    DeadLetter(String),
+}
+
+impl std::str::FromStr for DeserializationHandler {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fail" => Ok(Self::Fail),
+            "log_and_continue" => Ok(Self::LogAndContinue),
+            _ => match s.strip_prefix("dead_letter:") {
+                Some(t) if !t.is_empty() => Ok(Self::DeadLetter(t.to_string())),
+                _ => Err(format!(
+                    "`{s}` is not a handler: expected fail, log_and_continue or dead_letter:<topic>"
+                )),
+            },
+        }
+    }
+}
+
+/// How the engine runs.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Prefix of internal topic names.
+    pub application_id: String,
+    /// Sub-tasks (key ranges) per input partition.
+    pub parallelising_factor: usize,
+    /// Worker threads of the pool.
+    pub worker_threads: usize,
+    /// Records a sub-task may hold before its partition is paused.
+    pub mailbox_capacity: usize,
+    /// Handling of records that do not deserialize.
+    pub deserialization_handler: DeserializationHandler,
+    /// Whether range commits write store changelogs (see the engine's `changelog` module).
+    pub changelogs: bool,
+    /// Id of the Kafka cluster the offsets refer to, recorded in every commit (empty: none).
+    pub cluster_id: String,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            application_id: "rill".into(),
+            parallelising_factor: 1,
+            worker_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            mailbox_capacity: 1000,
+            deserialization_handler: DeserializationHandler::Fail,
+            changelogs: false,
+            cluster_id: String::new(),
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Dispatch: each input record goes to the sub-task of its key range, and backpressure.
+//!
+//! A record's range is `range_of(key_hash(key), P)` (null keys: a hash of the offset), so every
+//! record of a key reaches the same sub-task in offset order. Records a range already applied
+//! (by its local progress or the commit metadata, under any past factor) are skipped here.
+//!
+//! Backpressure: each sub-task's mailbox holds at most [`Engine::queue_limit`] records; a full
+//! one hands the record back ([`Dispatch::Full`]) so the caller can pause the partition. All
+//! mailboxes of a process together hold at most [`QUEUED_PER_PROCESS`] x `mailbox.capacity`.
+
+use std::sync::atomic::Ordering;
+
+use rill_topology::keyrange::null_key_hash;
+use rill_topology::{key_hash, range_of, RawRecord};
+
+use super::subtask::{Input, Work};
+use super::{Engine, EngineError, TaskId};
+
+/// All mailboxes of a process together queue at most this many times `mailbox.capacity` records.
+pub const QUEUED_PER_PROCESS: usize = 16;
+/// A sub-task may always queue this many records (unless `mailbox.capacity` is smaller).
+pub const MIN_QUEUE: usize = 256;
+
+/// Outcome of [`Engine::dispatch`].
+#[derive(Debug, PartialEq)]
+pub enum Dispatch {
+    /// Queued for its sub-task.
+    Queued,
+    /// Its range had already applied it.
+    Skipped,
+    /// Its sub-task's mailbox is full: the record comes back, to offer again later.
+    Full(RawRecord),
+}
+
+impl Engine {
+    /// Hands one input record to its sub-task.
+    pub fn dispatch(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        raw: RawRecord,
+    ) -> Result<Dispatch, EngineError> {
+        if let Some(e) = self.failure() {
+            return Err(EngineError::Stopped(e));
+        }
+        let source = self.source(topic)?.clone();
+        let (sub, topic_index) = (source.sub, source.index);
+        let task = self
+            .tasks
+            .get_mut(&TaskId {
+                sub_topology: sub,
+                partition,
+            })
+            .ok_or_else(|| EngineError::NotAssigned {
+                topic: topic.to_string(),
+                partition,
+            })?;
+        let hash = match &raw.key {
+            Some(k) => key_hash(k),
+            None => null_key_hash(offset),
+        };
+        let running = task.is_running();
+        let tracker = &mut task.trackers[topic_index];
+        // Skip when the range that held this hash (under any past factor) already applied it.
+        let applied = task.resume[topic_index]
+            .iter()
+            .any(|(r, next)| r.contains(hash) && offset < *next);
+        if applied {
+            task.metrics.consumed[topic_index].increment(1);
+            tracker.skipped(offset);
+            self.shared.stats.skipped.fetch_add(1, Ordering::Relaxed);
+            return Ok(Dispatch::Skipped);
+        }
+        if !running {
+            return Ok(Dispatch::Full(raw));
+        }
+        let index = range_of(hash, task.subtasks.len());
+        let subtask = &task.subtasks[index];
+        if subtask.depth.load(Ordering::SeqCst) >= self.queue_limit {
+            return Ok(Dispatch::Full(raw));
+        }
+        tracker.dispatched(index, offset);
+        task.metrics.consumed[topic_index].increment(1);
+        subtask.push(
+            Work::Record(Input {
+                source,
+                offset,
+                raw,
+                hash,
+            }),
+            &self.shared,
+        );
+        Ok(Dispatch::Queued)
+    }
+
+    /// Whether every sub-task of the partition's task is at most half full: the point to resume
+    /// a paused partition (resuming sooner makes librdkafka drop and refetch its prefetched
+    /// records on every pause, which costs far more than the wait).
+    pub fn has_room(&self, topic: &str, partition: u32) -> bool {
+        if self.is_restoring(topic, partition) {
+            return false;
+        }
+        let half = self.queue_limit / 2;
+        self.mailbox_depth(topic, partition)
+            .iter()
+            .all(|&d| d <= half)
+    }
+
+    /// Records queued or in process per sub-task of the partition's task.
+    pub fn mailbox_depth(&self, topic: &str, partition: u32) -> Vec<usize> {
+        let Ok(sub) = self.source(topic).map(|s| s.sub) else {
+            return Vec::new();
+        };
+        self.tasks
+            .get(&TaskId {
+                sub_topology: sub,
+                partition,
+            })
+            .map(|t| {
+                t.subtasks
+                    .iter()
+                    .map(|s| s.depth.load(Ordering::SeqCst))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Records one sub-task may queue before its partition backs off: `mailbox.capacity`, cut
+    /// down when many sub-tasks share the process so that all mailboxes together hold at most
+    /// [`QUEUED_PER_PROCESS`] x `mailbox.capacity` records (but at least [`MIN_QUEUE`] each).
+    pub fn queue_limit(&self) -> usize {
+        self.queue_limit
+    }
+
+    /// Recomputes [`Engine::queue_limit`] for the sub-tasks assigned now.
+    pub(super) fn with_queue_limit(mut self) -> Self {
+        self.update_queue_limit();
+        self
+    }
+
+    pub(super) fn update_queue_limit(&mut self) {
+        let cap = self.shared.config.mailbox_capacity;
+        let p = self.shared.config.parallelising_factor;
+        let subtasks = (self.tasks.len() * p).max(1);
+        self.queue_limit = cap.min((QUEUED_PER_PROCESS * cap / subtasks).max(MIN_QUEUE.min(cap)));
+    }
+}

@@ -1,0 +1,586 @@
+//! Restore against an in-memory changelog: crashes at each step of a commit, zombies, compaction.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rill_state::{StateConfig, StateDb};
+use rill_topology::prelude::*;
+use rill_topology::{key_hash, range_of, RawRecord, Topology};
+
+use crate::engine::changelog::{changelog_topic, MemoryChangelog, MARKER_HEADER};
+use crate::engine::{Engine, EngineConfig, PriorClaim, Resume, TopicPartition};
+use crate::sink::{RecordSink, SinkError, Ticket};
+
+/// The changelog of a process that may die: it appends and acknowledges changelog records while
+/// its budget lasts; the record that exhausts it is appended unacknowledged when `ghost` (the
+/// broker wrote it, the process never learned), and everything after is lost.
+struct Dying {
+    log: Arc<MemoryChangelog>,
+    /// Changelog records still accepted; `u64::MAX`: no limit.
+    budget: AtomicU64,
+    ghost: AtomicBool,
+}
+
+impl Dying {
+    fn new(log: &Arc<MemoryChangelog>) -> Arc<Self> {
+        Arc::new(Dying {
+            log: log.clone(),
+            budget: AtomicU64::new(u64::MAX),
+            ghost: AtomicBool::new(false),
+        })
+    }
+
+    /// Dies after `n` more changelog records (the next one written but unacknowledged with
+    /// `ghost`).
+    fn die_after(&self, n: u64, ghost: bool) {
+        self.ghost.store(ghost, Ordering::SeqCst);
+        self.budget.store(n, Ordering::SeqCst);
+    }
+}
+
+impl RecordSink for Dying {
+    fn send(
+        &self,
+        topic: &str,
+        partition: Option<u32>,
+        record: RawRecord,
+        ticket: Ticket,
+    ) -> Result<(), SinkError> {
+        if !topic.ends_with("-changelog") {
+            return self.log.send(topic, partition, record, ticket);
+        }
+        match self.budget.load(Ordering::SeqCst) {
+            u64::MAX => self.log.send(topic, partition, record, ticket),
+            0 => {
+                if self.ghost.swap(false, Ordering::SeqCst) {
+                    self.log.append(topic, partition.unwrap_or(0), record);
+                }
+                // Dropped unsettled: the sub-task sees a lost output and stops, as a crash would.
+                drop(ticket);
+                Ok(())
+            }
+            n => {
+                self.budget.store(n - 1, Ordering::SeqCst);
+                self.log.send(topic, partition, record, ticket)
+            }
+        }
+    }
+}
+
+/// Puts `value` under the record's key in store `kv`, or deletes the key for `del`; also keeps
+/// `by_value`: value -> key (a store keyed by something other than the routing key), and
+/// forwards the previous key of the value.
+struct KeyValue;
+
+impl Processor<String, String, String, String> for KeyValue {
+    fn process(
+        &mut self,
+        record: Record<String, String>,
+        ctx: &mut ProcessorContext<'_, String, String>,
+    ) -> Result<(), ProcessError> {
+        let Some(key) = record.key.clone() else {
+            return Ok(());
+        };
+        let mut kv = ctx.key_value_store("kv", &StringSerde, &StringSerde)?;
+        if record.value == "del" {
+            kv.delete(&key)?;
+        } else {
+            kv.put(&key, &record.value)?;
+            let mut by_value = ctx.key_value_store("by_value", &StringSerde, &StringSerde)?;
+            let previous = by_value.get(&record.value)?;
+            by_value.put(&record.value, &key)?;
+            ctx.forward(record.with_key_value(Some(key), previous.unwrap_or_default()));
+        }
+        Ok(())
+    }
+}
+
+fn topology() -> Arc<Topology> {
+    let b = StreamsBuilder::new();
+    b.add_state_store("kv").add_state_store("by_value");
+    b.stream("in", StringSerde, StringSerde)
+        .process("key-value", || KeyValue, &["kv", "by_value"])
+        .to_with("out", Produced::with(StringSerde, StringSerde));
+    Arc::new(b.build().unwrap())
+}
+
+fn counting() -> Arc<Topology> {
+    let b = StreamsBuilder::new();
+    b.stream("in", StringSerde, StringSerde)
+        .group_by_key()
+        .count("counts")
+        .to_stream()
+        .to("out");
+    Arc::new(b.build().unwrap())
+}
+
+/// An engine over `dir` writing to `sink` and restoring from `log`, assigned partition 0 of
+/// `in` with `prior` and `generation`, restored.
+fn engine(
+    topology: &Arc<Topology>,
+    p: usize,
+    dir: &Path,
+    log: &Arc<MemoryChangelog>,
+    sink: Arc<dyn RecordSink>,
+    prior: PriorClaim,
+    generation: i32,
+) -> Engine {
+    let db = StateDb::open(&StateConfig {
+        dir: dir.to_path_buf(),
+        memory_bytes: 16 << 20,
+    })
+    .unwrap();
+    let config = EngineConfig {
+        application_id: "app".into(),
+        parallelising_factor: p,
+        worker_threads: 2,
+        changelogs: true,
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(topology.clone(), config, Some(db), sink, Default::default()).unwrap();
+    e.restore_from(log.clone());
+    let resume = Resume {
+        claim: prior,
+        generation,
+        ..Resume::default()
+    };
+    e.assign("in", 0, resume).unwrap();
+    assert!(e.wait_restored(Duration::from_secs(20)).unwrap());
+    e
+}
+
+/// A healthy engine of `topology` at P = 4 whose changelog is `log`.
+fn simple(topology: &Arc<Topology>, dir: &Path, log: &Arc<MemoryChangelog>) -> Engine {
+    engine(topology, 4, dir, log, log.clone(), PriorClaim::Unknown, 0)
+}
+
+fn record(key: &str, value: &str) -> RawRecord {
+    RawRecord {
+        key: Some(key.as_bytes().to_vec()),
+        value: Some(value.as_bytes().to_vec()),
+        timestamp: 0,
+        headers: Headers::new(),
+    }
+}
+
+/// Feeds `(key, value)` pairs from `offset` on and commits durably.
+fn feed(e: &mut Engine, offset: u64, records: &[(&str, &str)]) {
+    for (i, (k, v)) in records.iter().enumerate() {
+        e.dispatch("in", 0, offset + i as u64, record(k, v))
+            .unwrap();
+    }
+    e.request_durable_commit();
+    assert!(e.wait_idle(Duration::from_secs(20)));
+}
+
+fn count(e: &Engine, key: &str) -> Option<i64> {
+    e.store_get("counts", key.as_bytes())
+        .unwrap()
+        .map(|v| I64Serde.deserialize(&v).unwrap())
+}
+
+/// Every entry of `store`, as strings.
+fn entries(e: &Engine, store: &str) -> BTreeMap<String, String> {
+    e.store_entries(store)
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| (String::from_utf8(k).unwrap(), String::from_utf8(v).unwrap()))
+        .collect()
+}
+
+fn changelog_len(log: &MemoryChangelog, store: &str) -> usize {
+    log.records(&changelog_topic("app", store), 0).len()
+}
+
+#[test]
+fn a_lost_state_dir_is_rebuilt_exactly_from_the_changelog() {
+    let log = Arc::new(MemoryChangelog::default());
+    let first = tempfile::tempdir().unwrap();
+    let keys: Vec<String> = (0..40).map(|i| format!("k{}", i % 13)).collect();
+    let records: Vec<(&str, &str)> = keys.iter().map(|k| (k.as_str(), "v")).collect();
+    {
+        let mut e = simple(&counting(), first.path(), &log);
+        feed(&mut e, 0, &records[..25]);
+        feed(&mut e, 25, &records[25..]);
+        assert_eq!(count(&e, "k0"), Some(4));
+    }
+    let fresh = tempfile::tempdir().unwrap();
+    let mut e = simple(&counting(), fresh.path(), &log);
+    assert!(e.stats().restored() > 0);
+    for i in 0..13 {
+        let k = format!("k{i}");
+        let expected = keys.iter().filter(|x| **x == k).count() as i64;
+        assert_eq!(count(&e, &k), Some(expected), "{k}");
+    }
+    // Replayed input is skipped by every range (restored progress), new input counts.
+    feed(&mut e, 0, &records);
+    assert_eq!(count(&e, "k0"), Some(4));
+    feed(&mut e, 40, &[("k0", "v")]);
+    assert_eq!(count(&e, "k0"), Some(5));
+}
+
+#[test]
+fn an_intact_state_dir_reads_only_the_changelog_tail() {
+    let log = Arc::new(MemoryChangelog::default());
+    let dir = tempfile::tempdir().unwrap();
+    let keys: Vec<String> = (0..200).map(|i| format!("k{}", i % 50)).collect();
+    let records: Vec<(&str, &str)> = keys.iter().map(|k| (k.as_str(), "v")).collect();
+    {
+        let mut e = simple(&counting(), dir.path(), &log);
+        for round in 0..4 {
+            feed(&mut e, round * 50, &records[round as usize * 50..][..50]);
+        }
+    }
+    let written = changelog_len(&log, "counts") as u64;
+    let e = simple(&counting(), dir.path(), &log);
+    assert!(
+        e.stats().restored() < written / 4,
+        "re-read {} of {written}",
+        e.stats().restored()
+    );
+    assert_eq!(count(&e, "k7"), Some(4));
+}
+
+/// A crash between the markers of a two-store commit: the first store's changelog has the
+/// newer marker, the last store's does not. Restore applies the older commit to both.
+#[test]
+fn a_commit_without_its_last_stores_marker_is_applied_to_no_store() {
+    let b = StreamsBuilder::new();
+    let grouped = b.stream("in", StringSerde, StringSerde).group_by_key();
+    grouped.count("first");
+    grouped.count("second");
+    let topology = Arc::new(b.build().unwrap());
+    let stores = topology.sub_topologies()[0].stores.clone();
+    assert_eq!(stores.len(), 2);
+    let get = |e: &Engine, store: &str| {
+        e.store_get(store, b"k")
+            .unwrap()
+            .map(|v| I64Serde.deserialize(&v).unwrap())
+    };
+    let log = Arc::new(MemoryChangelog::default());
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut e = engine(
+            &topology,
+            1,
+            dir.path(),
+            &log,
+            log.clone(),
+            PriorClaim::Unknown,
+            0,
+        );
+        feed(&mut e, 0, &[("k", "v"), ("k", "v")]);
+        feed(&mut e, 2, &[("k", "v")]);
+        assert_eq!((get(&e, "first"), get(&e, "second")), (Some(3), Some(3)));
+    }
+    // Drop the last store's newest marker, as if the process died before sending it.
+    let last = changelog_topic("app", &stores[1]);
+    let newest = log
+        .records(&last, 0)
+        .iter()
+        .rev()
+        .find(|(_, r)| r.headers.last(MARKER_HEADER).is_some())
+        .map(|(o, _)| *o)
+        .unwrap();
+    log.remove(&last, 0, |o, _| o == newest);
+    let fresh = tempfile::tempdir().unwrap();
+    let mut e = engine(
+        &topology,
+        1,
+        fresh.path(),
+        &log,
+        log.clone(),
+        PriorClaim::Unknown,
+        0,
+    );
+    assert_eq!(
+        (get(&e, "first"), get(&e, "second")),
+        (Some(2), Some(2)),
+        "both stores at the last commit every store confirmed"
+    );
+    // The input of the unconfirmed commit is processed again, once.
+    feed(&mut e, 0, &[("k", "v"), ("k", "v"), ("k", "v")]);
+    assert_eq!((get(&e, "first"), get(&e, "second")), (Some(3), Some(3)));
+}
+
+/// Issue 10, item 2: a commit dies after its data was written but before its marker; the next
+/// owner commits fewer offsets; a restore from scratch must not adopt the dead commit's leftovers
+/// (values, nor tombstones of committed keys), also after log compaction.
+#[test]
+fn leftovers_of_a_commit_that_died_before_its_marker_are_never_restored() {
+    let topology = topology();
+    let log = Arc::new(MemoryChangelog::default());
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let committed = [("a", "1"), ("b", "1"), ("c", "1")];
+    let dying = Dying::new(&log);
+    {
+        let mut a = engine(
+            &topology,
+            1,
+            a_dir.path(),
+            &log,
+            dying.clone(),
+            PriorClaim::Unknown,
+            1,
+        );
+        feed(&mut a, 0, &committed);
+        // The next commit: new values for a, a delete of b, a new key d. Its data records
+        // (kv: a, b, d; by_value: 2) reach the log; its markers never do.
+        for (i, (k, v)) in [("a", "2"), ("b", "del"), ("d", "2")].iter().enumerate() {
+            a.dispatch("in", 0, 3 + i as u64, record(k, v)).unwrap();
+        }
+        dying.die_after(4, false);
+        a.request_durable_commit();
+        assert!(a.wait_idle(Duration::from_secs(20)));
+        assert!(a.failure().is_some(), "the process died mid-commit");
+    }
+    let marker_count = |log: &MemoryChangelog| {
+        log.records(&changelog_topic("app", "by_value"), 0)
+            .iter()
+            .filter(|(_, r)| r.headers.last(MARKER_HEADER).is_some())
+            .count()
+    };
+    assert_eq!(marker_count(&log), 1, "the dead commit left no marker");
+    // The next owner (another member, fresh dir) replays offsets 3.. but commits only offset 3.
+    {
+        let mut b = engine(
+            &topology,
+            1,
+            b_dir.path(),
+            &log,
+            log.clone(),
+            PriorClaim::None,
+            2,
+        );
+        assert_eq!(entries(&b, "kv").get("b").map(String::as_str), Some("1"));
+        feed(&mut b, 3, &[("a", "3")]);
+    }
+    let expected: BTreeMap<String, String> = [("a", "3"), ("b", "1"), ("c", "1")]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    for compacted in [false, true] {
+        if compacted {
+            for store in ["kv", "by_value"] {
+                log.compact(&changelog_topic("app", store), 0, u64::MAX, true);
+            }
+        }
+        let fresh = tempfile::tempdir().unwrap();
+        let c = engine(
+            &topology,
+            1,
+            fresh.path(),
+            &log,
+            log.clone(),
+            PriorClaim::None,
+            3,
+        );
+        assert_eq!(entries(&c, "kv"), expected, "compacted: {compacted}");
+        assert_eq!(
+            entries(&c, "by_value").get("2"),
+            None,
+            "compacted: {compacted}"
+        );
+    }
+}
+
+/// A crash after the last marker was written but before the process learned it: the commit is
+/// complete in the changelog (restore applies it), while the local state lacks it.
+#[test]
+fn a_marker_written_but_unacknowledged_completes_its_commit() {
+    let topology = counting();
+    let log = Arc::new(MemoryChangelog::default());
+    let dir = tempfile::tempdir().unwrap();
+    let dying = Dying::new(&log);
+    {
+        let mut a = engine(
+            &topology,
+            1,
+            dir.path(),
+            &log,
+            dying.clone(),
+            PriorClaim::Unknown,
+            1,
+        );
+        feed(&mut a, 0, &[("k", "v")]);
+        a.dispatch("in", 0, 1, record("k", "v")).unwrap();
+        // One data record, then the marker: written, never acknowledged.
+        dying.die_after(1, true);
+        a.request_durable_commit();
+        assert!(a.wait_idle(Duration::from_secs(20)));
+        assert!(a.failure().is_some());
+    }
+    // Same dir (a restart): local progress is at offset 1, the changelog has the commit of 2.
+    let mut e = engine(
+        &topology,
+        1,
+        dir.path(),
+        &log,
+        log.clone(),
+        PriorClaim::Unknown,
+        2,
+    );
+    assert_eq!(count(&e, "k"), Some(2));
+    feed(&mut e, 0, &[("k", "v"), ("k", "v"), ("k", "v")]);
+    assert_eq!(
+        count(&e, "k"),
+        Some(3),
+        "offsets 0 and 1 skipped, 2 counted"
+    );
+}
+
+/// Issue 10, item 3: the store `by_value` is keyed by the record's value, not its key. Restore
+/// must put each entry in the range of the input record that wrote it, where that range's
+/// processor finds it again.
+#[test]
+fn restore_puts_entries_in_the_range_that_wrote_them() {
+    let p = 4;
+    // A key and a value whose hashes fall in different ranges.
+    let (key, value) = (0..)
+        .map(|i| (format!("key{i}"), format!("value{i}")))
+        .find(|(k, v)| range_of(key_hash(k.as_bytes()), p) != range_of(key_hash(v.as_bytes()), p))
+        .unwrap();
+    let topology = topology();
+    let log = Arc::new(MemoryChangelog::default());
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = engine(
+            &topology,
+            p,
+            dir.path(),
+            &log,
+            log.clone(),
+            PriorClaim::Unknown,
+            0,
+        );
+        feed(&mut e, 0, &[(&key, &value)]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Arc::new(MemoryChangelog::default());
+    let mut e = engine(
+        &topology,
+        p,
+        dir.path(),
+        &log,
+        sink.clone(),
+        PriorClaim::None,
+        1,
+    );
+    feed(&mut e, 1, &[(&key, &value)]);
+    let out: Vec<String> = sink
+        .records("out", 0)
+        .into_iter()
+        .map(|(_, r)| String::from_utf8(r.value.unwrap()).unwrap())
+        .collect();
+    assert_eq!(
+        out,
+        vec![key.clone()],
+        "the range found its own entry after the restore"
+    );
+}
+
+/// Issue 10, item 4: a zombie (a member that lost the partition without knowing) keeps writing
+/// after the next owner claimed the task. Restores ignore the zombie's writes, and the zombie's
+/// own state dir is not trusted when the partition comes back to it.
+#[test]
+fn a_zombies_commits_after_the_next_owners_claim_are_ignored() {
+    let topology = counting();
+    let log = Arc::new(MemoryChangelog::default());
+    let (z_dir, n_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut zombie = engine(
+        &topology,
+        2,
+        z_dir.path(),
+        &log,
+        log.clone(),
+        PriorClaim::None,
+        1,
+    );
+    feed(&mut zombie, 0, &[("k", "v"), ("j", "v")]);
+    let z_lineage = zombie.collect_progress()[0].lineage.unwrap();
+    // The group gave the partition to N (generation 2); N claims and restores.
+    let mut next = engine(
+        &topology,
+        2,
+        n_dir.path(),
+        &log,
+        log.clone(),
+        PriorClaim::Lineage(z_lineage),
+        2,
+    );
+    assert_eq!((count(&next, "k"), count(&next, "j")), (Some(1), Some(1)));
+    // The zombie goes on: processes offsets 2 and 3 and commits (data and markers land).
+    feed(&mut zombie, 2, &[("k", "v"), ("z", "v")]);
+    assert_eq!(count(&zombie, "k"), Some(2));
+    // N processes the same offsets and more, and commits.
+    feed(&mut next, 2, &[("k", "v"), ("z", "v"), ("k", "v")]);
+    let n_lineage = next.collect_progress()[0].lineage.unwrap();
+    drop(next);
+    let expect = |e: &Engine| {
+        assert_eq!(
+            (count(e, "k"), count(e, "j"), count(e, "z")),
+            (Some(3), Some(1), Some(1))
+        );
+    };
+    // A restore from scratch follows N, not the zombie.
+    let fresh = tempfile::tempdir().unwrap();
+    expect(&engine(
+        &topology,
+        2,
+        fresh.path(),
+        &log,
+        log.clone(),
+        PriorClaim::Lineage(n_lineage),
+        3,
+    ));
+    // The zombie learns it lost the partition; later it gets it back: its own dir (which holds
+    // the zombie commit) is not trusted, the changelog is.
+    zombie.revoke(
+        &[TopicPartition::new("in", 0)],
+        Duration::from_secs(5),
+        true,
+    );
+    drop(zombie);
+    expect(&engine(
+        &topology,
+        2,
+        z_dir.path(),
+        &log,
+        log.clone(),
+        PriorClaim::Lineage(n_lineage),
+        4,
+    ));
+}
+
+/// A member whose assignment was lost commits nothing more, not even what it already processed.
+#[test]
+fn a_lost_partition_commits_nothing() {
+    let topology = counting();
+    let log = Arc::new(MemoryChangelog::default());
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = simple(&topology, dir.path(), &log);
+    feed(&mut e, 0, &[("k", "v")]);
+    let before = changelog_len(&log, "counts");
+    e.dispatch("in", 0, 1, record("k", "v")).unwrap();
+    assert!(e.wait_idle(Duration::from_secs(20)));
+    let revoked = e.revoke(
+        &[TopicPartition::new("in", 0)],
+        Duration::from_secs(5),
+        true,
+    );
+    assert!(
+        revoked.progress.is_empty(),
+        "no offsets to commit for a lost partition"
+    );
+    e.request_durable_commit();
+    assert!(e.wait_idle(Duration::from_secs(20)));
+    drop(e);
+    assert_eq!(
+        changelog_len(&log, "counts"),
+        before,
+        "nothing written after the loss"
+    );
+}

@@ -1,0 +1,321 @@
+//! Engine tests: scheduling, backpressure and per-range commits, with in-memory sinks.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::dispatch::MIN_QUEUE;
+use super::*;
+use crate::sink::{MemorySink, SinkError};
+use rill_topology::prelude::*;
+use rill_topology::{key_hash, range_of, KeyRange, RawRecord};
+use std::sync::Condvar as StdCondvar;
+use std::sync::Mutex as StdMutex;
+
+fn raw(key: &str) -> RawRecord {
+    RawRecord {
+        key: Some(key.as_bytes().to_vec()),
+        value: Some(b"v".to_vec()),
+        timestamp: 0,
+        headers: rill_topology::Headers::new(),
+    }
+}
+
+/// An engine with P = 2 on 2 workers, assigned partition 0 of `in`.
+fn two_range_engine(
+    builder: StreamsBuilder,
+    mailbox_capacity: usize,
+    sink: Arc<dyn RecordSink>,
+) -> Engine {
+    let config = EngineConfig {
+        parallelising_factor: 2,
+        worker_threads: 2,
+        mailbox_capacity,
+        ..EngineConfig::default()
+    };
+    let topology = Arc::new(builder.build().unwrap());
+    let mut e = Engine::new(topology, config, None, sink, HashMap::new()).unwrap();
+    e.assign("in", 0, Resume::default()).unwrap();
+    e
+}
+
+/// A key whose range (of 2) is not `range`.
+fn key_outside(range: usize) -> String {
+    (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| range_of(key_hash(k.as_bytes()), 2) != range)
+        .unwrap()
+}
+
+/// A range blocked on a slow record fills its mailbox and reports `Full` (pause), while the
+/// other range of the same partition keeps processing.
+#[test]
+fn a_slow_range_does_not_hold_up_the_other_ranges() {
+    let gate = Arc::new((StdMutex::new(false), StdCondvar::new()));
+    let g = gate.clone();
+    let builder = StreamsBuilder::new();
+    builder
+        .stream("in", StringSerde, StringSerde)
+        .peek(move |k: Option<&String>, _v: &String| {
+            if k.is_some_and(|k| k == "slow") {
+                let (open, cv) = &*g;
+                let mut o = open.lock().unwrap_or_else(|e| e.into_inner());
+                while !*o {
+                    o = cv.wait(o).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+        })
+        .to("out");
+    let sink = Arc::new(MemorySink::new());
+    let mut e = two_range_engine(builder, 4, sink.clone());
+    let slow_range = range_of(key_hash(b"slow"), 2);
+    let fast = key_outside(slow_range);
+    let mut offset = 0u64;
+    let mut outcomes = Vec::new();
+    for _ in 0..6 {
+        outcomes.push(e.dispatch("in", 0, offset, raw("slow")).unwrap());
+        if !matches!(outcomes.last().unwrap(), Dispatch::Full(_)) {
+            offset += 1;
+        }
+    }
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|o| matches!(o, Dispatch::Full(_)))
+            .count(),
+        2,
+        "{outcomes:?}"
+    );
+    let mut sent = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while sent < 200 && std::time::Instant::now() < deadline {
+        match e.dispatch("in", 0, offset, raw(&fast)).unwrap() {
+            Dispatch::Full(_) => std::thread::sleep(Duration::from_millis(1)),
+            _ => {
+                sent += 1;
+                offset += 1;
+            }
+        }
+    }
+    assert_eq!(sent, 200, "the fast range kept taking records");
+    let mut out = Vec::new();
+    while out.len() < 200 && std::time::Instant::now() < deadline {
+        out.extend(sink.take("out"));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        out.len(),
+        200,
+        "the fast range processed everything while the slow one blocked"
+    );
+    assert!(out
+        .iter()
+        .all(|(_, r)| r.key.as_deref() == Some(fast.as_bytes())));
+    let lw = e.collect_progress();
+    assert!(
+        lw.iter().all(|p| p.low_watermark == 0),
+        "nothing of the slow range committed: {lw:?}"
+    );
+    {
+        let (open, cv) = &*gate;
+        *open.lock().unwrap() = true;
+        cv.notify_all();
+    }
+    assert!(e.wait_idle(Duration::from_secs(20)));
+    e.request_commit();
+    assert!(e.wait_idle(Duration::from_secs(20)));
+    let p = e.collect_progress();
+    assert_eq!(
+        p[0].low_watermark, offset,
+        "all committed after the slow range drained"
+    );
+    assert_eq!(sink.take("out").len(), 4);
+}
+
+/// Holds the delivery tickets of records whose key is `held`; acknowledges the others.
+#[derive(Default)]
+struct HoldingSink {
+    held: StdMutex<Vec<crate::sink::Ticket>>,
+}
+
+impl RecordSink for HoldingSink {
+    fn send(
+        &self,
+        _topic: &str,
+        _partition: Option<u32>,
+        record: RawRecord,
+        ticket: crate::sink::Ticket,
+    ) -> Result<(), SinkError> {
+        if record.key.as_deref() == Some(b"held".as_slice()) {
+            self.held.lock().unwrap().push(ticket);
+        } else {
+            ticket.delivered(Ok(0));
+        }
+        Ok(())
+    }
+}
+
+/// A range commits once its own outputs are acknowledged, without waiting for another
+/// range's, and never before.
+#[test]
+fn a_range_commits_over_its_own_acknowledged_outputs_only() {
+    let builder = StreamsBuilder::new();
+    builder.stream("in", StringSerde, StringSerde).to("out");
+    let sink = Arc::new(HoldingSink::default());
+    let mut e = two_range_engine(builder, 100, sink.clone());
+    let held_range = range_of(key_hash(b"held"), 2);
+    let other = key_outside(held_range);
+    for (offset, key) in ["held", other.as_str(), other.as_str()].iter().enumerate() {
+        e.dispatch("in", 0, offset as u64, raw(key)).unwrap();
+    }
+    let ranges_of = |e: &mut Engine| {
+        let p = e.collect_progress();
+        p.first().map(|p| p.ranges.clone()).unwrap_or_default()
+    };
+    e.request_commit();
+    assert!(e.wait_idle(Duration::from_secs(20)));
+    // The other range wrote at once; the held range sealed and waits.
+    let r = ranges_of(&mut e);
+    let next_of = |r: &[(KeyRange, u64)], i: usize| {
+        r.iter()
+            .find(|(k, _)| *k == KeyRange::nth(i, 2))
+            .map(|(_, n)| *n)
+    };
+    assert_eq!(next_of(&r, 1 - held_range), Some(3), "{r:?}");
+    assert_ne!(next_of(&r, held_range), Some(3), "{r:?}");
+    // A later commit still cannot write it while the output is unacknowledged.
+    e.request_commit();
+    assert!(e.wait_idle(Duration::from_secs(20)));
+    assert_ne!(next_of(&ranges_of(&mut e), held_range), Some(3));
+    for t in sink.held.lock().unwrap().drain(..) {
+        t.delivered(Ok(0));
+    }
+    e.request_commit();
+    assert!(e.wait_idle(Duration::from_secs(20)));
+    let r = ranges_of(&mut e);
+    assert_eq!(next_of(&r, held_range), Some(3), "{r:?}");
+    assert_eq!(e.collect_progress()[0].low_watermark, 3);
+}
+
+/// Many sub-tasks share one bound on queued records; few get the full `mailbox.capacity`.
+#[test]
+fn the_queue_limit_shrinks_as_sub_tasks_are_assigned_and_grows_back_on_revoke() {
+    let builder = StreamsBuilder::new();
+    builder.stream("in", StringSerde, StringSerde).to("out");
+    let config = EngineConfig {
+        parallelising_factor: 16,
+        worker_threads: 1,
+        mailbox_capacity: 1000,
+        ..EngineConfig::default()
+    };
+    let topology = Arc::new(builder.build().unwrap());
+    let sink = Arc::new(MemorySink::new());
+    let mut e = Engine::new(topology, config, None, sink, HashMap::new()).unwrap();
+    assert_eq!(e.queue_limit(), 1000);
+    e.assign("in", 0, Resume::default()).unwrap();
+    assert_eq!(
+        e.queue_limit(),
+        1000,
+        "16 sub-tasks x 1000 is the process bound"
+    );
+    for p in 1..4 {
+        e.assign("in", p, Resume::default()).unwrap();
+    }
+    assert_eq!(e.queue_limit(), 250_usize.max(MIN_QUEUE), "64 sub-tasks");
+    for p in 4..40 {
+        e.assign("in", p, Resume::default()).unwrap();
+    }
+    assert_eq!(e.queue_limit(), MIN_QUEUE, "never below the floor");
+    for p in 1..40 {
+        e.revoke(
+            &[TopicPartition::new("in", p)],
+            Duration::from_secs(5),
+            false,
+        );
+    }
+    assert_eq!(e.queue_limit(), 1000);
+}
+
+/// Issue 10, item 5: a task with two input topics keeps each topic's commit metadata (the second
+/// topic's used to be dropped when the task existed already).
+#[test]
+fn each_input_of_a_task_resumes_from_its_own_commit_metadata() {
+    let builder = StreamsBuilder::new();
+    let a = builder.stream("a", StringSerde, StringSerde);
+    let c = builder.stream("c", StringSerde, StringSerde);
+    a.merge(&c).to("out");
+    let sink = Arc::new(MemorySink::new());
+    let topology = Arc::new(builder.build().unwrap());
+    let mut e = Engine::new(
+        topology,
+        EngineConfig::default(),
+        None,
+        sink.clone(),
+        HashMap::new(),
+    )
+    .unwrap();
+    let resume = |next: u64| Resume {
+        committed: Some(next),
+        ranges: vec![(KeyRange::FULL, next)],
+        ..Resume::default()
+    };
+    assert_eq!(e.assign("a", 0, resume(5)).unwrap(), Some(5));
+    assert!(e.is_restoring("a", 0), "waits for the partition of `c`");
+    assert_eq!(e.assign("c", 0, resume(7)).unwrap(), Some(7));
+    assert!(
+        !e.is_restoring("a", 0),
+        "runs once both inputs are assigned"
+    );
+    for (topic, offset) in [("a", 4), ("a", 5), ("c", 6), ("c", 7)] {
+        e.dispatch(topic, 0, offset, raw("k")).unwrap();
+    }
+    assert!(e.wait_idle(Duration::from_secs(20)));
+    assert_eq!(e.stats().skipped(), 2, "a@4 and c@6 were applied before");
+    assert_eq!(sink.take("out").len(), 2);
+}
+
+/// Issue 10, item 8: revoking several partitions drains them together within one timeout, not
+/// one timeout each.
+#[test]
+fn revoked_partitions_drain_together_within_one_timeout() {
+    let gate = Arc::new((StdMutex::new(false), StdCondvar::new()));
+    let g = gate.clone();
+    let builder = StreamsBuilder::new();
+    builder
+        .stream("in", StringSerde, StringSerde)
+        .peek(move |_k: Option<&String>, _v: &String| {
+            let (open, cv) = &*g;
+            let mut o = open.lock().unwrap_or_else(|e| e.into_inner());
+            while !*o {
+                o = cv.wait(o).unwrap_or_else(|e| e.into_inner());
+            }
+        })
+        .to("out");
+    let config = EngineConfig {
+        worker_threads: 4,
+        ..EngineConfig::default()
+    };
+    let topology = Arc::new(builder.build().unwrap());
+    let mut e = Engine::new(
+        topology,
+        config,
+        None,
+        Arc::new(MemorySink::new()),
+        HashMap::new(),
+    )
+    .unwrap();
+    for p in 0..3 {
+        e.assign("in", p, Resume::default()).unwrap();
+        e.dispatch("in", p, 0, raw("k")).unwrap();
+    }
+    let timeout = Duration::from_millis(600);
+    let started = std::time::Instant::now();
+    let revoked: Vec<TopicPartition> = (0..3).map(|p| TopicPartition::new("in", p)).collect();
+    let outcome = e.revoke(&revoked, timeout, false);
+    let took = started.elapsed();
+    assert!(!outcome.drained, "the blocked sub-tasks could not drain");
+    assert!(took < timeout * 2, "took {took:?} for three partitions");
+    let (open, cv) = &*gate;
+    *open.lock().unwrap() = true;
+    cv.notify_all();
+}

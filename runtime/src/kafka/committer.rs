@@ -1,0 +1,189 @@
+//! The offset committer: each partition's low watermark, with every range's next offset and the
+//! task's lineage in the commit metadata (see [`super::metadata`]).
+//!
+//! A commit is skipped only when nothing it would carry changed since the last one succeeded
+//! (offset, range offsets and lineage): a range that moves while the low watermark is held back
+//! by a slower range still gets its offsets committed, so a crash does not replay its outputs.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::{Offset, TopicPartitionList};
+use rill_topology::{KeyRange, HASH_ID};
+
+use super::metadata::{self, RangeOffsets};
+use crate::engine::{PartitionProgress, TopicPartition};
+
+/// Attempts of a synchronous commit while the group coordinator is not ready.
+const SYNC_ATTEMPTS: usize = 20;
+/// Pause between those attempts.
+const SYNC_BACKOFF: Duration = Duration::from_millis(250);
+
+/// Commits partitions' progress, remembering what it committed.
+#[derive(Default)]
+pub struct Committer {
+    /// The last progress handed to a commit per (topic, partition). Invariant: cleared whenever
+    /// a commit fails, so a failed commit is always retried at the next interval.
+    committed: Mutex<HashMap<TopicPartition, PartitionProgress>>,
+}
+
+fn is_coordinator_busy(e: &KafkaError) -> bool {
+    use rdkafka::error::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(C::NotCoordinator | C::CoordinatorLoadInProgress | C::CoordinatorNotAvailable)
+    )
+}
+
+impl Committer {
+    /// Forgets what was committed (after a failed commit), so the next commit sends everything.
+    pub fn forget(&self) {
+        self.committed.lock().clear();
+    }
+
+    /// Commits `progress` synchronously, retrying while the group coordinator is not ready (a
+    /// fresh broker is still creating `__consumer_offsets`); logs and counts a failure.
+    pub fn commit_sync<C: ConsumerContext>(
+        &self,
+        consumer: &BaseConsumer<C>,
+        progress: &[PartitionProgress],
+    ) {
+        for attempt in 1..=SYNC_ATTEMPTS {
+            match self.commit(consumer, progress, CommitMode::Sync) {
+                Ok(_) => return,
+                Err(e) if attempt < SYNC_ATTEMPTS && is_coordinator_busy(&e) => {
+                    self.forget();
+                    std::thread::sleep(SYNC_BACKOFF);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "offset commit failed");
+                    crate::metrics::record_error("offset_commit");
+                    self.forget();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Commits each partition's low watermark with its range offsets and lineage as metadata;
+    /// an asynchronous commit leaves out partitions whose progress did not change. Returns how
+    /// many partitions it committed.
+    pub fn commit<C: ConsumerContext>(
+        &self,
+        consumer: &BaseConsumer<C>,
+        progress: &[PartitionProgress],
+        mode: CommitMode,
+    ) -> Result<usize, KafkaError> {
+        let mut tpl = TopicPartitionList::new();
+        let mut committed = self.committed.lock();
+        for p in progress {
+            let key = TopicPartition::new(p.topic.clone(), p.partition);
+            if matches!(mode, CommitMode::Async) && committed.get(&key) == Some(p) {
+                continue;
+            }
+            let mut elem = tpl.add_partition(&p.topic, p.partition as i32);
+            elem.set_offset(Offset::Offset(p.low_watermark as i64))?;
+            let offsets = RangeOffsets {
+                hash_id: HASH_ID,
+                ranges: p.ranges.clone(),
+                lineage: p.lineage,
+            };
+            let text = metadata::encode(&offsets, p.low_watermark).or_else(|e| {
+                tracing::warn!(topic = %p.topic, partition = p.partition, error = %e,
+                    "range offsets do not fit in the commit metadata; committing the low watermark and the lineage alone");
+                metrics::counter!(crate::metrics::COMMIT_METADATA_OVERFLOW).increment(1);
+                // One range at the watermark: always fits, and keeps the lineage.
+                let alone = RangeOffsets {
+                    hash_id: HASH_ID,
+                    ranges: vec![(KeyRange::FULL, p.low_watermark)],
+                    lineage: p.lineage,
+                };
+                metadata::encode(&alone, p.low_watermark)
+            });
+            match text {
+                Ok(text) => elem.set_metadata(text),
+                Err(e) => {
+                    tracing::warn!(topic = %p.topic, partition = p.partition, error = %e, "commit metadata left out")
+                }
+            }
+            committed.insert(key, p.clone());
+        }
+        drop(committed);
+        if tpl.count() == 0 {
+            return Ok(0);
+        }
+        consumer.commit(&tpl, mode)?;
+        Ok(tpl.count())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use rdkafka::consumer::BaseConsumer;
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::ClientConfig;
+    use rill_topology::ranges;
+
+    use super::*;
+
+    fn progress(low: u64, next: [u64; 2]) -> PartitionProgress {
+        PartitionProgress {
+            topic: "t".into(),
+            partition: 0,
+            low_watermark: low,
+            ranges: ranges(2).into_iter().zip(next).collect(),
+            lineage: Some(42),
+        }
+    }
+
+    /// Issue 10, item 8: a range that moves on while another holds the low watermark back
+    /// still gets its offset committed (the metadata used to go stale until the watermark moved).
+    #[test]
+    fn a_commit_is_skipped_only_when_nothing_it_carries_changed() {
+        let cluster = MockCluster::new(1).unwrap();
+        cluster.create_topic("t", 1, 1).unwrap();
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .set("group.id", "committer-test")
+            .create()
+            .unwrap();
+        let committer = Committer::default();
+        let first = progress(10, [10, 12]);
+        assert_eq!(
+            committer
+                .commit(&consumer, std::slice::from_ref(&first), CommitMode::Sync)
+                .unwrap(),
+            1
+        );
+        assert_eq!(
+            committer
+                .commit(&consumer, &[first], CommitMode::Async)
+                .unwrap(),
+            0,
+            "nothing changed"
+        );
+        let moved = progress(10, [10, 30]);
+        assert_eq!(
+            committer
+                .commit(&consumer, &[moved], CommitMode::Sync)
+                .unwrap(),
+            1,
+            "range 1 moved while the low watermark did not"
+        );
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition("t", 0);
+        let got = consumer
+            .committed_offsets(tpl, Duration::from_secs(10))
+            .unwrap();
+        let e = &got.elements()[0];
+        assert_eq!(e.offset(), Offset::Offset(10));
+        let decoded = metadata::decode(e.metadata(), 10).unwrap();
+        assert_eq!(decoded.ranges[1].1, 30);
+        assert_eq!(decoded.lineage, Some(42));
+    }
+}

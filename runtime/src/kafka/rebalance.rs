@@ -1,0 +1,295 @@
+//! The rebalance protocol: what the consumer-group member does when partitions are assigned,
+//! revoked or lost.
+//!
+//! - **Assign**: for each new partition, read its committed offset and raw commit metadata (range
+//!   offsets and the lineage that committed last), hand them to the engine with the group
+//!   generation, and start fetching where the engine says. A task starts only when the same
+//!   partition of every input topic of its sub-topology is assigned here (co-partitioning; see
+//!   `engine::task`); until then, and while it restores, its partitions stay paused.
+//! - **Revoke**: the revoked tasks drain their mailboxes and range-commit, all within one
+//!   `shutdown.timeout.ms`, then their progress is committed synchronously, before librdkafka
+//!   gives the partitions away. A task that does not drain in time is fenced: it commits nothing
+//!   after this callback returns. Other partitions keep their sub-tasks.
+//! - **Lost** (`assignment_lost`: the member was fenced out of the group, for example after a
+//!   pause longer than the session timeout): another member may own the partitions already, so
+//!   their tasks are fenced at once and nothing of them is committed, not even offsets.
+//!
+//! All of it runs inside `poll`, on the source loop's thread, so the engine lock is free.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rill_topology::HASH_ID;
+
+use super::committer::Committer;
+use super::metadata;
+use crate::engine::{Engine, PriorClaim, Resume, TopicPartition};
+
+/// Time allowed for metadata and committed-offset requests.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the source loop shares with the rebalance callbacks.
+pub struct SourceContext {
+    /// Invariant: the loop never holds this lock across `poll`, where callbacks take it.
+    pub engine: Arc<Mutex<Engine>>,
+    /// Bound on draining revoked partitions.
+    pub drain_timeout: Duration,
+    /// Offset commits and what was committed last.
+    pub committer: Committer,
+    /// Set when a callback hit an error the loop must stop on.
+    pub error: Mutex<Option<String>>,
+    /// Records a partition may park beyond its full mailboxes before the loop stops polling.
+    pub held_limit: usize,
+    /// Rebalances seen.
+    pub rebalances: std::sync::atomic::AtomicU64,
+    /// Partitions paused until their task runs (restoring, or waiting for its other inputs); the
+    /// loop resumes each once it runs. Invariant: an entry here is paused in the consumer and
+    /// assigned. Taken after `engine` when both are held.
+    pub restoring: Mutex<BTreeSet<TopicPartition>>,
+    /// Readiness: assigned, and no task restoring.
+    pub health: Arc<crate::health::Health>,
+}
+
+impl ClientContext for SourceContext {
+    /// librdkafka's statistics (every `statistics.interval.ms`, served by `poll` on the loop's
+    /// thread): sets `rill_consumer_lag_records` from each partition's `consumer_lag`.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        crate::metrics::set_lag_from_statistics(&statistics);
+    }
+}
+
+impl ConsumerContext for SourceContext {
+    fn commit_callback(
+        &self,
+        result: rdkafka::error::KafkaResult<()>,
+        _offsets: &TopicPartitionList,
+    ) {
+        if let Err(e) = result {
+            // Forget what we think is committed, so the next interval commits again.
+            tracing::debug!(error = %e, "async offset commit failed; retrying next interval");
+            crate::metrics::record_error("offset_commit");
+            self.committer.forget();
+        }
+    }
+
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        self.rebalances.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::record_rebalance();
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        tracing::info!(event = ?err, partitions = tpl.count(), cooperative, "rebalance");
+        let result = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => self
+                .on_assign(consumer, tpl)
+                .and_then(|()| {
+                    if cooperative {
+                        consumer.incremental_assign(tpl)
+                    } else {
+                        consumer.assign(tpl)
+                    }
+                })
+                .and_then(|()| self.pause_waiting(consumer, tpl)),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                self.on_revoke(consumer, tpl, consumer.assignment_lost());
+                if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                }
+            }
+            other => {
+                tracing::warn!(error = ?other, "rebalance error");
+                if cooperative {
+                    Ok(())
+                } else {
+                    consumer.unassign()
+                }
+            }
+        };
+        match result {
+            Err(e) => {
+                tracing::error!(error = %e, "rebalance failed");
+                crate::metrics::record_error("rebalance");
+                *self.error.lock() = Some(format!("rebalance failed: {e}"));
+            }
+            // Ready once assigned; a changelog restore holds readiness back through `health`.
+            Ok(()) if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                self.health.set_assigned();
+            }
+            Ok(()) => {}
+        }
+    }
+}
+
+/// The consumer-group generation (the member epoch with `group.protocol=consumer`) this member
+/// is in now; 0 when unknown.
+pub fn group_generation<C: ConsumerContext>(consumer: &BaseConsumer<C>) -> i32 {
+    use rdkafka::bindings as rd;
+    // SAFETY: the handle is valid for the consumer's life; librdkafka returns an owned copy of
+    // the group metadata (or null), which is destroyed right after reading it.
+    unsafe {
+        let md = rd::rd_kafka_consumer_group_metadata(consumer.client().native_ptr());
+        if md.is_null() {
+            return 0;
+        }
+        let generation = rd::rd_kafka_consumer_group_metadata_generation_id(md);
+        rd::rd_kafka_consumer_group_metadata_destroy(md);
+        generation
+    }
+}
+
+/// The metadata bytes of every element of `tpl`, in element order. rdkafka's own accessor
+/// panics on metadata that is not UTF-8, which any other client of the group may have written.
+pub fn raw_metadata(tpl: &TopicPartitionList) -> Vec<Vec<u8>> {
+    // SAFETY: `tpl.ptr()` is a valid list for the borrow; `cnt` elements follow `elems`, and
+    // each element's metadata pointer is null or points at `metadata_size` bytes it owns.
+    unsafe {
+        let list = &*tpl.ptr();
+        (0..usize::try_from(list.cnt).unwrap_or(0))
+            .map(|i| {
+                let e = &*list.elems.add(i);
+                if e.metadata.is_null() || e.metadata_size == 0 {
+                    Vec::new()
+                } else {
+                    std::slice::from_raw_parts(e.metadata as *const u8, e.metadata_size).to_vec()
+                }
+            })
+            .collect()
+    }
+}
+
+impl SourceContext {
+    fn on_assign(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        tpl: &mut TopicPartitionList,
+    ) -> Result<(), KafkaError> {
+        if tpl.count() == 0 {
+            return Ok(());
+        }
+        let committed = consumer.committed_offsets(tpl.clone(), REQUEST_TIMEOUT)?;
+        let raw = raw_metadata(&committed);
+        let generation = group_generation(consumer);
+        let mut engine = self.engine.lock();
+        for (e, meta) in committed.elements().iter().zip(raw) {
+            let (topic, partition) = (e.topic().to_string(), e.partition() as u32);
+            let base = match e.offset() {
+                Offset::Offset(o) if o >= 0 => Some(o as u64),
+                _ => None,
+            };
+            let mut resume = Resume {
+                committed: base,
+                generation,
+                claim: PriorClaim::None,
+                ranges: Vec::new(),
+            };
+            if let Some(base) = base {
+                match std::str::from_utf8(&meta)
+                    .map_err(|_| metadata::MetadataError::NotRill)
+                    .and_then(|text| metadata::decode(text, base))
+                {
+                    Ok(m) if m.hash_id == HASH_ID => {
+                        resume.ranges = m.ranges;
+                        if let Some(l) = m.lineage {
+                            resume.claim = PriorClaim::Lineage(l);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(err) => {
+                        if !meta.is_empty() {
+                            tracing::warn!(%topic, partition, error = %err, "ignoring commit metadata");
+                        }
+                    }
+                }
+            }
+            let start = match engine.assign(&topic, partition, resume) {
+                Ok(start) => start,
+                Err(err) => {
+                    *self.error.lock() = Some(format!("assigning {topic}-{partition}: {err}"));
+                    return Err(KafkaError::Subscription(err.to_string()));
+                }
+            };
+            tracing::info!(%topic, partition, committed = ?base, start = ?start, generation, "partition assigned");
+            let offset = start.map_or(Offset::Beginning, |o| Offset::Offset(o as i64));
+            tpl.set_partition_offset(&topic, partition as i32, offset)?;
+        }
+        Ok(())
+    }
+
+    /// Pauses the newly assigned partitions whose task does not run yet (it restores, or waits
+    /// for the partitions of its other inputs), until it does.
+    fn pause_waiting(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        tpl: &TopicPartitionList,
+    ) -> Result<(), KafkaError> {
+        let engine = self.engine.lock();
+        let mut pause = TopicPartitionList::new();
+        let mut restoring = self.restoring.lock();
+        for e in tpl.elements() {
+            if engine.is_restoring(e.topic(), e.partition() as u32) {
+                pause.add_partition(e.topic(), e.partition());
+                if restoring.insert(TopicPartition::new(e.topic(), e.partition() as u32)) {
+                    self.health.restore_started();
+                }
+                tracing::info!(
+                    topic = e.topic(),
+                    partition = e.partition(),
+                    "restoring state (or waiting for co-partitioned inputs) before processing"
+                );
+            }
+        }
+        if pause.count() > 0 {
+            consumer.pause(&pause)?;
+        }
+        Ok(())
+    }
+
+    fn on_revoke(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList, lost: bool) {
+        let revoked: Vec<TopicPartition> = tpl
+            .elements()
+            .iter()
+            .map(|e| TopicPartition::new(e.topic(), e.partition() as u32))
+            .collect();
+        {
+            let mut restoring = self.restoring.lock();
+            for key in &revoked {
+                if restoring.remove(key) {
+                    self.health.restore_finished();
+                }
+            }
+        }
+        let started = Instant::now();
+        let outcome = self
+            .engine
+            .lock()
+            .revoke(&revoked, self.drain_timeout, lost);
+        if !outcome.drained {
+            tracing::warn!(partitions = ?revoked, "revoked partitions did not drain in time: fenced, the rest is replayed by the next owner");
+        }
+        let drained_ms = started.elapsed().as_millis() as u64;
+        if lost {
+            tracing::warn!(partitions = ?revoked, "partitions lost (this member was fenced out of the group): nothing of them is committed");
+        } else {
+            self.committer.commit_sync(consumer, &outcome.progress);
+        }
+        let committed_ms = started.elapsed().as_millis() as u64;
+        for tp in &revoked {
+            tracing::info!(topic = %tp.topic, partition = tp.partition, drained_ms, committed_ms, lost, "partition revoked");
+        }
+    }
+}
