@@ -10,11 +10,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
+use common::producer::{flush, input_producer, send};
 use common::wordcount;
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 use rill::runtime::{ConfigBuilder, Runtime};
 
@@ -115,22 +115,13 @@ fn lint(text: &str) -> Vec<String> {
     problems
 }
 
-fn producer(bootstrap: &str) -> ThreadedProducer<DefaultProducerContext> {
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .expect("producer")
-}
-
 fn produce_lines(bootstrap: &str, topic: &str, from: usize, n: usize) {
-    let p = producer(bootstrap);
+    let p = input_producer(bootstrap, 5).expect("producer");
     for i in from..from + n {
         let line = format!("alpha beta gamma{} delta", i % 7);
-        p.send(BaseRecord::<(), str>::to(topic).payload(&line))
-            .map_err(|(e, _)| e)
-            .expect("send");
+        send(&p, topic, None, line.as_bytes()).expect("send");
     }
-    p.flush(Duration::from_secs(30)).expect("flush");
+    flush(&p).expect("flush");
 }
 
 fn committed_total(bootstrap: &str, group: &str, topic: &str, partitions: i32) -> i64 {
