@@ -262,7 +262,7 @@ fn overhead_run(metrics_on: bool, n: u64) -> Result<(f64, f64), Error> {
         if last_commit.elapsed() >= Duration::from_millis(100) {
             last_commit = Instant::now();
             engine.request_commit();
-            engine.publish_metrics();
+            engine.publish_metrics(&Default::default());
             engine.collect_progress();
         }
     }

@@ -131,6 +131,8 @@ pub struct Config {
     pub deserialization_handler: DeserializationHandler,
     /// Bound on the drain at shutdown.
     pub shutdown_timeout: Duration,
+    /// Whether the admin routes are served (`admin.enabled`).
+    pub admin_enabled: bool,
     /// librdkafka settings (without the `kafka.` prefix).
     pub kafka: BTreeMap<String, String>,
 }
@@ -219,6 +221,9 @@ settings! {
     "shutdown.timeout.ms" => shutdown_timeout_ms: Whole<1> = Whole(30_000),
         shown "30000",
         doc "bound on the drain at shutdown (milliseconds)";
+    "admin.enabled" => admin_enabled: bool = false,
+        shown "`false`",
+        doc "serve the admin routes on metrics.addr (`POST /admin/parallelising-factor`)";
 }
 
 /// One mebibyte.
@@ -443,6 +448,7 @@ impl ConfigBuilder {
             rocksdb_memory_bytes: s.rocksdb_memory_bytes.usize(),
             deserialization_handler: s.deserialization_handler,
             shutdown_timeout: Duration::from_millis(s.shutdown_timeout_ms.0),
+            admin_enabled: s.admin_enabled,
             kafka,
         })
     }
@@ -522,6 +528,7 @@ impl Config {
             "shutdown.timeout.ms",
             self.shutdown_timeout.as_millis().to_string(),
         );
+        put("admin.enabled", self.admin_enabled.to_string());
         for (k, v) in &self.kafka {
             put(&format!("kafka.{k}"), v.clone());
         }
@@ -596,6 +603,16 @@ impl<const MIN: u64> Setting for Whole<MIN> {
 impl Setting for String {
     fn parse(text: &str) -> Result<Self, String> {
         Ok(text.to_string())
+    }
+}
+
+impl Setting for bool {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            _ => Err("true or false".into()),
+        }
     }
 }
 

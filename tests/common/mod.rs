@@ -1,6 +1,7 @@
 //! Helpers for tests against the real Kafka broker that `scripts/test` starts.
 #![allow(dead_code)]
 
+pub mod http;
 pub mod producer;
 pub mod service;
 
