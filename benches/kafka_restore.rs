@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{bootstrap, producer, send, stamp};
+use common::{bootstrap, input_producer, send, stamp};
 use rdkafka::producer::Producer;
 use rill::prelude::*;
 use rill::runtime::kafka::admin::{client_config, create_topics};
@@ -63,12 +63,12 @@ fn restore_rate(keys: u64) {
         Duration::from_secs(30),
     )
     .expect("topic");
-    let p = producer(&bootstrap()).expect("producer");
+    let p = input_producer(&bootstrap(), 20).expect("producer");
     let mut bytes = 0u64;
     for i in 0..keys {
         let key = format!("key-{i:09}");
         bytes += key.len() as u64 + 8; // the count is a big-endian i64
-        send(&p, &input, key.as_bytes(), b"x");
+        send(&p, &input, Some(key.as_bytes()), b"x").expect("send");
     }
     p.flush(Duration::from_secs(120)).expect("flush");
     let app = format!("restore-bench-{}", stamp());
@@ -89,7 +89,7 @@ fn restore_rate(keys: u64) {
     });
     let restore_began = Instant::now();
     for k in 0..4 {
-        send(&p, &input, format!("new-{k}").as_bytes(), b"x");
+        send(&p, &input, Some(format!("new-{k}").as_bytes()), b"x").expect("send");
     }
     p.flush(Duration::from_secs(30)).expect("flush");
     wait_for("restores to finish", Duration::from_secs(900), || {
@@ -159,10 +159,16 @@ fn rebalance_pause() {
         let (stop, input) = (stop.clone(), input.clone());
         std::thread::spawn(move || {
             // About 2,000 records/s, spread over the partitions by key.
-            let p = producer(&bootstrap()).expect("producer");
+            let p = input_producer(&bootstrap(), 20).expect("producer");
             let mut i = 0u64;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                send(&p, &input, format!("k{}", i % 10_000).as_bytes(), b"x");
+                send(
+                    &p,
+                    &input,
+                    Some(format!("k{}", i % 10_000).as_bytes()),
+                    b"x",
+                )
+                .expect("send");
                 i += 1;
                 if i % 20 == 0 {
                     std::thread::sleep(Duration::from_millis(10));

@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::Producer;
 use rdkafka::Message;
 use rill::prelude::*;
 use rill::runtime::kafka::admin::{client_config, create_topics};
 use rill::runtime::{ConfigBuilder, Runtime};
 
-use common::{bootstrap, cpu_seconds, stamp};
+use common::{bootstrap, cpu_seconds, input_producer, send, stamp};
 
 mod common;
 
@@ -53,12 +53,7 @@ fn topology(input: &str, output: &str) -> Topology {
 
 /// Fills `topic` with lines() lines and returns the ground-truth counts.
 fn fill(topic: &str) -> HashMap<String, i64> {
-    let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("linger.ms", "20")
-        .set("compression.type", "lz4")
-        .create()
-        .expect("producer");
+    let p = input_producer(&bootstrap(), 20).expect("producer");
     let mut truth = HashMap::new();
     for i in 0..lines() {
         let line: Vec<&str> = (0..5)
@@ -68,11 +63,7 @@ fn fill(topic: &str) -> HashMap<String, i64> {
             *truth.entry(w.to_string()).or_insert(0) += 1;
         }
         let text = line.join(" ");
-        let mut r = BaseRecord::<(), str>::to(topic).payload(text.as_str());
-        while let Err((_, back)) = p.send(r) {
-            r = back;
-            p.poll(Duration::from_millis(5));
-        }
+        send(&p, topic, None, text.as_bytes()).expect("send");
     }
     p.flush(Duration::from_secs(60)).expect("flush");
     truth

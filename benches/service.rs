@@ -59,9 +59,9 @@ fn get(addr: SocketAddr, path: &str) -> Result<String, Error> {
 
 /// Child process: writes `n` records with distinct keys to `topic`.
 fn produce(bootstrap: &str, topic: &str, n: u64) -> Result<(), Error> {
-    let p = producer(bootstrap)?;
+    let p = input_producer(bootstrap, 20)?;
     for i in 0..n {
-        send(&p, topic, format!("key-{i:08}").as_bytes(), b"1");
+        send(&p, topic, Some(format!("key-{i:08}").as_bytes()), b"1").expect("send");
     }
     p.flush(Duration::from_secs(120))?;
     Ok(())
@@ -173,9 +173,9 @@ fn scrape() -> Result<(), Error> {
     let cluster = runtime.embedded().ok_or("embedded cluster")?;
     cluster.create_topic("scrape-in", partitions)?;
     cluster.create_topic("scrape-out", partitions)?;
-    let prod = producer(runtime.bootstrap_servers())?;
+    let prod = input_producer(runtime.bootstrap_servers(), 20)?;
     for i in 0..20_000u32 {
-        send(&prod, "scrape-in", format!("k{i}").as_bytes(), b"v");
+        send(&prod, "scrape-in", Some(format!("k{i}").as_bytes()), b"v").expect("send");
     }
     prod.flush(Duration::from_secs(60))?;
     let running = runtime.start()?;
@@ -358,7 +358,7 @@ fn overhead() -> Result<(), Error> {
 }
 
 mod common;
-use common::{cpu_seconds, producer, send};
+use common::{cpu_seconds, input_producer, send};
 
 fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args()

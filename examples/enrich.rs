@@ -17,9 +17,11 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use rill::prelude::*;
 use rill::runtime::{ConfigBuilder, Runtime};
 
@@ -41,16 +43,17 @@ fn topology(lookup: Duration) -> Result<Topology, TopologyError> {
 
 /// A runtime at factor `p` on its own embedded cluster, with `records` clicks waiting on a
 /// one-partition topic.
-fn prepare(p: u64, records: u64, lookup: Duration) -> Result<Runtime, common::Error> {
+fn prepare(
+    p: u64,
+    records: u64,
+    lookup: Duration,
+    config: Option<&Path>,
+) -> Result<Runtime, common::Error> {
     let config = ConfigBuilder::new()
         .set("application.id", "enrich")
         .set("parallelising.factor", p)
         .set("worker.threads", p)
-        .with_config_file_and_env(
-            common::arg("--config")
-                .map(std::path::PathBuf::from)
-                .as_deref(),
-        )
+        .with_config_file_and_env(config)
         .build()?;
     let runtime = Runtime::new(topology(lookup)?, config)?;
     let cluster = runtime.embedded().ok_or(
@@ -58,13 +61,13 @@ fn prepare(p: u64, records: u64, lookup: Duration) -> Result<Runtime, common::Er
     )?;
     cluster.create_topic(INPUT, 1)?;
     cluster.create_topic(OUTPUT, 1)?;
-    let producer = common::producer(runtime.bootstrap_servers())?;
+    let producer = common::input_producer(runtime.bootstrap_servers(), 5)?;
     for i in 0..records {
         let user = format!("user-{}", i % 1000);
         common::send(
             &producer,
             INPUT,
-            user.as_bytes(),
+            Some(user.as_bytes()),
             format!("click {i}").as_bytes(),
         )?;
     }
@@ -74,8 +77,13 @@ fn prepare(p: u64, records: u64, lookup: Duration) -> Result<Runtime, common::Er
 
 /// Processes `records` clicks at factor `p`; returns records per second (from the first record,
 /// so the consumer group's start-up is not counted).
-fn measure(p: u64, records: u64, lookup: Duration) -> Result<f64, common::Error> {
-    let runtime = prepare(p, records, lookup)?;
+fn measure(
+    p: u64,
+    records: u64,
+    lookup: Duration,
+    config: Option<&Path>,
+) -> Result<f64, common::Error> {
+    let runtime = prepare(p, records, lookup, config)?;
     let running = runtime.start()?;
     let deadline = Instant::now() + Duration::from_secs(300);
     let mut first = None;
@@ -91,13 +99,30 @@ fn measure(p: u64, records: u64, lookup: Duration) -> Result<f64, common::Error>
     Ok((done - n0) as f64 / t0.elapsed().as_secs_f64())
 }
 
+/// Command-line options.
+#[derive(Parser)]
+#[command(about = "Enrich clicks with a slow lookup on one partition, at P = 1, 4 and 16")]
+struct Cli {
+    /// Clicks to enrich
+    #[arg(long, default_value_t = 2000)]
+    records: u64,
+    /// Duration of the simulated lookup per click, in milliseconds
+    #[arg(long = "latency-ms", default_value_t = 2)]
+    latency_ms: u64,
+    /// Run one service at this parallelising factor until Ctrl-C, instead of the comparison
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    factor: Option<u64>,
+    #[command(flatten)]
+    service: common::ServiceArgs,
+}
+
 fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let cli = Cli::parse();
     rill::runtime::service::init_logging();
-    let records = common::number_arg("--records", 2000)?;
-    let lookup = Duration::from_millis(common::number_arg("--latency-ms", 2)?);
-    if let Some(p) = common::arg("--factor") {
-        let p: u64 = p.parse().map_err(|_| "--factor takes a whole number")?;
-        let runtime = prepare(p, records, lookup).map_err(|e| e.to_string())?;
+    let (records, config) = (cli.records, cli.service.config.as_deref());
+    let lookup = Duration::from_millis(cli.latency_ms);
+    if let Some(p) = cli.factor {
+        let runtime = prepare(p, records, lookup, config).map_err(|e| e.to_string())?;
         let running = runtime.start()?;
         running.stop_on_signal()?;
         println!("P = {p}: enriching {records} clicks on one partition (Ctrl-C stops)");
@@ -119,7 +144,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!("one partition, {records} clicks, a {lookup:?} lookup per click:");
     let mut base = None;
     for p in [1, 4, 16] {
-        let rate = measure(p, records, lookup).map_err(|e| e.to_string())?;
+        let rate = measure(p, records, lookup, config).map_err(|e| e.to_string())?;
         let b = *base.get_or_insert(rate);
         println!(
             "  parallelising.factor = {p:>2}: {rate:>8.0} records/s ({:.1}x)",

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use rill::prelude::*;
 use rill::runtime::{ConfigBuilder, Runtime};
 use serde::{Deserialize, Serialize};
@@ -67,7 +68,7 @@ fn topology() -> Result<Topology, TopologyError> {
 
 /// Writes random orders for 20 customers until `stop`.
 fn feed(bootstrap: String, stop: Arc<AtomicBool>) -> Result<(), common::Error> {
-    let producer = common::producer(&bootstrap)?;
+    let producer = common::input_producer(&bootstrap, 5)?;
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     let mut order_id = 0;
     while !stop.load(Ordering::SeqCst) {
@@ -81,12 +82,12 @@ fn feed(bootstrap: String, stop: Arc<AtomicBool>) -> Result<(), common::Error> {
             amount_cents: (seed % 10_000) as i64 + 100,
         };
         let json = serde_json::to_vec(&order)?;
-        common::send(&producer, INPUT, order.customer.as_bytes(), &json)?;
+        common::send(&producer, INPUT, Some(order.customer.as_bytes()), &json)?;
         if order_id % 100 == 0 {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-    common::flush(&producer)
+    Ok(common::flush(&producer)?)
 }
 
 /// Prints the latest totals every two seconds until `stop`.
@@ -112,22 +113,25 @@ fn show(bootstrap: String, stop: Arc<AtomicBool>) -> Result<(), common::Error> {
     })
 }
 
+/// Command-line options.
+#[derive(Parser)]
+#[command(about = "Per-customer running totals of JSON orders with aggregate")]
+struct Cli {
+    /// Stop after this many seconds (default: run until Ctrl-C)
+    #[arg(long)]
+    seconds: Option<u64>,
+    #[command(flatten)]
+    service: common::ServiceArgs,
+}
+
 fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let cli = Cli::parse();
     rill::runtime::service::init_logging();
-    let seconds = common::arg("--seconds")
-        .map(|s| {
-            s.parse::<u64>()
-                .map_err(|_| "--seconds takes a whole number")
-        })
-        .transpose()?;
+    let seconds = cli.seconds;
     let config = ConfigBuilder::new()
         .set("application.id", "orders")
         .set("parallelising.factor", 4)
-        .with_config_file_and_env(
-            common::arg("--config")
-                .map(std::path::PathBuf::from)
-                .as_deref(),
-        )
+        .with_config_file_and_env(cli.service.config.as_deref())
         .build()?;
     let runtime = Runtime::new(topology()?, config)?;
     let Some(cluster) = runtime.embedded() else {

@@ -10,6 +10,8 @@
 //! RILL_BOOTSTRAP_SERVERS=127.0.0.1:9092 RILL_PARALLELISING_FACTOR=4 \
 //!     cargo run --release --example wordcount             # a real cluster: only processes, until SIGTERM
 //! ```
+//! On a real cluster it creates the input and output topics (4 partitions) when they are missing;
+//! existing topics are used as they are.
 //! Settings come from `--config FILE` (TOML), `RILL_CONFIG` and `RILL_*` environment variables
 //! (see `rill_runtime::config`); `--input T` and `--output T` change the topic names.
 
@@ -19,15 +21,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::Message;
 use rill::prelude::*;
+use rill::runtime::kafka::admin::{client_config, create_topics};
 use rill::runtime::{ConfigBuilder, Runtime};
+
+mod common;
 
 const INPUT: &str = "streams-plaintext-input";
 const OUTPUT: &str = "streams-wordcount-output";
+/// Partitions of the topics the example creates.
+const PARTITIONS: u32 = 4;
 
 /// The topology: lines -> lower-case words -> count per word.
 fn topology(input: &str, output: &str) -> Result<Topology, TopologyError> {
@@ -66,19 +73,17 @@ fn feed(
     topic: String,
     stop: Arc<AtomicBool>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .create()?;
+    let producer = common::input_producer(&bootstrap, 5)?;
     let mut i = 0usize;
     while !stop.load(Ordering::SeqCst) {
         let line = DEMO_TEXT[i % DEMO_TEXT.len()];
-        let _ = producer.send(BaseRecord::<(), str>::to(&topic).payload(line));
+        common::send(&producer, &topic, None, line.as_bytes())?;
         i += 1;
         if i % 100 == 0 {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-    producer.flush(Duration::from_secs(5))?;
+    common::flush(&producer)?;
     Ok(())
 }
 
@@ -123,35 +128,48 @@ fn main() -> ExitCode {
     rill::runtime::service::exit_code(run())
 }
 
+/// Command-line options.
+#[derive(Parser)]
+#[command(about = "Word count, the counterpart of Kafka Streams' WordCountDemo")]
+struct Cli {
+    /// Stop after this many seconds (embedded cluster only; default: run until Ctrl-C)
+    #[arg(long)]
+    seconds: Option<u64>,
+    /// Topic of the input lines
+    #[arg(long, default_value = INPUT)]
+    input: String,
+    /// Topic of the word counts
+    #[arg(long, default_value = OUTPUT)]
+    output: String,
+    #[command(flatten)]
+    service: common::ServiceArgs,
+}
+
 fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let cli = Cli::parse();
     rill::runtime::service::init_logging();
-    let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| -> Option<String> {
-        let i = args.iter().position(|a| a == name)?;
-        args.get(i + 1).cloned()
-    };
-    let seconds = match arg("--seconds") {
-        Some(s) => Some(
-            s.parse::<u64>()
-                .map_err(|_| "--seconds takes a whole number")?,
-        ),
-        None => None,
-    };
-    let input = arg("--input").unwrap_or_else(|| INPUT.to_string());
-    let output = arg("--output").unwrap_or_else(|| OUTPUT.to_string());
+    let (seconds, input, output) = (cli.seconds, cli.input, cli.output);
     let config = ConfigBuilder::new()
         .set("application.id", "streams-wordcount")
         .set("parallelising.factor", 4)
-        .with_config_file_and_env(arg("--config").map(std::path::PathBuf::from).as_deref())
+        .with_config_file_and_env(cli.service.config.as_deref())
         .build()?;
+    let kafka = config.kafka.clone();
     let runtime = Runtime::new(topology(&input, &output)?, config)?;
     let Some(cluster) = runtime.embedded() else {
-        // A real cluster: only process, until SIGTERM / SIGINT.
+        // A real cluster: create the two topics when missing (existing ones are left as they
+        // are), then only process, until SIGTERM / SIGINT.
+        let admin = client_config(runtime.bootstrap_servers(), &kafka);
+        let topics = [(input.clone(), PARTITIONS), (output.clone(), PARTITIONS)];
+        if let Err(e) = create_topics(&admin, &topics, Duration::from_secs(30)) {
+            // The runtime waits for the brokers and names a topic that is still missing.
+            eprintln!("could not create {input} and {output} ({e}); they must exist");
+        }
         runtime.run_until_signal()?;
         return Ok(());
     };
-    cluster.create_topic(&input, 4)?;
-    cluster.create_topic(&output, 4)?;
+    cluster.create_topic(&input, PARTITIONS)?;
+    cluster.create_topic(&output, PARTITIONS)?;
     println!(
         "embedded cluster at {}; feeding demo text (Ctrl-C stops)",
         runtime.bootstrap_servers()

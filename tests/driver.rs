@@ -61,28 +61,24 @@ fn state_survives_closing_and_reopening_the_driver() {
 }
 
 #[test]
-fn reopening_with_another_factor_is_refused_or_keeps_counts() {
-    // State is laid out per key range; a different factor on the same dir must not lose counts.
+fn reopening_with_another_factor_moves_the_state_and_keeps_counting() {
+    // Splits (2 -> 4), factors that do not divide each other (4 -> 3) and a merge (3 -> 1).
     let dir = tempfile::tempdir().unwrap();
-    let first = TestDriver::builder(wordcount())
-        .parallelising_factor(2)
-        .state_dir(dir.path())
-        .build()
-        .unwrap();
-    first
-        .input_topic("lines", StringSerde, StringSerde)
-        .pipe_value("x y z x".to_string());
-    first.close().unwrap();
-    match TestDriver::builder(wordcount())
-        .parallelising_factor(4)
-        .state_dir(dir.path())
-        .build()
-    {
-        Ok(second) => {
-            let counts = second.key_value_store("counts-store", StringSerde, I64Serde);
-            assert_eq!(counts.get(&"x".to_string()), Some(2));
-        }
-        Err(e) => assert!(e.to_string().contains("parallelising.factor"), "{e}"),
+    for (round, p) in [2, 4, 3, 1].into_iter().enumerate() {
+        let driver = TestDriver::builder(wordcount())
+            .parallelising_factor(p)
+            .state_dir(dir.path())
+            .build()
+            .unwrap();
+        driver
+            .input_topic("lines", StringSerde, StringSerde)
+            .pipe_value("x y z x".to_string());
+        let counts = driver.key_value_store("counts-store", StringSerde, I64Serde);
+        let round = round as i64 + 1;
+        assert_eq!(counts.get(&"x".to_string()), Some(2 * round), "P = {p}");
+        assert_eq!(counts.get(&"y".to_string()), Some(round), "P = {p}");
+        assert_eq!(counts.all().len(), 3, "P = {p}");
+        driver.close().unwrap();
     }
 }
 

@@ -4,8 +4,12 @@
 use std::collections::BTreeSet;
 
 fn readme() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"))
+    // Cargo sets the variable when it runs the test too; the run-time value is right even when a
+    // shared target dir holds a binary built from another clone of the repository.
+    let root = std::env::var("CARGO_MANIFEST_DIR")
+        .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string());
+    let path = format!("{root}/README.md");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"))
 }
 
 /// The lines of the Markdown table whose header row starts with `header`.

@@ -10,11 +10,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
+use common::producer::{flush, input_producer, send};
 use common::wordcount;
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 use rill::runtime::{ConfigBuilder, Runtime};
 
@@ -115,22 +115,13 @@ fn lint(text: &str) -> Vec<String> {
     problems
 }
 
-fn producer(bootstrap: &str) -> ThreadedProducer<DefaultProducerContext> {
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .expect("producer")
-}
-
 fn produce_lines(bootstrap: &str, topic: &str, from: usize, n: usize) {
-    let p = producer(bootstrap);
+    let p = input_producer(bootstrap, 5).expect("producer");
     for i in from..from + n {
         let line = format!("alpha beta gamma{} delta", i % 7);
-        p.send(BaseRecord::<(), str>::to(topic).payload(&line))
-            .map_err(|(e, _)| e)
-            .expect("send");
+        send(&p, topic, None, line.as_bytes()).expect("send");
     }
-    p.flush(Duration::from_secs(30)).expect("flush");
+    flush(&p).expect("flush");
 }
 
 fn committed_total(bootstrap: &str, group: &str, topic: &str, partitions: i32) -> i64 {
@@ -425,32 +416,4 @@ fn a_second_signal_exits_at_once() {
         "at once: {:?}",
         started.elapsed()
     );
-}
-
-/// Issue 10, item 9: a second demo run on a new embedded cluster with the default state dir
-/// counts its input (it used to skip everything: the old run's offsets looked applied).
-#[test]
-fn a_second_demo_run_on_a_new_embedded_cluster_counts_its_input() {
-    let app = format!("svc-rerun-{}", std::process::id());
-    let (input, output) = ("rerun-lines", "rerun-counts");
-    for run in 0..2 {
-        let config = ConfigBuilder::new()
-            .set("application.id", &app)
-            .set("metrics.addr", "off")
-            .set("commit.interval.ms", 100)
-            .build()
-            .expect("config");
-        let runtime = Runtime::new(wordcount(input, output), config).expect("runtime");
-        let cluster = runtime.embedded().expect("embedded cluster");
-        cluster.create_topic(input, 1).expect("input topic");
-        cluster.create_topic(output, 1).expect("output topic");
-        produce_lines(runtime.bootstrap_servers(), input, 0, 50);
-        let running = runtime.start().expect("start");
-        wait_for(Duration::from_secs(60), "every line processed", || {
-            // 50 lines, and 4 words each through the repartition topic.
-            (running.processed() >= 250).then_some(())
-        });
-        running.shutdown().expect("clean shutdown");
-        let _ = run;
-    }
 }

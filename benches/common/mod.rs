@@ -1,11 +1,10 @@
 //! Helpers shared by the benchmarks that talk to a broker.
 #![allow(dead_code)]
 
-use std::time::Duration;
+#[path = "../../tests/common/producer.rs"]
+pub mod producer;
 
-use rdkafka::config::ClientConfig;
-use rdkafka::error::KafkaError;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, ThreadedProducer};
+pub use producer::{input_producer, send};
 
 /// The broker to benchmark against, from `RILL_TEST_BOOTSTRAP`.
 pub fn bootstrap() -> String {
@@ -18,24 +17,6 @@ pub fn stamp() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos())
-}
-
-/// A batching producer for input data (linger 20 ms, lz4).
-pub fn producer(bootstrap: &str) -> Result<ThreadedProducer<DefaultProducerContext>, KafkaError> {
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("linger.ms", "20")
-        .set("compression.type", "lz4")
-        .create()
-}
-
-/// Sends one record, waiting while the producer's queue is full.
-pub fn send(p: &ThreadedProducer<DefaultProducerContext>, topic: &str, key: &[u8], value: &[u8]) {
-    let mut r = BaseRecord::to(topic).key(key).payload(value);
-    while let Err((_, back)) = p.send(r) {
-        r = back;
-        p.poll(Duration::from_millis(5));
-    }
 }
 
 /// CPU seconds this process has used (user + system), from /proc/self/stat.

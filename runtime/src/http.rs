@@ -1,25 +1,39 @@
 //! The HTTP endpoint on `metrics.addr`: `/metrics` (Prometheus text format), `/health`, `/ready`.
 //!
-//! A small blocking server on one thread: scrapes and probes are rare and tiny, so connections are
-//! served one at a time, each bounded by `IO_TIMEOUT` (2 s) so a stalled client cannot hold the others
-//! back for long. It binds before the runtime connects to Kafka, so probes answer during start-up
-//! (`/health` 200, `/ready` 503). Dropping the [`HttpServer`] stops it and frees the port.
+//! An axum [`Router`] served on the service's control runtime ([`crate::control`]), so that one
+//! slow or idle client never holds up another: every connection is its own task, bounded by
+//! [`HEADER_TIMEOUT`] to send its request and by [`CONNECTION_TIMEOUT`] in all, and is closed after
+//! one response (scrapes and probes are rare; keep-alive would only keep idle sockets open).
+//! `HEAD` answers from the same routes without rendering a body. The server binds before the
+//! runtime connects to Kafka, so probes answer during start-up (`/health` 200, `/ready` 503).
+//! Dropping the [`HttpServer`] closes the listener and every open connection, freeing the port.
+//!
+//! More routes (admin calls, interactive queries) join by merging their router into [`routes`]
+//! before [`HttpServer::start`].
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::SocketAddr;
+use std::sync::mpsc;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
+use axum::extract::State;
+use axum::http::{header, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::watch;
 
 use crate::health::Health;
 
-/// Bound on reading a request and writing its response.
-const IO_TIMEOUT: Duration = Duration::from_secs(2);
-/// Longest request head accepted.
-const MAX_HEAD: usize = 8 << 10;
+/// Time a client has to send its request head after connecting.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bound on one connection, request and response included (a scrape renders in milliseconds).
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long `drop` waits for the listener to close.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Content type of the Prometheus text exposition format.
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -34,52 +48,103 @@ pub enum HttpError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// The server thread could not start.
-    #[error("cannot start the HTTP thread: {0}")]
-    Thread(std::io::Error),
+    /// The tokio runtime that serves HTTP and signals could not start.
+    #[error("cannot start the runtime that serves HTTP and signals: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// What the probe and metrics handlers read.
+#[derive(Clone)]
+struct Probes {
+    metrics: PrometheusHandle,
+    health: Arc<Health>,
+}
+
+/// The routes of the endpoint: `/metrics`, `/health`, `/ready`, and a 404 naming them.
+pub fn routes(metrics: PrometheusHandle, health: Arc<Health>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_text))
+        .route("/health", get(live))
+        .route("/ready", get(ready))
+        .fallback(not_found)
+        .with_state(Probes { metrics, health })
+}
+
+async fn metrics_text(method: Method, State(p): State<Probes>) -> Response {
+    let head = [(header::CONTENT_TYPE, PROMETHEUS_TEXT)];
+    if method == Method::HEAD {
+        return (StatusCode::OK, head).into_response();
+    }
+    // Rendering takes milliseconds with thousands of series: off the async workers.
+    match tokio::task::spawn_blocking(move || p.metrics.render()).await {
+        Ok(body) => (StatusCode::OK, head, body).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("render failed: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn live(State(p): State<Probes>) -> Response {
+    probe(p.health.is_live(), "live", "failed")
+}
+
+async fn ready(State(p): State<Probes>) -> Response {
+    probe(p.health.is_ready(), "ready", "not ready")
+}
+
+async fn not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        "not found: try /metrics, /health or /ready\n",
+    )
+        .into_response()
+}
+
+fn probe(ok: bool, yes: &'static str, no: &'static str) -> Response {
+    if ok {
+        (StatusCode::OK, format!("{yes}\n")).into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("{no}\n")).into_response()
+    }
 }
 
 /// A running endpoint; dropping it stops the server.
 pub struct HttpServer {
     addr: SocketAddr,
-    /// Set by `drop`; the accept loop checks it after every connection.
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    /// Tells the accept loop and every connection to stop.
+    stop: watch::Sender<bool>,
+    /// Disconnects when the accept loop has dropped the listener.
+    closed: mpsc::Receiver<()>,
 }
 
 impl HttpServer {
-    /// Binds `addr` (port 0 picks a free port) and serves `metrics` and `health` on a thread.
+    /// Binds `addr` (port 0 picks a free port) and serves `router` on `runtime`.
     pub fn start(
         addr: SocketAddr,
-        metrics: PrometheusHandle,
-        health: Arc<Health>,
+        runtime: &tokio::runtime::Handle,
+        router: Router,
     ) -> Result<Self, HttpError> {
-        let listener =
-            TcpListener::bind(addr).map_err(|source| HttpError::Bind { addr, source })?;
-        let bound = listener
-            .local_addr()
-            .map_err(|source| HttpError::Bind { addr, source })?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("rill-http".into())
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    if stop2.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    if let Ok(stream) = conn {
-                        if let Err(e) = serve(stream, &metrics, &health) {
-                            tracing::debug!(error = %e, "HTTP request failed");
-                        }
-                    }
-                }
-            })
-            .map_err(HttpError::Thread)?;
+        let bind = |source| HttpError::Bind { addr, source };
+        let std_listener = std::net::TcpListener::bind(addr).map_err(bind)?;
+        let bound = std_listener.local_addr().map_err(bind)?;
+        std_listener.set_nonblocking(true).map_err(bind)?;
+        let listener = {
+            let _enter = runtime.enter();
+            tokio::net::TcpListener::from_std(std_listener).map_err(bind)?
+        };
+        let (stop, stopped) = watch::channel(false);
+        let (closed_tx, closed) = mpsc::channel::<()>();
+        runtime.spawn(async move {
+            // Dropped with the listener, when the loop ends: `drop` waits for that.
+            let _closed = closed_tx;
+            accept_loop(listener, router, stopped).await;
+        });
         Ok(HttpServer {
             addr: bound,
             stop,
-            thread: Some(thread),
+            closed,
         })
     }
 
@@ -91,114 +156,112 @@ impl HttpServer {
 
 impl Drop for HttpServer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        // Wake the blocking accept with a connection of our own.
-        let mut wake = self.addr;
-        if wake.ip().is_unspecified() {
-            wake.set_ip(match wake.ip() {
-                IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
-                IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
-            });
-        }
-        if TcpStream::connect_timeout(&wake, IO_TIMEOUT).is_ok() {
-            if let Some(t) = self.thread.take() {
-                let _ = t.join();
-            }
-        }
-        // Otherwise the thread stays blocked in accept; it exits at the next connection.
+        let _ = self.stop.send(true);
+        // Returns once the loop dropped the listener (the sender disconnects), so the port is free.
+        let _ = self.closed.recv_timeout(CLOSE_TIMEOUT);
     }
 }
 
-/// Reads one request and answers it.
-fn serve(stream: TcpStream, metrics: &PrometheusHandle, health: &Health) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut request_line = String::new();
-    reader.read_line(&mut request_line)?;
-    // Consume the headers (to the blank line) so the client sees an orderly close.
-    let mut head = request_line.len();
+/// Accepts connections until `stop`, each served on a task of its own.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    mut stop: watch::Receiver<bool>,
+) {
     loop {
-        let mut line = String::new();
-        let n = reader.read_line(&mut line)?;
-        head += n;
-        if n == 0 || line == "\r\n" || line == "\n" || head > MAX_HEAD {
-            break;
-        }
-    }
-    let mut parts = request_line.split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
-    let (status, content_type, body) = match (method, path) {
-        ("GET" | "HEAD", "/metrics") => ("200 OK", PROMETHEUS_TEXT, metrics.render()),
-        ("GET" | "HEAD", "/health") => probe(health.is_live(), "live", "failed"),
-        ("GET" | "HEAD", "/ready") => probe(health.is_ready(), "ready", "not ready"),
-        ("GET" | "HEAD", _) => (
-            "404 Not Found",
-            "text/plain",
-            "not found: try /metrics, /health or /ready\n".into(),
-        ),
-        _ => (
-            "405 Method Not Allowed",
-            "text/plain",
-            "only GET and HEAD\n".into(),
-        ),
-    };
-    let mut out = stream;
-    write!(
-        out,
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )?;
-    if method != "HEAD" {
-        out.write_all(body.as_bytes())?;
-    }
-    out.flush()
-}
-
-fn probe(ok: bool, yes: &str, no: &str) -> (&'static str, &'static str, String) {
-    if ok {
-        ("200 OK", "text/plain", format!("{yes}\n"))
-    } else {
-        ("503 Service Unavailable", "text/plain", format!("{no}\n"))
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Per-connection failures (a reset before accept, out of descriptors):
+                    // back off briefly rather than spin.
+                    tracing::debug!(error = %e, "HTTP accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.changed() => return,
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let mut stop = stop.clone();
+        tokio::spawn(async move {
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .keep_alive(false);
+            let conn = http.serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                served = tokio::time::timeout(CONNECTION_TIMEOUT, conn) => {
+                    if let Ok(Err(e)) = served {
+                        tracing::debug!(error = %e, "HTTP connection failed");
+                    }
+                }
+                _ = stop.changed() => {}
+            }
+        });
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::time::Instant;
 
-    fn get(addr: SocketAddr, path: &str) -> (String, String) {
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    fn request(addr: SocketAddr, method: &str, path: &str) -> (String, String) {
         let mut s = TcpStream::connect(addr).expect("connect");
-        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
         let mut text = String::new();
         s.read_to_string(&mut text).expect("read");
         let (head, body) = text.split_once("\r\n\r\n").expect("a head");
-        (
-            head.lines().next().unwrap_or("").to_string(),
-            body.to_string(),
+        (head.to_string(), body.to_string())
+    }
+
+    fn status(addr: SocketAddr, path: &str) -> String {
+        let (head, _) = request(addr, "GET", path);
+        head.lines().next().unwrap_or("").to_string()
+    }
+
+    fn server(rt: &tokio::runtime::Runtime, health: Arc<Health>) -> HttpServer {
+        let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .build_recorder()
+            .handle();
+        HttpServer::start(
+            "127.0.0.1:0".parse().unwrap(),
+            rt.handle(),
+            routes(handle, health),
         )
+        .unwrap()
     }
 
     #[test]
     fn serves_probes_metrics_and_404_on_a_free_port() {
-        let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
-            .build_recorder()
-            .handle();
+        let rt = runtime();
         let health = Arc::new(Health::new());
-        let server =
-            HttpServer::start("127.0.0.1:0".parse().unwrap(), handle, health.clone()).unwrap();
+        let server = server(&rt, health.clone());
         let addr = server.local_addr();
         assert_ne!(addr.port(), 0, "port 0 resolves to the bound port");
-        assert_eq!(get(addr, "/health").0, "HTTP/1.1 200 OK");
-        assert_eq!(get(addr, "/ready").0, "HTTP/1.1 503 Service Unavailable");
+        assert_eq!(status(addr, "/health"), "HTTP/1.1 200 OK");
+        assert_eq!(status(addr, "/ready"), "HTTP/1.1 503 Service Unavailable");
         health.set_assigned();
-        assert_eq!(get(addr, "/ready").0, "HTTP/1.1 200 OK");
-        assert_eq!(get(addr, "/metrics").0, "HTTP/1.1 200 OK");
-        assert_eq!(get(addr, "/nope").0, "HTTP/1.1 404 Not Found");
+        assert_eq!(status(addr, "/ready"), "HTTP/1.1 200 OK");
+        let (head, _) = request(addr, "GET", "/metrics");
+        assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+        assert!(head.contains(PROMETHEUS_TEXT), "{head}");
+        assert_eq!(status(addr, "/nope"), "HTTP/1.1 404 Not Found");
         health.set_failed();
-        assert_eq!(get(addr, "/health").0, "HTTP/1.1 503 Service Unavailable");
+        assert_eq!(status(addr, "/health"), "HTTP/1.1 503 Service Unavailable");
         drop(server);
         assert!(
             TcpStream::connect(addr).is_err(),
@@ -207,13 +270,78 @@ mod tests {
     }
 
     #[test]
+    fn head_answers_without_a_body() {
+        let rt = runtime();
+        let server = server(&rt, Arc::new(Health::new()));
+        let (head, body) = request(server.local_addr(), "HEAD", "/metrics");
+        assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+        assert!(head.contains(PROMETHEUS_TEXT), "{head}");
+        assert_eq!(body, "");
+        let (head, body) = request(server.local_addr(), "HEAD", "/health");
+        assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+        assert_eq!(body, "");
+    }
+
+    /// Fifty clients that connect and send nothing must not delay a probe (Kubernetes gives a
+    /// probe 1 s), nor keep the server from stopping and freeing its port.
+    #[test]
+    fn idle_clients_neither_delay_probes_nor_hold_the_port() {
+        let rt = runtime();
+        let server = server(&rt, Arc::new(Health::new()));
+        let addr = server.local_addr();
+        let idle: Vec<TcpStream> = (0..50)
+            .map(|_| TcpStream::connect(addr).expect("idle connect"))
+            .collect();
+        let start = Instant::now();
+        assert_eq!(status(addr, "/health"), "HTTP/1.1 200 OK");
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "/health took {:?} behind 50 idle clients",
+            start.elapsed()
+        );
+        let start = Instant::now();
+        drop(server);
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(TcpStream::connect(addr).is_err(), "the port is free");
+        // The idle connections were closed too: a read sees the end of the stream.
+        let mut first = &idle[0];
+        first
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        let mut buf = [0u8; 1];
+        assert_eq!(first.read(&mut buf).expect("closed, not timed out"), 0);
+    }
+
+    #[test]
+    fn a_client_that_never_sends_its_request_is_cut_off() {
+        let rt = runtime();
+        let server = server(&rt, Arc::new(Health::new()));
+        let mut idle = TcpStream::connect(server.local_addr()).expect("connect");
+        idle.set_read_timeout(Some(HEADER_TIMEOUT * 3))
+            .expect("timeout");
+        let start = Instant::now();
+        let mut buf = Vec::new();
+        let _ = idle.read_to_end(&mut buf);
+        assert!(
+            start.elapsed() < HEADER_TIMEOUT * 2,
+            "closed after {:?}",
+            start.elapsed()
+        );
+    }
+
+    #[test]
     fn a_taken_port_is_an_error_naming_the_address() {
+        let rt = runtime();
         let taken = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = taken.local_addr().unwrap();
         let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
             .build_recorder()
             .handle();
-        let err = HttpServer::start(addr, handle, Arc::new(Health::new()))
+        let err = HttpServer::start(addr, rt.handle(), routes(handle, Arc::new(Health::new())))
             .err()
             .expect("bind fails");
         assert!(err.to_string().contains(&addr.to_string()), "{err}");

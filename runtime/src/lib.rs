@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub(crate) mod control;
 #[cfg(feature = "test-util")]
 pub mod driver;
 pub(crate) mod engine;

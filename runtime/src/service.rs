@@ -34,10 +34,11 @@ use rill_state::{StateConfig, StateDb};
 use rill_topology::{Topic, Topology};
 
 use crate::config::{Config, MetricsAddr};
+use crate::control::ControlPlane;
 use crate::engine::changelog::changelog_topic;
 use crate::engine::{Engine, EngineConfig, EngineError};
 use crate::health::Health;
-use crate::http::{HttpError, HttpServer};
+use crate::http::{self, HttpError, HttpServer};
 use crate::kafka::admin::{
     client_config, cluster_id, create_topics, create_topics_with, is_transient, partition_counts,
     topic_config,
@@ -304,10 +305,12 @@ impl Runtime {
         let c = &self.config;
         let health = Arc::new(Health::new());
         // Before anything registers metric handles: handles taken earlier would be no-ops.
+        let control = ControlPlane::new()?;
         let http = match c.metrics_addr {
             MetricsAddr::Off => None,
             MetricsAddr::On(addr) => {
-                let server = HttpServer::start(addr, crate::metrics::install()?, health.clone())?;
+                let routes = http::routes(crate::metrics::install()?, health.clone());
+                let server = HttpServer::start(addr, control.handle(), routes)?;
                 tracing::info!(addr = %server.local_addr(), "serving /metrics, /health and /ready");
                 Some(server)
             }
@@ -469,6 +472,7 @@ impl Runtime {
             engine,
             health,
             http,
+            control,
             _temp_state: temp_state,
         })
     }
@@ -482,39 +486,6 @@ impl Runtime {
     }
 }
 
-fn wait_for_signals(stop: &AtomicBool, health: &Health) {
-    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    else {
-        tracing::error!("could not install signal handlers");
-        return;
-    };
-    rt.block_on(async {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::error!("could not install signal handlers");
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::info!("signal received: draining and committing (a second signal exits at once)");
-        health.set_stopping();
-        stop.store(true, Ordering::SeqCst);
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::warn!("second signal: exiting without draining");
-        std::process::exit(130);
-    });
-}
-
 /// A runtime that is processing; stop it with [`RunningRuntime::shutdown`].
 pub struct RunningRuntime {
     stop: Arc<AtomicBool>,
@@ -523,6 +494,8 @@ pub struct RunningRuntime {
     health: Arc<Health>,
     /// Dropped after the loop ends, so `/metrics` answers during the drain.
     http: Option<HttpServer>,
+    /// Serves `http` and the signal handler; declared after `http`, so dropped after it.
+    control: ControlPlane,
     /// The throwaway state dir of a demo on the embedded cluster, removed when the runtime is.
     _temp_state: Option<tempfile::TempDir>,
 }
@@ -567,11 +540,8 @@ impl RunningRuntime {
     /// Makes SIGTERM or SIGINT stop the runtime as [`RunningRuntime::shutdown`] does (then
     /// [`RunningRuntime::join`] returns); a second signal exits the process at once (status 130).
     pub fn stop_on_signal(&self) -> Result<(), RuntimeError> {
-        let (stop, health) = (self.stop.clone(), self.health.clone());
-        std::thread::Builder::new()
-            .name("rill-signals".into())
-            .spawn(move || wait_for_signals(&stop, &health))
-            .map_err(RuntimeError::Thread)?;
+        self.control
+            .stop_on_signal(self.stop.clone(), self.health.clone());
         Ok(())
     }
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use rill_topology::keyrange::HASH_ID;
+use rill_topology::keyrange::{KeyRange, HASH_ID};
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, ErrorKind, Options,
     WriteBufferManager,
@@ -20,7 +20,7 @@ use crate::error::StateError;
 pub(crate) type Db = rocksdb::DBWithThreadMode<rocksdb::MultiThreaded>;
 
 /// Version of the state directory layout, written to `FORMAT`.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Name of the format file in the state directory.
 pub const FORMAT_FILE: &str = "FORMAT";
 /// Name of the file in the state directory that records the Kafka cluster id.
@@ -292,6 +292,29 @@ impl StateDb {
             return Err(StateError::InUse { cf: cf.clone() });
         }
         for name in victims {
+            self.db
+                .drop_cf(&name)
+                .map_err(|e| StateError::backend(format!("drop column family `{name}`"), e))?;
+            registry.existing.remove(&name);
+            tracing::info!(cf = %name, "dropped column family");
+        }
+        Ok(())
+    }
+
+    /// Drops the column family of (store, partition, range) if it exists. Fails with
+    /// [`StateError::InUse`] while a sub-task owns it.
+    pub fn drop_range(
+        &self,
+        store: &str,
+        partition: u32,
+        range: KeyRange,
+    ) -> Result<(), StateError> {
+        let name = ColumnFamilyId::new(store, partition, range)?.name();
+        let mut registry = self.registry.lock();
+        if registry.claimed.contains(&name) {
+            return Err(StateError::InUse { cf: name });
+        }
+        if registry.existing.contains(&name) {
             self.db
                 .drop_cf(&name)
                 .map_err(|e| StateError::backend(format!("drop column family `{name}`"), e))?;

@@ -5,13 +5,14 @@
 //!
 //! ```text
 //! state.dir/
-//!   FORMAT        "rill-state 1\nhash-id 1\n": layout version and key-hash id (checked at open)
+//!   FORMAT        "rill-state 2\nhash-id 1\n": layout version and key-hash id (checked at open)
 //!   CLUSTER       the Kafka cluster id the state's offsets belong to (checked by the runtime)
 //!   rocksdb/      ONE RocksDB for the whole process (multi-threaded column families)
 //!     column family "{store}.p{partition}.r{start:016x}-{end:016x}", e.g.
 //!     "counts.p3.r8000000000000000-ffffffffffffffff"
 //!       0x00 "progress"   the sub-task's Progress record (prost, versioned)
-//!       0x01 ++ key       the store's data, one entry per user key
+//!       0x01 ++ key       the store's data, one entry per user key: the routing hash of the
+//!                         record that wrote it (8 bytes, big-endian), then the value
 //! ```
 //!
 //! - [`StateDb`] opens the database with every existing column family and owns the single memory
@@ -51,10 +52,12 @@
 
 #![warn(missing_docs)]
 
+pub mod carry;
 mod cf;
 mod db;
 mod error;
 mod progress;
+pub mod resplit;
 mod subtask;
 
 #[cfg(test)]
@@ -66,5 +69,5 @@ pub use db::{
     ROCKSDB_DIR,
 };
 pub use error::StateError;
-pub use progress::{Origin, Progress, TopicOffset, PROGRESS_VERSION};
-pub use subtask::{StoreEntries, SubTaskState, DATA_PREFIX, PROGRESS_KEY};
+pub use progress::{CarriedOffset, Origin, Progress, TopicOffset, PROGRESS_VERSION};
+pub use subtask::{StoreEntries, StoreWrite, SubTaskState, DATA_PREFIX, PROGRESS_KEY};

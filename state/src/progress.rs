@@ -66,6 +66,27 @@ pub struct Progress {
     /// The lineage the owner continued from.
     #[prost(fixed64, tag = "16")]
     pub owner_parent: u64,
+    /// Offsets this range carries over from the ranges it was split or merged from: parts of
+    /// the range that had applied further than `offsets` says (see [`crate::carry`]).
+    #[prost(message, repeated, tag = "17")]
+    pub carried: Vec<CarriedOffset>,
+}
+
+/// Part of a range that had applied a source topic further than the range as a whole.
+#[derive(Clone, PartialEq, Eq, Hash, prost::Message)]
+pub struct CarriedOffset {
+    /// The source topic (resolved name).
+    #[prost(string, tag = "1")]
+    pub topic: String,
+    /// First hash of the part.
+    #[prost(fixed64, tag = "2")]
+    pub range_start: u64,
+    /// Last hash (inclusive) of the part.
+    #[prost(fixed64, tag = "3")]
+    pub range_end: u64,
+    /// Every record of the part below this offset has been applied.
+    #[prost(uint64, tag = "4")]
+    pub next_offset: u64,
 }
 
 /// How far a range has applied one source topic.
@@ -104,6 +125,13 @@ pub struct Origin {
     /// Id of the repartition topic the records arrived on (hash of its resolved name).
     #[prost(fixed64, tag = "7")]
     pub via_topic: u64,
+    /// First downstream routing hash the entry covers (records routed to other hashes of the
+    /// range have their own entry after a split or merge).
+    #[prost(fixed64, tag = "8")]
+    pub lo: u64,
+    /// Last downstream routing hash (inclusive) the entry covers.
+    #[prost(fixed64, tag = "9")]
+    pub hi: u64,
 }
 
 impl Progress {
@@ -129,6 +157,7 @@ impl Progress {
             cluster_id: String::new(),
             owner: 0,
             owner_parent: 0,
+            carried: Vec::new(),
         }
     }
 
@@ -188,7 +217,25 @@ impl Progress {
     }
 }
 
+impl CarriedOffset {
+    /// The part of the range it covers.
+    pub fn range(&self) -> KeyRange {
+        KeyRange {
+            start: self.range_start,
+            end: self.range_end,
+        }
+    }
+}
+
 impl Origin {
+    /// The downstream hashes the entry covers.
+    pub fn covers(&self) -> KeyRange {
+        KeyRange {
+            start: self.lo,
+            end: self.hi,
+        }
+    }
+
     /// The upstream key range.
     pub fn range(&self) -> KeyRange {
         KeyRange {
@@ -213,6 +260,8 @@ mod tests {
             seq: 4,
             source_topic: 11,
             via_topic: 12,
+            lo: 0,
+            hi: u64::MAX,
         });
         p.lineage = 0xfeed;
         p.stream_time = Some(-5);

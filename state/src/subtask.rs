@@ -20,11 +20,40 @@ pub const DATA_PREFIX: u8 = 0x01;
 /// Key of the progress record in every column family (`0x00 ++ "progress"`).
 pub const PROGRESS_KEY: &[u8] = b"\x00progress";
 
-/// Entries a commit applied to one store: the last write per key, `None` for a delete.
-pub type StoreEntries = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+/// One write to a store: a key's new value (`None`: deleted) and the routing hash of the input
+/// record that wrote it (so the entry can follow its key range when the factor changes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreWrite {
+    /// The store key.
+    pub key: Vec<u8>,
+    /// The new value; `None` for a delete.
+    pub value: Option<Vec<u8>>,
+    /// The routing hash of the record that wrote it.
+    pub hash: u64,
+}
 
-/// A store's pending writes: the last write per user key, `None` for a delete.
-type WriteCache = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+/// Writes a commit applied to one store: the last write per key.
+pub type StoreEntries = Vec<StoreWrite>;
+
+/// A store's pending writes: the last write per user key as (routing hash, value or `None`).
+type WriteCache = BTreeMap<Vec<u8>, (u64, Option<Vec<u8>>)>;
+
+/// Length of the routing-hash prefix of every stored value.
+const HASH_LEN: usize = 8;
+
+/// A value as RocksDB stores it: the routing hash (big-endian), then the value.
+fn stored_value(hash: u64, value: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(HASH_LEN + value.len());
+    v.extend_from_slice(&hash.to_be_bytes());
+    v.extend_from_slice(value);
+    v
+}
+
+/// Splits a stored value into (routing hash, value); `None` when it is too short to be one.
+fn split_stored(stored: &[u8]) -> Option<(u64, &[u8])> {
+    let (hash, value) = stored.split_first_chunk::<HASH_LEN>()?;
+    Some((u64::from_be_bytes(*hash), value))
+}
 
 /// `0x01 ++ key`.
 fn data_key(key: &[u8]) -> Vec<u8> {
@@ -50,6 +79,8 @@ struct StoreHandle {
     cache: WriteCache,
     /// Writes of the sealed commit, waiting to be written (read below the cache).
     sealed: WriteCache,
+    /// The routing hash of the record being processed: what the next write is tagged with.
+    hash: u64,
 }
 
 impl StoreHandle {
@@ -59,36 +90,22 @@ impl StoreHandle {
             message: message.to_string(),
         }
     }
-}
 
-impl KeyValueBytes for StoreHandle {
-    fn name(&self) -> &str {
-        &self.name
+    fn corrupt_value(&self, key: &[u8]) -> StoreError {
+        self.backend(format!(
+            "the value of a key of {} bytes in `{}` has no routing hash: the state dir was written by another rill version or is corrupt",
+            key.len(),
+            self.cf
+        ))
     }
 
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        if let Some(pending) = self.cache.get(key).or_else(|| self.sealed.get(key)) {
-            return Ok(pending.clone());
-        }
-        let cf = cf_handle(&self.db, &self.cf).map_err(|e| self.backend(e))?;
-        self.db
-            .db()
-            .get_pinned_cf(&cf, data_key(key))
-            .map(|v| v.map(|v| v.to_vec()))
-            .map_err(|e| self.backend(format!("get from `{}`: {e}", self.cf)))
-    }
-
-    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        self.cache.insert(key.to_vec(), Some(value.to_vec()));
-        Ok(())
-    }
-
-    fn delete(&mut self, key: &[u8]) -> Result<(), StoreError> {
-        self.cache.insert(key.to_vec(), None);
-        Ok(())
-    }
-
-    fn range(&self, from: Bound<&[u8]>, to: Bound<&[u8]>) -> Result<Entries, StoreError> {
+    /// The committed (key, routing hash, value) entries between `from` and `to` in RocksDB,
+    /// without the write caches.
+    fn scan_stored(
+        &self,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+    ) -> Result<StoreEntries, StoreError> {
         let cf = cf_handle(&self.db, &self.cf).map_err(|e| self.backend(e))?;
         // Iterator bounds on the prefixed RocksDB keys: lower inclusive, upper exclusive.
         let lower = match from {
@@ -124,18 +141,91 @@ impl KeyValueBytes for StoreHandle {
             let (k, v) = item.map_err(|e| self.backend(format!("scan `{}`: {e}", self.cf)))?;
             // The bounds keep the scan on data keys; skip anything else defensively.
             if let Some(k) = k.strip_prefix(&[DATA_PREFIX]) {
-                stored.push((k.to_vec(), v.into_vec()));
+                let (hash, value) = split_stored(&v).ok_or_else(|| self.corrupt_value(k))?;
+                stored.push(StoreWrite {
+                    key: k.to_vec(),
+                    value: Some(value.to_vec()),
+                    hash,
+                });
             }
         }
+        Ok(stored)
+    }
+
+    /// The committed (routing hash, value) of `key`, without the write caches.
+    fn get_stored(&self, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+        let cf = cf_handle(&self.db, &self.cf).map_err(|e| self.backend(e))?;
+        let stored = self
+            .db
+            .db()
+            .get_pinned_cf(&cf, data_key(key))
+            .map_err(|e| self.backend(format!("get from `{}`: {e}", self.cf)))?;
+        match stored {
+            None => Ok(None),
+            Some(v) => {
+                let (hash, value) = split_stored(&v).ok_or_else(|| self.corrupt_value(key))?;
+                Ok(Some((hash, value.to_vec())))
+            }
+        }
+    }
+}
+
+impl KeyValueBytes for StoreHandle {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        if let Some((_, pending)) = self.cache.get(key).or_else(|| self.sealed.get(key)) {
+            return Ok(pending.clone());
+        }
+        Ok(self.get_stored(key)?.map(|(_, v)| v))
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        self.cache
+            .insert(key.to_vec(), (self.hash, Some(value.to_vec())));
+        Ok(())
+    }
+
+    fn delete(&mut self, key: &[u8]) -> Result<(), StoreError> {
+        self.cache.insert(key.to_vec(), (self.hash, None));
+        Ok(())
+    }
+
+    fn range(&self, from: Bound<&[u8]>, to: Bound<&[u8]>) -> Result<Entries, StoreError> {
+        if is_empty_range(from, to) {
+            return Ok(Vec::new());
+        }
+        let stored = self.scan_stored(from, to)?;
         let bounds = (from.map(<[u8]>::to_vec), to.map(<[u8]>::to_vec));
         let below = merge(
-            stored.into_iter().peekable(),
-            self.sealed.range::<Vec<u8>, _>(bounds.clone()).peekable(),
+            stored
+                .into_iter()
+                .filter_map(|w| Some((w.key, w.value?)))
+                .peekable(),
+            self.sealed
+                .range::<Vec<u8>, _>(bounds.clone())
+                .map(|(k, (_, v))| (k, v))
+                .peekable(),
         );
         Ok(merge(
             below.into_iter().peekable(),
-            self.cache.range::<Vec<u8>, _>(bounds).peekable(),
+            self.cache
+                .range::<Vec<u8>, _>(bounds)
+                .map(|(k, (_, v))| (k, v))
+                .peekable(),
         ))
+    }
+}
+
+/// Whether no key lies between `from` and `to` (BTreeMap ranges panic on such bounds).
+fn is_empty_range(from: Bound<&[u8]>, to: Bound<&[u8]>) -> bool {
+    match (from, to) {
+        (Bound::Included(a), Bound::Included(b)) => a > b,
+        (Bound::Included(a) | Bound::Excluded(a), Bound::Excluded(b))
+        | (Bound::Excluded(a), Bound::Included(b)) => a >= b,
+        _ => false,
     }
 }
 
@@ -222,6 +312,7 @@ impl SubTaskState {
                     db: db.clone(),
                     cache: WriteCache::new(),
                     sealed: WriteCache::new(),
+                    hash: range.start,
                 })
                 .collect(),
             db,
@@ -301,6 +392,48 @@ impl SubTaskState {
             .map(|s| s as &mut dyn KeyValueBytes)
     }
 
+    /// Tags the writes that follow with `hash`, the routing hash of the record being processed
+    /// (the sub-task's range start outside of one).
+    pub fn set_routing_hash(&mut self, hash: u64) {
+        for s in &mut self.stores {
+            s.hash = hash;
+        }
+    }
+
+    /// Makes the next commit write `key` of `store` again with its committed value and routing
+    /// hash (a delete when absent), unless the write cache already has it.
+    pub fn touch(&mut self, store: &str, key: &[u8]) -> Result<(), StateError> {
+        let range_start = self.range.start;
+        let Some(s) = self.stores.iter_mut().find(|s| s.name == store) else {
+            return Ok(());
+        };
+        if s.cache.contains_key(key) {
+            return Ok(());
+        }
+        let write = match s.sealed.get(key) {
+            Some(pending) => pending.clone(),
+            None => match s
+                .get_stored(key)
+                .map_err(|e| StateError::backend("repair", e))?
+            {
+                Some((hash, value)) => (hash, Some(value)),
+                None => (range_start, None),
+            },
+        };
+        s.cache.insert(key.to_vec(), write);
+        Ok(())
+    }
+
+    /// Every committed entry of `store` with its routing hash, in key order (for moving entries
+    /// between ranges).
+    pub fn committed_entries(&self, store: &str) -> Result<StoreEntries, StateError> {
+        let Some(s) = self.stores.iter().find(|s| s.name == store) else {
+            return Ok(Vec::new());
+        };
+        s.scan_stored(Bound::Unbounded, Bound::Unbounded)
+            .map_err(|e| StateError::backend("scan", e))
+    }
+
     /// Whether any store has writes since the last seal or commit.
     pub fn is_dirty(&self) -> bool {
         self.stores.iter().any(|s| !s.cache.is_empty())
@@ -353,7 +486,11 @@ impl SubTaskState {
                 let entries = store
                     .sealed
                     .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .map(|(k, (hash, v))| StoreWrite {
+                        key: k.clone(),
+                        value: v.clone(),
+                        hash: *hash,
+                    })
                     .collect();
                 (store.name.clone(), entries)
             })
@@ -385,7 +522,7 @@ impl SubTaskState {
     pub fn apply_restored(
         &mut self,
         store: &str,
-        entries: &[(Vec<u8>, Option<Vec<u8>>)],
+        entries: &[StoreWrite],
         progress: Option<Progress>,
     ) -> Result<(), StateError> {
         if let Some(p) = &progress {
@@ -395,10 +532,10 @@ impl SubTaskState {
         for s in &self.stores {
             let cf = cf_handle(&self.db, &s.cf).map_err(|e| StateError::backend("restore", e))?;
             if s.name == store {
-                for (key, value) in entries {
-                    match value {
-                        Some(v) => batch.put_cf(&cf, data_key(key), v),
-                        None => batch.delete_cf(&cf, data_key(key)),
+                for w in entries {
+                    match &w.value {
+                        Some(v) => batch.put_cf(&cf, data_key(&w.key), stored_value(w.hash, v)),
+                        None => batch.delete_cf(&cf, data_key(&w.key)),
                     }
                 }
             }
@@ -426,9 +563,9 @@ impl SubTaskState {
         for store in &self.stores {
             let cf =
                 cf_handle(&self.db, &store.cf).map_err(|e| StateError::backend("commit", e))?;
-            for (key, value) in &store.sealed {
+            for (key, (hash, value)) in &store.sealed {
                 match value {
-                    Some(v) => batch.put_cf(&cf, data_key(key), v),
+                    Some(v) => batch.put_cf(&cf, data_key(key), stored_value(*hash, v)),
                     None => batch.delete_cf(&cf, data_key(key)),
                 }
             }
@@ -512,6 +649,43 @@ impl SubTaskState {
         }
         self.has_sealed = false;
     }
+}
+
+/// Writes `progress[i]` as the progress of `new[i]` and deletes the progress of every `old`
+/// state, in ONE WriteBatch (the switch of a re-split; see [`crate::resplit`]).
+pub(crate) fn swap_progress(
+    new: &mut [SubTaskState],
+    progress: Vec<Progress>,
+    old: &mut [SubTaskState],
+) -> Result<(), StateError> {
+    let Some(db) = new.first().map(|s| s.db.clone()) else {
+        return Ok(());
+    };
+    let mut batch = WriteBatch::default();
+    for (state, p) in new.iter().zip(&progress) {
+        state.check_progress(p)?;
+        let encoded = p.to_bytes();
+        for store in &state.stores {
+            let cf = cf_handle(&db, &store.cf).map_err(|e| StateError::backend("re-split", e))?;
+            batch.put_cf(&cf, PROGRESS_KEY, &encoded);
+        }
+    }
+    for state in old.iter() {
+        for store in &state.stores {
+            let cf = cf_handle(&db, &store.cf).map_err(|e| StateError::backend("re-split", e))?;
+            batch.delete_cf(&cf, PROGRESS_KEY);
+        }
+    }
+    db.db()
+        .write_opt(batch, &WriteOptions::default())
+        .map_err(|e| StateError::backend("re-split", e))?;
+    for (state, p) in new.iter_mut().zip(progress) {
+        state.committed = Some(p);
+    }
+    for state in old.iter_mut() {
+        state.committed = None;
+    }
+    Ok(())
 }
 
 impl Drop for SubTaskState {

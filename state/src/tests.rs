@@ -9,7 +9,7 @@ use rill_topology::keyrange::KeyRange;
 
 use crate::subtask::{DATA_PREFIX, PROGRESS_KEY};
 use crate::{
-    ColumnFamilyId, Origin, Progress, StateConfig, StateDb, StateError, SubTaskState,
+    ColumnFamilyId, Origin, Progress, StateConfig, StateDb, StateError, StoreWrite, SubTaskState,
     MIN_MEMORY_BYTES,
 };
 
@@ -38,7 +38,17 @@ fn on_disk(
     let cf = db.db().cf_handle(&name).unwrap();
     let mut k = vec![DATA_PREFIX];
     k.extend_from_slice(key);
-    db.db().get_cf(&cf, k).unwrap()
+    // Stored values start with the 8-byte routing hash.
+    db.db().get_cf(&cf, k).unwrap().map(|v| v[8..].to_vec())
+}
+
+/// A write of `value` (`None`: delete) to `key` tagged with routing hash 0.
+fn w(key: &[u8], value: Option<&[u8]>) -> StoreWrite {
+    StoreWrite {
+        key: key.to_vec(),
+        value: value.map(<[u8]>::to_vec),
+        hash: 0,
+    }
 }
 
 fn put(state: &mut SubTaskState, store: &str, key: &str, value: &str) {
@@ -157,19 +167,15 @@ fn commit_applies_the_cache_and_progress_together_and_returns_the_last_write_per
         seq: 3,
         source_topic: 7,
         via_topic: 8,
+        lo: 0,
+        hi: u64::MAX,
     });
     let applied = st.commit(progress.clone()).unwrap();
     assert_eq!(
         applied,
         vec![
-            (
-                "a".to_string(),
-                vec![
-                    (b"gone".to_vec(), None),
-                    (b"k".to_vec(), Some(b"2".to_vec()))
-                ]
-            ),
-            ("b".to_string(), vec![(b"j".to_vec(), Some(b"9".to_vec()))]),
+            ("a".to_string(), vec![w(b"gone", None), w(b"k", Some(b"2"))]),
+            ("b".to_string(), vec![w(b"j", Some(b"9"))]),
         ]
     );
     assert!(!st.is_dirty());
@@ -276,10 +282,7 @@ fn a_sealed_commit_stays_readable_and_is_written_only_by_write_sealed() {
     let sealed = st.seal().unwrap();
     let expected = vec![(
         "s".to_string(),
-        vec![
-            (b"a".to_vec(), Some(b"1".to_vec())),
-            (b"b".to_vec(), Some(b"1".to_vec())),
-        ],
+        vec![w(b"a", Some(b"1")), w(b"b", Some(b"1"))],
     )];
     assert_eq!(
         sealed, expected,
@@ -317,7 +320,7 @@ fn restored_entries_are_written_directly_and_progress_only_when_given() {
     let db = StateDb::open(&cfg(tmp.path())).unwrap();
     let range = KeyRange::FULL;
     let mut st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, range).unwrap();
-    let entries = vec![(b"a".to_vec(), Some(b"1".to_vec())), (b"b".to_vec(), None)];
+    let entries = vec![w(b"a", Some(b"1")), w(b"b", None)];
     st.apply_restored("s", &entries, None).unwrap();
     assert_eq!(on_disk(&db, "s", 0, range, b"a"), Some(b"1".to_vec()));
     assert_eq!(
@@ -328,12 +331,8 @@ fn restored_entries_are_written_directly_and_progress_only_when_given() {
     assert!(st.committed_progress().is_none());
     let mut p = Progress::new(range, "t", 9);
     p.attempt = 4;
-    st.apply_restored(
-        "u",
-        &[(b"x".to_vec(), Some(b"2".to_vec()))],
-        Some(p.clone()),
-    )
-    .unwrap();
+    st.apply_restored("u", &[w(b"x", Some(b"2"))], Some(p.clone()))
+        .unwrap();
     drop(st);
     let st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, range).unwrap();
     assert_eq!(
@@ -399,8 +398,9 @@ fn another_process_holding_the_dir_gives_locked() {
 #[test]
 fn a_format_mismatch_is_refused_and_nothing_is_touched() {
     let cases = [
-        ("rill-state 2\nhash-id 1\n", "format 2"),
-        ("rill-state 1\nhash-id 2\n", "key-hash id 2"),
+        ("rill-state 1\nhash-id 1\n", "format 1"),
+        ("rill-state 3\nhash-id 1\n", "format 3"),
+        ("rill-state 2\nhash-id 2\n", "key-hash id 2"),
         ("hello\n", "lacks"),
         ("rill-state one\nhash-id 1\n", "is not"),
     ];
@@ -431,7 +431,7 @@ fn the_format_file_is_written_on_first_open() {
     assert_eq!(db.dir(), dir);
     assert_eq!(
         std::fs::read_to_string(dir.join("FORMAT")).unwrap(),
-        "rill-state 1\nhash-id 1\n"
+        "rill-state 2\nhash-id 1\n"
     );
 }
 
@@ -894,5 +894,146 @@ mod range_scans {
             prop_assert_eq!(store.prefix_scan(&prefix).unwrap(), prefixed);
             prop_assert_eq!(store.all().unwrap(), model.into_iter().collect::<Vec<_>>());
         }
+    }
+}
+
+#[test]
+fn writes_carry_the_routing_hash_of_the_record_that_made_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = StateDb::open(&cfg(tmp.path())).unwrap();
+    let range = KeyRange::nth(1, 4);
+    let mut st = SubTaskState::open(db, &names(&["s"]), 0, range).unwrap();
+    st.set_routing_hash(range.start + 7);
+    put(&mut st, "s", "a", "1");
+    st.set_routing_hash(range.start + 9);
+    st.store("s").unwrap().delete(b"b").unwrap();
+    let sealed = st.seal().unwrap();
+    let hashes: Vec<(Vec<u8>, u64)> = sealed[0]
+        .1
+        .iter()
+        .map(|w| (w.key.clone(), w.hash))
+        .collect();
+    assert_eq!(
+        hashes,
+        vec![
+            (b"a".to_vec(), range.start + 7),
+            (b"b".to_vec(), range.start + 9)
+        ]
+    );
+    st.write_sealed(Progress::new(range, "t", 1)).unwrap();
+    let committed = st.committed_entries("s").unwrap();
+    assert_eq!(committed.len(), 1);
+    assert_eq!(committed[0].hash, range.start + 7);
+    assert_eq!(
+        get(&mut st, "s", "a").as_deref(),
+        Some("1"),
+        "reads strip the hash"
+    );
+    // A repair rewrites the committed entry with its own hash.
+    st.set_routing_hash(range.start + 100);
+    st.touch("s", b"a").unwrap();
+    st.touch("s", b"never").unwrap();
+    let sealed = st.seal().unwrap();
+    assert_eq!(sealed[0].1[0].hash, range.start + 7);
+    assert_eq!(sealed[0].1[1].value, None);
+}
+
+mod resplits {
+    use super::*;
+    use crate::carry::next_for;
+    use crate::resplit::resplit;
+    use rill_topology::keyrange::{range_of, ranges};
+
+    /// Writes `n` entries into the ranges of factor `p` (key i, routing hash spread over the
+    /// space, value i) and commits each range at offset 100 + its index, with a carried part.
+    fn written(db: &Arc<StateDb>, p: usize, n: u64) {
+        for (i, r) in ranges(p).into_iter().enumerate() {
+            let mut st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, r).unwrap();
+            for k in 0..n {
+                let hash = k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                if range_of(hash, p) != i {
+                    continue;
+                }
+                st.set_routing_hash(hash);
+                put(&mut st, "s", &format!("k{k}"), &k.to_string());
+                put(&mut st, "u", &format!("k{k}"), "u");
+            }
+            let mut progress = Progress::new(r, "t", 100 + i as u64);
+            progress.stream_time = Some(i as i64);
+            st.commit(progress).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_resplit_moves_every_entry_to_the_range_of_its_hash_and_keeps_offsets_per_hash() {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = StateDb::open(&cfg(tmp.path())).unwrap();
+        written(&db, 2, 500);
+        let target = ranges(3);
+        let done = resplit(&db, &names(&["s", "u"]), 0, &target)
+            .unwrap()
+            .unwrap();
+        assert_eq!(done.from, ranges(2));
+        assert_eq!(done.entries, 1000);
+        let mut seen = 0;
+        for (i, r) in target.iter().enumerate() {
+            let mut st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, *r).unwrap();
+            let p = st.committed_progress().cloned().unwrap();
+            for w in st.committed_entries("s").unwrap() {
+                assert_eq!(range_of(w.hash, 3), i, "entry in the range of its hash");
+                assert_eq!(next_for(&p, "t", w.hash), 100 + range_of(w.hash, 2) as u64);
+                seen += 1;
+            }
+            assert_eq!(
+                all(&mut st, "u").len(),
+                st.committed_entries("s").unwrap().len()
+            );
+        }
+        assert_eq!(seen, 500);
+        assert!(
+            db.column_families()
+                .iter()
+                .all(|cf| target.contains(&cf.range)),
+            "the old column families are gone"
+        );
+        assert_eq!(resplit(&db, &names(&["s", "u"]), 0, &target).unwrap(), None);
+    }
+
+    #[test]
+    fn a_resplit_that_died_before_its_switch_starts_over_from_the_old_ranges() {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = StateDb::open(&cfg(tmp.path())).unwrap();
+        written(&db, 4, 300);
+        // A crashed attempt: a partial copy in a new range, no progress there, old progress kept.
+        let target = ranges(2);
+        {
+            let mut partial =
+                SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, target[0]).unwrap();
+            partial
+                .apply_restored(
+                    "s",
+                    &[StoreWrite {
+                        key: b"garbage".to_vec(),
+                        value: Some(b"x".to_vec()),
+                        hash: 1,
+                    }],
+                    None,
+                )
+                .unwrap();
+        }
+        resplit(&db, &names(&["s", "u"]), 0, &target)
+            .unwrap()
+            .unwrap();
+        let mut total = 0;
+        for r in &target {
+            let mut st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, *r).unwrap();
+            assert_eq!(
+                get(&mut st, "s", "garbage"),
+                None,
+                "the partial copy was cleared"
+            );
+            total += all(&mut st, "s").len();
+        }
+        assert_eq!(total, 300);
     }
 }

@@ -1,6 +1,7 @@
 //! Helpers for tests against the real Kafka broker that `scripts/test` starts.
 #![allow(dead_code)]
 
+pub mod producer;
 pub mod service;
 
 use std::collections::{BTreeMap, HashMap};
@@ -9,7 +10,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers as _;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::Message;
 use rill::prelude::*;
 use rill::runtime::kafka::admin::{client_config, create_topics};
@@ -48,15 +48,6 @@ pub fn create_topic(topic: &str, partitions: u32) {
     .unwrap_or_else(|e| panic!("creating {topic}: {e}"));
 }
 
-/// A producer to the test broker.
-pub fn producer() -> ThreadedProducer<DefaultProducerContext> {
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("enable.idempotence", "true")
-        .create()
-        .expect("producer")
-}
-
 /// A record to produce: optional key bytes and value bytes.
 pub type Input = (Option<Vec<u8>>, Vec<u8>);
 /// Latest value per key.
@@ -66,24 +57,11 @@ pub type Read = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// Produces (key, value) pairs to `topic` and waits until they are written.
 pub fn produce(topic: &str, records: &[Input]) {
-    let p = producer();
+    let p = producer::input_producer(&bootstrap(), 5).expect("producer");
     for (k, v) in records {
-        let mut r = BaseRecord::<[u8], [u8]>::to(topic).payload(v);
-        if let Some(k) = k {
-            r = r.key(k);
-        }
-        let mut r = r;
-        loop {
-            match p.send(r) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    r = back;
-                    p.poll(Duration::from_millis(10));
-                }
-            }
-        }
+        producer::send(&p, topic, k.as_deref(), v).expect("send");
     }
-    p.flush(Duration::from_secs(30)).expect("flush");
+    producer::flush(&p).expect("flush");
 }
 
 /// Reads `topic` from the start until `done(latest value per key)` holds or `timeout` passes;

@@ -5,51 +5,25 @@
 //! metadata (see `rill_runtime::kafka::metadata`). Exit codes: 0 success, 1 broker error,
 //! 2 usage error.
 
-use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::error::ErrorKind;
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use rill_runtime::kafka::metadata::{self, MetadataError};
 
-const USAGE: &str = "\
-rill: operator tool for rill stream-processing applications
-
-Usage:
-    rill offsets --bootstrap <SERVERS> --group <GROUP> [--topic <TOPIC>] [--timeout-ms <MS>]
-    rill --help
-    rill --version
-
-Commands:
-    offsets    Print a consumer group's committed offsets and the per-key-range next offsets
-               decoded from rill's commit metadata
-
-Run `rill offsets --help` for the options of a command.
-";
-
-const OFFSETS_USAGE: &str = "\
-rill offsets: print a consumer group's committed offsets and rill's per-key-range offsets
-
-Usage:
-    rill offsets --bootstrap <SERVERS> --group <GROUP> [--topic <TOPIC>] [--timeout-ms <MS>]
-
-Options:
-    --bootstrap <SERVERS>   Kafka bootstrap servers, e.g. 127.0.0.1:9092 (bootstrap.servers)
-    --group <GROUP>         consumer group: the application.id of a rill application
-    --topic <TOPIC>         only this topic (default: every topic except Kafka's internal ones)
-    --timeout-ms <MS>       timeout of each broker request (default 10000)
-    -h, --help              print this help
-
+/// What `rill offsets --help` says after the options.
+const OFFSETS_AFTER_HELP: &str = "\
 For every partition with a committed offset it prints `TOPIC/PARTITION committed OFFSET`, then
 either one line per key range, `START-END next OFFSET` (16-hex-digit bounds of the closed
 interval of the key-hash space, and the next offset to process in that range), or why there is
 no range metadata (with the raw metadata when there is any). The group is not joined: the tool
 reads offsets and changes nothing.
 
-Exit status: 0 on success, 1 on a broker error, 2 on a usage error.
-";
+Exit status: 0 on success, 1 on a broker error, 2 on a usage error.";
 
 /// Kafka's own internal topics, never consumed by a rill application.
 const INTERNAL_TOPICS: &[&str] = &[
@@ -61,130 +35,72 @@ const INTERNAL_TOPICS: &[&str] = &[
 /// Longest raw metadata shown, in characters; longer metadata is cut and its length given.
 const RAW_SHOWN_CHARS: usize = 200;
 
-/// How the command ended: a usage error (exit 2) or a failure talking to Kafka (exit 1).
-enum Failure {
-    Usage(String),
-    Broker(String),
+/// rill: operator tool for rill stream-processing applications.
+#[derive(Parser)]
+#[command(
+    name = "rill",
+    version,
+    after_help = "Exit status: 0 on success, 1 on a broker error, 2 on a usage error."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
 }
 
+#[derive(Subcommand)]
+enum Command {
+    /// Print a consumer group's committed offsets and the per-key-range next offsets decoded
+    /// from rill's commit metadata
+    #[command(after_help = OFFSETS_AFTER_HELP)]
+    Offsets(OffsetsArgs),
+}
+
+#[derive(Args)]
 struct OffsetsArgs {
+    /// Kafka bootstrap servers, e.g. 127.0.0.1:9092 (bootstrap.servers)
+    #[arg(long, value_name = "SERVERS", value_parser = non_empty)]
     bootstrap: String,
+    /// Consumer group: the application.id of a rill application
+    #[arg(long, value_name = "GROUP", value_parser = non_empty)]
     group: String,
+    /// Only this topic (default: every topic except Kafka's internal ones)
+    #[arg(long, value_name = "TOPIC", value_parser = non_empty)]
     topic: Option<String>,
-    timeout: Duration,
+    /// Timeout of each broker request, in milliseconds
+    #[arg(long = "timeout-ms", value_name = "MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    timeout_ms: u64,
+}
+
+/// A failure talking to Kafka (exit 1); usage errors are clap's (exit 2).
+struct BrokerError(String);
+
+fn non_empty(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        Err("needs a non-empty value".into())
+    } else {
+        Ok(s.to_string())
+    }
 }
 
 fn main() -> ExitCode {
-    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-    match run(args) {
+    // Usage errors print the usage and exit 2; --help and --version exit 0.
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Offsets(args) => offsets(args),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Usage(message)) => {
-            eprintln!("rill: {message}");
-            eprintln!("Run `rill --help` for usage.");
-            ExitCode::from(2)
-        }
-        Err(Failure::Broker(message)) => {
+        Err(BrokerError(message)) => {
             eprintln!("rill: {message}");
             ExitCode::from(1)
         }
     }
 }
 
-fn run(args: Vec<OsString>) -> Result<(), Failure> {
-    let args = args
-        .into_iter()
-        .map(|arg| {
-            arg.into_string()
-                .map_err(|arg| Failure::Usage(format!("argument {arg:?} is not valid UTF-8")))
-        })
-        .collect::<Result<Vec<String>, Failure>>()?;
-    let Some((command, rest)) = args.split_first() else {
-        eprint!("{USAGE}");
-        return Err(Failure::Usage("no command given".into()));
-    };
-    match command.as_str() {
-        "-h" | "--help" | "help" => {
-            print!("{USAGE}");
-            Ok(())
-        }
-        "-V" | "--version" | "version" => {
-            println!("rill {}", env!("CARGO_PKG_VERSION"));
-            Ok(())
-        }
-        "offsets" => match parse_offsets(rest)? {
-            Some(args) => offsets(&args),
-            None => {
-                print!("{OFFSETS_USAGE}");
-                Ok(())
-            }
-        },
-        other if other.starts_with('-') => Err(Failure::Usage(format!("unknown option {other}"))),
-        other => Err(Failure::Usage(format!("unknown command {other}"))),
-    }
-}
-
-/// Parses the options of `rill offsets`; `None` when help was asked for.
-fn parse_offsets(args: &[String]) -> Result<Option<OffsetsArgs>, Failure> {
-    let (mut bootstrap, mut group, mut topic, mut timeout_ms) = (None, None, None, None);
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        if arg == "-h" || arg == "--help" {
-            return Ok(None);
-        }
-        let (name, inline_value) = match arg.split_once('=') {
-            Some((name, value)) if name.starts_with("--") => (name, Some(value.to_string())),
-            _ => (arg.as_str(), None),
-        };
-        let slot = match name {
-            "--bootstrap" => &mut bootstrap,
-            "--group" => &mut group,
-            "--topic" => &mut topic,
-            "--timeout-ms" => &mut timeout_ms,
-            _ if name.starts_with('-') => {
-                return Err(Failure::Usage(format!("unknown option {name} for offsets")))
-            }
-            _ => return Err(Failure::Usage(format!("unexpected argument {name:?}"))),
-        };
-        let value = match inline_value {
-            Some(value) => value,
-            None => match args.next() {
-                Some(value) if !value.starts_with("--") => value.clone(),
-                _ => return Err(Failure::Usage(format!("option {name} needs a value"))),
-            },
-        };
-        if value.is_empty() {
-            return Err(Failure::Usage(format!(
-                "option {name} needs a non-empty value"
-            )));
-        }
-        if slot.replace(value).is_some() {
-            return Err(Failure::Usage(format!("option {name} given twice")));
-        }
-    }
-    let bootstrap =
-        bootstrap.ok_or_else(|| Failure::Usage("offsets needs --bootstrap <SERVERS>".into()))?;
-    let group = group.ok_or_else(|| Failure::Usage("offsets needs --group <GROUP>".into()))?;
-    let timeout = match timeout_ms {
-        None => Duration::from_secs(10),
-        Some(ms) => match ms.parse::<u64>() {
-            Ok(ms) if ms > 0 => Duration::from_millis(ms),
-            _ => {
-                return Err(Failure::Usage(format!(
-                    "--timeout-ms must be a positive number of milliseconds, not {ms:?}"
-                )))
-            }
-        },
-    };
-    Ok(Some(OffsetsArgs {
-        bootstrap,
-        group,
-        topic,
-        timeout,
-    }))
-}
-
 /// `rill offsets`: reads the group's committed offsets without joining the group.
-fn offsets(args: &OffsetsArgs) -> Result<(), Failure> {
+fn offsets(args: &OffsetsArgs) -> Result<(), BrokerError> {
+    let timeout = Duration::from_millis(args.timeout_ms);
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &args.bootstrap)
         .set("group.id", &args.group)
@@ -192,9 +108,17 @@ fn offsets(args: &OffsetsArgs) -> Result<(), Failure> {
         .set("enable.auto.offset.store", "false")
         .set("allow.auto.create.topics", "false")
         .create()
-        .map_err(|e| Failure::Usage(format!("cannot create a Kafka client: {e}")))?;
-    let cluster = consumer.fetch_metadata(None, args.timeout).map_err(|e| {
-        Failure::Broker(format!(
+        .unwrap_or_else(|e| {
+            // The settings come from the arguments: a usage error (exit 2).
+            Cli::command()
+                .error(
+                    ErrorKind::InvalidValue,
+                    format!("cannot create a Kafka client from these options: {e}"),
+                )
+                .exit()
+        });
+    let cluster = consumer.fetch_metadata(None, timeout).map_err(|e| {
+        BrokerError(format!(
             "cannot fetch metadata from {}: {e}",
             args.bootstrap
         ))
@@ -224,7 +148,7 @@ fn offsets(args: &OffsetsArgs) -> Result<(), Failure> {
     }
     if let Some(only) = &args.topic {
         if !found_topic {
-            return Err(Failure::Broker(format!(
+            return Err(BrokerError(format!(
                 "topic {only} does not exist on {}",
                 args.bootstrap
             )));
@@ -240,8 +164,8 @@ fn offsets(args: &OffsetsArgs) -> Result<(), Failure> {
     for (topic, partition) in &partitions {
         tpl.add_partition(topic, *partition);
     }
-    let committed = consumer.committed_offsets(tpl, args.timeout).map_err(|e| {
-        Failure::Broker(format!(
+    let committed = consumer.committed_offsets(tpl, timeout).map_err(|e| {
+        BrokerError(format!(
             "cannot fetch the committed offsets of group {}: {e}",
             args.group
         ))
@@ -266,7 +190,7 @@ fn offsets(args: &OffsetsArgs) -> Result<(), Failure> {
         );
     }
     if failed > 0 {
-        return Err(Failure::Broker(format!(
+        return Err(BrokerError(format!(
             "could not read the committed offsets of {failed} partitions"
         )));
     }

@@ -5,9 +5,10 @@
 //! Each store has a compacted topic `<application.id>-<store>-changelog`; partition = the input
 //! partition. Three kinds of records go there:
 //! - a **data record** per key a commit changed: key = the store key, value = the new value or
-//!   null for a delete (a tombstone). Header `rill.c` carries the [`CommitId`]: the key range
-//!   that wrote it, the writer's lineage and the commit attempt. Restore never derives a range
-//!   from the store key (store keys need not be the routing key).
+//!   null for a delete (a tombstone). Header `rill.c` carries the [`CommitId`] (the key range
+//!   that wrote it, the writer's lineage and the commit attempt) and the routing hash of the
+//!   input record that wrote the entry. Restore never derives a range from the store key (store
+//!   keys need not be the routing key).
 //! - a **range marker** per commit and store: header `rill.marker`, key
 //!   `rill.marker/<start>-<end>/<lineage>` (compaction keeps each lineage's latest marker of each
 //!   range), value = the range's prost [`Progress`] (offsets, origins, stream time, lineage,
@@ -89,7 +90,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use rill_state::Progress;
+use rill_state::{Progress, StoreWrite};
 use rill_topology::{Headers, KeyRange, RawRecord};
 
 use super::EngineError;
@@ -181,13 +182,17 @@ pub fn base_record(base: &Base) -> RawRecord {
     )
 }
 
-/// The data record of one store entry written by commit `id`.
-pub fn data_record(id: &CommitId, key: Vec<u8>, value: Option<Vec<u8>>) -> RawRecord {
+/// The data record of one store write made by commit `id`: header `rill.c` = the commit id,
+/// then the write's routing hash (8 bytes, big-endian).
+pub fn data_record(id: &CommitId, write: StoreWrite) -> RawRecord {
+    let mut header = Vec::with_capacity(40);
+    header.extend_from_slice(&id.encode());
+    header.extend_from_slice(&write.hash.to_be_bytes());
     let mut headers = Headers::with_capacity(1);
-    headers.add(COMMIT_HEADER, id.encode().as_slice());
+    headers.add(COMMIT_HEADER, header);
     RawRecord {
-        key: Some(key),
-        value,
+        key: Some(write.key),
+        value: write.value,
         timestamp: 0,
         headers,
     }
@@ -262,11 +267,7 @@ pub fn cancelled(topic: &str, partition: u32) -> EngineError {
 pub(super) enum Entry {
     Claim(Claim),
     Base(Base),
-    Data {
-        id: CommitId,
-        key: Vec<u8>,
-        value: Option<Vec<u8>>,
-    },
+    Data { id: CommitId, write: StoreWrite },
     Marker(Progress),
 }
 
@@ -297,10 +298,15 @@ pub(super) fn classify(
         }
         return Ok(Entry::Base(base));
     }
-    let id = headers
-        .last(COMMIT_HEADER)
-        .flatten()
-        .and_then(CommitId::decode)
+    let header = headers.last(COMMIT_HEADER).flatten().unwrap_or_default();
+    let (id, hash) = header
+        .split_first_chunk::<32>()
+        .and_then(|(id, hash)| {
+            Some((
+                CommitId::decode(id)?,
+                u64::from_be_bytes(hash.try_into().ok()?),
+            ))
+        })
         .ok_or_else(|| {
             corrupt(
                 topic,
@@ -319,8 +325,11 @@ pub(super) fn classify(
     };
     Ok(Entry::Data {
         id,
-        key,
-        value: record.value,
+        write: StoreWrite {
+            key,
+            value: record.value,
+            hash,
+        },
     })
 }
 

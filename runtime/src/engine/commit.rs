@@ -202,22 +202,32 @@ impl Core {
             origins: self
                 .origins
                 .iter()
-                .map(
-                    |(
-                        &(via, (source_topic, partition, range_start, range_end)),
-                        &(offset, seq),
-                    )| {
-                        StoredOrigin {
-                            partition,
-                            range_start,
-                            range_end,
-                            offset,
-                            seq,
-                            source_topic,
-                            via_topic: topic_id(&names[via]),
-                        }
-                    },
-                )
+                .flat_map(|(&(via, source_topic, partition), entries)| {
+                    let via_topic = topic_id(&names[via]);
+                    entries.iter().map(move |e| StoredOrigin {
+                        partition,
+                        range_start: e.upstream.start,
+                        range_end: e.upstream.end,
+                        offset: e.position.0,
+                        seq: e.position.1,
+                        source_topic,
+                        via_topic,
+                        lo: e.covers.start,
+                        hi: e.covers.end,
+                    })
+                })
+                .collect(),
+            carried: self
+                .carried
+                .iter()
+                .filter(|c| {
+                    names
+                        .iter()
+                        .position(|n| *n == c.topic)
+                        .and_then(|i| self.processed[i])
+                        .is_none_or(|next| c.next_offset > next)
+                })
+                .cloned()
                 .collect(),
             changelogs: Vec::new(),
             attempt: commit.attempt,
@@ -237,12 +247,12 @@ impl Core {
             if shared.config.changelogs {
                 for (store, entries) in sealed {
                     let topic = changelog_topic(&shared.config.application_id, &store);
-                    for (key, value) in entries {
+                    for write in entries {
                         let ticket = self.deliveries.ticket();
                         shared.sink.send(
                             &topic,
                             Some(id.partition),
-                            data_record(&commit, key, value),
+                            data_record(&commit, write),
                             ticket,
                         )?;
                     }

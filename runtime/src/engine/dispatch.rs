@@ -87,6 +87,7 @@ impl Engine {
                 source,
                 offset,
                 raw,
+                hash,
             }),
             &self.shared,
         );
@@ -140,8 +141,7 @@ impl Engine {
 
     pub(super) fn update_queue_limit(&mut self) {
         let cap = self.shared.config.mailbox_capacity;
-        let p = self.shared.config.parallelising_factor;
-        let subtasks = (self.tasks.len() * p).max(1);
+        let subtasks = self.tasks.values().map(|t| t.factor).sum::<usize>().max(1);
         self.queue_limit = cap.min((QUEUED_PER_PROCESS * cap / subtasks).max(MIN_QUEUE.min(cap)));
     }
 }

@@ -168,6 +168,8 @@ pub struct Engine {
     changelog_reader: Option<Arc<dyn ChangelogReader>>,
     /// Records one sub-task may queue now (see [`Engine::queue_limit`]).
     queue_limit: usize,
+    /// Per input partition, a parallelising factor other than the configured one.
+    factors: HashMap<u32, usize>,
 }
 
 impl Engine {
@@ -257,6 +259,7 @@ impl Engine {
             reports: rx,
             changelog_reader: None,
             queue_limit: 0,
+            factors: HashMap::new(),
         }
         .with_queue_limit())
     }

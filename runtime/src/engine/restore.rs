@@ -20,19 +20,19 @@
 //! The caller then commits the partition's offsets with the new lineage in the metadata before
 //! the task processes (the Kafka source does), which is how the next owner learns of it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
-use rill_state::{Progress, StateDb, SubTaskState, TopicOffset};
+use rill_state::{Progress, StateDb, StoreWrite, SubTaskState, TopicOffset};
 use rill_topology::KeyRange;
 
 use super::changelog::{
     base_record, changelog_topic, claim_record, classify, Base, ChangelogReader, Claim, Entry,
 };
-use super::task::{open_states, PriorClaim, Task};
+use super::task::{open_states, resplit_local, PriorClaim, Task};
 use super::{Engine, EngineError, Shared, TaskId};
 use crate::sink::Deliveries;
 
@@ -107,7 +107,7 @@ impl Engine {
         let shared = self.shared.clone();
         let stop = cancel.clone();
         let (prior, lineage) = (task.prior, task.lineage);
-        let p = self.factor();
+        let p = task.factor;
         let thread = std::thread::Builder::new()
             .name(format!("rill-restore-{partition}"))
             .spawn(move || {
@@ -115,6 +115,7 @@ impl Engine {
                 let app = &shared.config.application_id;
                 let started = Instant::now();
                 let result = (|| {
+                    resplit_local(&db, stores, partition, p)?;
                     let mut states = open_states(&db, stores, partition, p)?;
                     if !trusted(prior, &states) {
                         tracing::info!(
@@ -273,10 +274,13 @@ pub struct RestoreSummary {
     pub repairs: Vec<Vec<(String, BTreeSet<Vec<u8>>)>>,
 }
 
-/// A data record waiting for confirmation: (lineage, attempt, key, value).
-type Waiting = (u64, u64, Vec<u8>, Option<Vec<u8>>);
+/// A data record waiting for confirmation: (lineage, attempt, changelog offset, write).
+type Waiting = (u64, u64, u64, StoreWrite);
 
-/// Per range of the deciding store: data waiting for its confirmation.
+/// A data record and the changelog offset it was read at.
+type Read = (u64, StoreWrite);
+
+/// Per commit range of the deciding store: data waiting for its confirmation.
 #[derive(Default)]
 struct Pending {
     entries: Vec<Waiting>,
@@ -284,34 +288,92 @@ struct Pending {
 
 impl Pending {
     /// Takes out the entries of `lineage` up to `attempt` (confirmed); with `others`, every
-    /// other lineage's entry goes to `orphans`.
-    fn confirm(
-        &mut self,
-        lineage: u64,
-        attempt: u64,
-        others: bool,
-        orphans: &mut BTreeSet<Vec<u8>>,
-    ) -> rill_state::StoreEntries {
+    /// other lineage's entry is returned as dropped too.
+    fn confirm(&mut self, lineage: u64, attempt: u64, others: bool) -> (Vec<Read>, Vec<Read>) {
         let mut confirmed = Vec::new();
+        let mut dropped = Vec::new();
         let mut keep = Vec::new();
-        for (l, a, key, value) in self.entries.drain(..) {
+        for (l, a, at, write) in self.entries.drain(..) {
             if l == lineage && a <= attempt {
-                orphans.remove(&key);
-                confirmed.push((key, value));
+                confirmed.push((at, write));
             } else if others && l != lineage {
-                orphans.insert(key);
+                dropped.push((at, write));
             } else {
-                keep.push((l, a, key, value));
+                keep.push((l, a, at, write));
             }
         }
         self.entries = keep;
-        confirmed
+        (confirmed, dropped)
+    }
+}
+
+/// The newest complete commit (or base entry) the deciding store showed for one commit range,
+/// with the offset it was read at (later ones win, hash by hash).
+struct Final {
+    at: u64,
+    progress: Progress,
+}
+
+/// Where restored records go: the task's current ranges, and what each already holds locally.
+struct Targets<'s> {
+    ranges: Vec<KeyRange>,
+    states: &'s mut [SubTaskState],
+    /// Per range: keys with an unconfirmed record, and the offset of the newest one. A key is
+    /// repaired unless a confirmed record of it comes later in the log.
+    orphans: Vec<BTreeMap<Vec<u8>, u64>>,
+}
+
+impl Targets<'_> {
+    /// The index of the current range holding `hash`.
+    fn of(&self, hash: u64) -> usize {
+        self.ranges
+            .partition_point(|r| r.end < hash)
+            .min(self.ranges.len() - 1)
+    }
+
+    /// Applies confirmed writes of `store` to the ranges of their hashes.
+    fn apply(&mut self, store: &str, writes: Vec<Read>) -> Result<(), EngineError> {
+        let mut per_range: BTreeMap<usize, Vec<StoreWrite>> = BTreeMap::new();
+        for (at, w) in writes {
+            let r = self.of(w.hash);
+            if self.orphans[r].get(&w.key).is_some_and(|&o| o < at) {
+                self.orphans[r].remove(&w.key);
+            }
+            per_range.entry(r).or_default().push(w);
+        }
+        for (r, writes) in per_range {
+            self.states[r]
+                .apply_restored(store, &writes, None)
+                .map_err(EngineError::from)?;
+        }
+        Ok(())
+    }
+
+    /// Marks the keys of `writes` for repair in the ranges of their hashes.
+    fn orphan(&mut self, writes: impl IntoIterator<Item = Read>) {
+        for (at, w) in writes {
+            let r = self.of(w.hash);
+            let newest = self.orphans[r].entry(w.key).or_insert(at);
+            *newest = (*newest).max(at);
+        }
+    }
+
+    /// The keys to repair per range, leaving none behind.
+    fn take_orphans(&mut self) -> Vec<BTreeSet<Vec<u8>>> {
+        let n = self.ranges.len();
+        std::mem::replace(&mut self.orphans, vec![BTreeMap::new(); n])
+            .into_iter()
+            .map(|o| o.into_keys().collect())
+            .collect()
     }
 }
 
 /// Restores the sub-task states of one task (partition `partition`, ranges in order) from the
-/// changelogs of `stores`, then writes each advanced range's progress. Returns what it did;
-/// stops with an error soon after `cancel` is set.
+/// changelogs of `stores`, then writes each advanced range's progress. Commits of other factors
+/// (before a change of the parallelising factor) are applied entry by entry to the current range
+/// of each entry's routing hash, and each range's progress is composed from the newest commits
+/// covering its hashes (`rill_state::carry`). Returns what it did; stops with an error soon after
+/// `cancel` is set.
 pub fn restore(
     reader: &dyn ChangelogReader,
     application_id: &str,
@@ -320,26 +382,32 @@ pub fn restore(
     states: &mut [SubTaskState],
     cancel: &AtomicBool,
 ) -> Result<RestoreSummary, EngineError> {
+    let n = states.len();
     let mut summary = RestoreSummary {
-        repairs: vec![Vec::new(); states.len()],
+        repairs: vec![Vec::new(); n],
         ..RestoreSummary::default()
     };
     let Some(last) = stores.last() else {
         return Ok(summary);
     };
     let ranges: Vec<KeyRange> = states.iter().map(SubTaskState::range).collect();
-    let n = ranges.len();
-    // What the deciding store tells: per range, the highest confirmed attempt per lineage and
-    // the newest complete commit (its progress and the position after its marker).
-    let mut confirmed: Vec<HashMap<u64, u64>> = vec![HashMap::new(); n];
-    let mut finals: Vec<Option<(Progress, u64)>> = vec![None; n];
-    let mut positions: Vec<Vec<TopicOffset>> = vec![Vec::new(); n];
-    let mut repairs: Vec<Vec<(String, BTreeSet<Vec<u8>>)>> = vec![Vec::new(); n];
-
+    let locals: Vec<Option<Progress>> = states
+        .iter()
+        .map(|s| s.committed_progress().cloned())
+        .collect();
+    // What the deciding store tells: per commit range, the highest confirmed attempt per lineage
+    // and the newest complete commit.
+    let mut confirmed: BTreeMap<KeyRange, HashMap<u64, u64>> = BTreeMap::new();
+    let mut finals: BTreeMap<KeyRange, Final> = BTreeMap::new();
+    let mut targets = Targets {
+        ranges: ranges.clone(),
+        states,
+        orphans: vec![BTreeMap::new(); n],
+    };
     // The last store decides which commits are complete.
     {
         let topic = changelog_topic(application_id, last);
-        let checkpoints = checkpoints(states, &topic);
+        let checkpoints = checkpoints(&locals, &topic);
         let from = checkpoints
             .iter()
             .map(|c| c.unwrap_or(0))
@@ -347,16 +415,15 @@ pub fn restore(
             .unwrap_or(0);
         // The lineage accepted at `from`: the writer of the commit `from` follows (the range with
         // the oldest checkpoint); from the start, whoever claims first.
-        let oldest = states
+        let oldest = locals
             .iter()
             .zip(&checkpoints)
-            .filter_map(|(s, c)| c.map(|c| (c, s.committed_progress())))
+            .filter_map(|(p, c)| c.map(|c| (c, p.as_ref())))
             .min_by_key(|(c, _)| *c)
             .and_then(|(c, p)| (c == from).then_some(p).flatten());
         let mut accepted: Option<u64> = oldest.map(|p| p.lineage);
         let mut accepted_generation = oldest.map_or(i32::MIN, |p| p.generation);
-        let mut pending: Vec<Pending> = (0..n).map(|_| Pending::default()).collect();
-        let mut orphans: Vec<BTreeSet<Vec<u8>>> = vec![BTreeSet::new(); n];
+        let mut pending: BTreeMap<KeyRange, Pending> = BTreeMap::new();
         let count = reader.read(&topic, partition, from, cancel, &mut |offset, record| {
             match classify(&topic, partition, offset, record)? {
                 Entry::Claim(claim) => {
@@ -370,77 +437,96 @@ pub fn restore(
                     if accepted != Some(base.lineage) {
                         return Ok(());
                     }
-                    for r in 0..n {
-                        if checkpoints[r].is_some_and(|c| offset < c) {
-                            continue;
+                    for p in &base.ranges {
+                        let range = p.range();
+                        let (ok, dropped) = pending
+                            .entry(range)
+                            .or_default()
+                            .confirm(p.lineage, p.attempt, true);
+                        targets.apply(last, ok)?;
+                        targets.orphan(dropped);
+                        let max = confirmed
+                            .entry(range)
+                            .or_default()
+                            .entry(p.lineage)
+                            .or_insert(0);
+                        *max = (*max).max(p.attempt);
+                        let newer = finals.get(&range).is_some_and(|f| {
+                            f.progress.lineage == p.lineage && f.progress.attempt >= p.attempt
+                        });
+                        if !newer {
+                            finals.insert(
+                                range,
+                                Final {
+                                    at: offset,
+                                    progress: p.clone(),
+                                },
+                            );
                         }
-                        let from = base.ranges.iter().find(|p| p.range() == ranges[r]);
-                        let (lineage, attempt) = from.map_or((0, 0), |p| (p.lineage, p.attempt));
-                        let apply = pending[r].confirm(lineage, attempt, true, &mut orphans[r]);
-                        states[r]
-                            .apply_restored(last, &apply, None)
-                            .map_err(EngineError::from)?;
-                        if let Some(p) = from {
-                            let max = confirmed[r].entry(p.lineage).or_insert(0);
-                            *max = (*max).max(p.attempt);
-                            let newer = finals[r].as_ref().is_some_and(|(f, _)| {
-                                f.lineage == p.lineage && f.attempt >= p.attempt
-                            });
-                            if !newer {
-                                finals[r] = Some((p.clone(), offset + 1));
-                            }
+                    }
+                    // Data of older lineages the base does not confirm never will be.
+                    let based: Vec<KeyRange> = base.ranges.iter().map(Progress::range).collect();
+                    for (range, waiting) in pending.iter_mut() {
+                        if !based.contains(range) {
+                            let (_, dropped) = waiting.confirm(base.lineage, 0, true);
+                            targets.orphan(dropped);
                         }
                     }
                 }
-                Entry::Data { id, key, value } => {
-                    let r = range_index(&ranges, id.range, &topic, partition)?;
+                Entry::Data { id, write } => {
+                    let r = targets.of(write.hash);
                     if checkpoints[r].is_some_and(|c| offset < c) {
                         return Ok(());
                     }
                     if accepted.is_some_and(|l| l != id.lineage) {
-                        orphans[r].insert(key);
+                        targets.orphan([(offset, write)]);
                     } else {
-                        pending[r]
+                        pending
+                            .entry(id.range)
+                            .or_default()
                             .entries
-                            .push((id.lineage, id.attempt, key, value));
+                            .push((id.lineage, id.attempt, offset, write));
                     }
                 }
-                Entry::Marker(progress) => {
-                    let r = range_index(&ranges, progress.range(), &topic, partition)?;
-                    if checkpoints[r].is_some_and(|c| offset < c)
-                        || accepted.is_some_and(|l| l != progress.lineage)
-                    {
+                Entry::Marker(mut progress) => {
+                    if accepted.is_some_and(|l| l != progress.lineage) {
                         return Ok(());
                     }
                     accepted = Some(progress.lineage);
                     accepted_generation = accepted_generation.max(progress.generation);
-                    let apply = pending[r].confirm(
+                    let range = progress.range();
+                    let (ok, _) = pending.entry(range).or_default().confirm(
                         progress.lineage,
                         progress.attempt,
                         false,
-                        &mut orphans[r],
                     );
-                    states[r]
-                        .apply_restored(last, &apply, None)
-                        .map_err(EngineError::from)?;
-                    let max = confirmed[r].entry(progress.lineage).or_insert(0);
+                    targets.apply(last, ok)?;
+                    let max = confirmed
+                        .entry(range)
+                        .or_default()
+                        .entry(progress.lineage)
+                        .or_insert(0);
                     *max = (*max).max(progress.attempt);
-                    finals[r] = Some((progress, offset + 1));
+                    // The marker itself is where this store's changelog continues.
+                    set_changelog_position(&mut progress, &topic, offset + 1);
+                    finals.insert(
+                        range,
+                        Final {
+                            at: offset,
+                            progress,
+                        },
+                    );
                 }
             }
             Ok(())
         })?;
         summary.records.push((last.clone(), count));
-        for (r, (p, mut o)) in pending.into_iter().zip(orphans).enumerate() {
-            o.extend(p.entries.into_iter().map(|(_, _, k, _)| k));
-            if let Some((_, position)) = &finals[r] {
-                positions[r].push(TopicOffset {
-                    topic: topic.clone(),
-                    next_offset: *position,
-                });
-            }
+        for waiting in pending.into_values() {
+            targets.orphan(waiting.entries.into_iter().map(|(_, _, at, w)| (at, w)));
+        }
+        for (r, o) in targets.take_orphans().into_iter().enumerate() {
             if !o.is_empty() {
-                repairs[r].push((last.clone(), o));
+                summary.repairs[r].push((last.clone(), o));
             }
         }
     }
@@ -448,119 +534,124 @@ pub fn restore(
     // Every other store applies exactly the data of the commits the last store confirmed.
     for store in &stores[..stores.len() - 1] {
         let topic = changelog_topic(application_id, store);
-        let checkpoints = checkpoints(states, &topic);
+        let checkpoints = checkpoints(&locals, &topic);
         let from = checkpoints
             .iter()
             .map(|c| c.unwrap_or(0))
             .min()
             .unwrap_or(0);
-        let mut batches: Vec<rill_state::StoreEntries> = vec![Vec::new(); n];
-        let mut orphans: Vec<BTreeSet<Vec<u8>>> = vec![BTreeSet::new(); n];
-        let mut store_positions: Vec<Option<u64>> = vec![None; n];
+        let mut batch: Vec<Read> = Vec::new();
         let count = reader.read(&topic, partition, from, cancel, &mut |offset, record| {
-            match classify(&topic, partition, offset, record)? {
-                Entry::Claim(_) | Entry::Base(_) => {}
-                Entry::Data { id, key, value } => {
-                    let r = range_index(&ranges, id.range, &topic, partition)?;
-                    if checkpoints[r].is_some_and(|c| offset < c) {
-                        return Ok(());
-                    }
-                    if confirmed[r]
-                        .get(&id.lineage)
-                        .is_some_and(|&max| id.attempt <= max)
-                    {
-                        orphans[r].remove(&key);
-                        batches[r].push((key, value));
-                        if batches[r].len() >= RESTORE_BATCH {
-                            let batch = std::mem::take(&mut batches[r]);
-                            states[r]
-                                .apply_restored(store, &batch, None)
-                                .map_err(EngineError::from)?;
-                        }
-                    } else {
-                        orphans[r].insert(key);
-                    }
+            if let Entry::Data { id, write } = classify(&topic, partition, offset, record)? {
+                let r = targets.of(write.hash);
+                if checkpoints[r].is_some_and(|c| offset < c) {
+                    return Ok(());
                 }
-                Entry::Marker(progress) => {
-                    let r = range_index(&ranges, progress.range(), &topic, partition)?;
-                    let is_final = finals[r].as_ref().is_some_and(|(f, _)| {
-                        f.lineage == progress.lineage && f.attempt == progress.attempt
-                    });
-                    if is_final {
-                        store_positions[r] = Some(offset + 1);
+                let ok = confirmed
+                    .get(&id.range)
+                    .and_then(|c| c.get(&id.lineage))
+                    .is_some_and(|&max| id.attempt <= max);
+                if ok {
+                    batch.push((offset, write));
+                    if batch.len() >= RESTORE_BATCH {
+                        targets.apply(store, std::mem::take(&mut batch))?;
                     }
+                } else {
+                    targets.orphan([(offset, write)]);
                 }
             }
             Ok(())
         })?;
+        targets.apply(store, batch)?;
         summary.records.push((store.clone(), count));
-        for r in 0..n {
-            let batch = std::mem::take(&mut batches[r]);
-            if !batch.is_empty() {
-                states[r]
-                    .apply_restored(store, &batch, None)
-                    .map_err(EngineError::from)?;
-            }
-            // Without its final marker (compacted away) the store keeps its old position: the
-            // next restore reads a little more, which is harmless.
-            let next = store_positions[r].or(checkpoints[r]);
-            if let Some(next_offset) = next {
-                positions[r].push(TopicOffset {
-                    topic: topic.clone(),
-                    next_offset,
-                });
-            }
-            let o = std::mem::take(&mut orphans[r]);
+        for (r, o) in targets.take_orphans().into_iter().enumerate() {
             if !o.is_empty() {
-                repairs[r].push((store.clone(), o));
+                summary.repairs[r].push((store.clone(), o));
             }
         }
     }
 
-    for (r, fin) in finals.into_iter().enumerate() {
-        let Some((mut progress, _)) = fin else {
+    // Each range's progress: per hash, the newest of its local progress and the commits read.
+    let deciding = changelog_topic(application_id, last);
+    for (r, range) in ranges.iter().enumerate() {
+        let local_at = locals[r]
+            .as_ref()
+            .and_then(|p| p.changelog_position(&deciding));
+        let newer: Vec<(KeyRange, u64, &Progress)> = finals
+            .iter()
+            .filter(|(k, f)| k.overlaps(range) && local_at.is_none_or(|c| f.at >= c))
+            .map(|(k, f)| (*k, f.at, &f.progress))
+            .collect();
+        if newer.is_empty() {
             continue;
-        };
-        progress.changelogs = std::mem::take(&mut positions[r]);
-        states[r]
+        }
+        let mut candidates = newer;
+        if let (Some(local), Some(at)) = (&locals[r], local_at) {
+            // The local checkpoint is older than every candidate above it.
+            candidates.push((*range, at.saturating_sub(1), local));
+        }
+        let parts = newest_per_hash(*range, &candidates);
+        let progress = rill_state::carry::compose(*range, &parts);
+        targets.states[r]
             .apply_restored(last, &[], Some(progress))
             .map_err(EngineError::from)?;
         summary.ranges_restored += 1;
     }
-    summary.repairs = repairs;
     Ok(summary)
 }
 
-/// Entries buffered per range before a restore writes them to RocksDB.
+/// A cover of `range` by the candidates' ranges, each hash taking the candidate read last.
+fn newest_per_hash<'p>(
+    range: KeyRange,
+    candidates: &[(KeyRange, u64, &'p Progress)],
+) -> Vec<(KeyRange, &'p Progress)> {
+    let mut cuts: Vec<u64> = vec![range.start];
+    for (k, _, _) in candidates {
+        if let Some(i) = rill_state::carry::intersection(*k, range) {
+            cuts.push(i.start);
+            if i.end < range.end {
+                cuts.push(i.end + 1);
+            }
+        }
+    }
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut parts: Vec<(KeyRange, &Progress)> = Vec::new();
+    for (i, &start) in cuts.iter().enumerate() {
+        let end = cuts.get(i + 1).map_or(range.end, |next| next - 1);
+        let piece = KeyRange { start, end };
+        let newest = candidates
+            .iter()
+            .filter(|(k, _, _)| k.contains(start))
+            .max_by_key(|(_, at, _)| *at);
+        if let Some((_, _, p)) = newest {
+            match parts.last_mut() {
+                Some((prev, q)) if std::ptr::eq(*q, *p) && prev.end + 1 == start => prev.end = end,
+                _ => parts.push((piece, p)),
+            }
+        }
+    }
+    parts
+}
+
+/// Sets the position of changelog `topic` in `progress` to `next_offset`.
+fn set_changelog_position(progress: &mut Progress, topic: &str, next_offset: u64) {
+    match progress.changelogs.iter_mut().find(|o| o.topic == topic) {
+        Some(o) => o.next_offset = next_offset,
+        None => progress.changelogs.push(TopicOffset {
+            topic: topic.to_string(),
+            next_offset,
+        }),
+    }
+}
+
+/// Entries buffered before a restore writes them to RocksDB.
 const RESTORE_BATCH: usize = 4096;
 
 /// Each range's local position in changelog `topic`, if it has one.
-fn checkpoints(states: &[SubTaskState], topic: &str) -> Vec<Option<u64>> {
-    states
+fn checkpoints(locals: &[Option<Progress>], topic: &str) -> Vec<Option<u64>> {
+    locals
         .iter()
-        .map(|s| {
-            s.committed_progress()
-                .and_then(|p| p.changelog_position(topic))
-        })
+        .map(|p| p.as_ref().and_then(|p| p.changelog_position(topic)))
         .collect()
-}
-
-/// The index of `range` among the task's ranges.
-fn range_index(
-    ranges: &[KeyRange],
-    range: KeyRange,
-    topic: &str,
-    partition: u32,
-) -> Result<usize, EngineError> {
-    ranges
-        .iter()
-        .position(|k| *k == range)
-        .ok_or_else(|| EngineError::Config {
-            key: "parallelising.factor",
-            message: format!(
-                "changelog `{topic}` partition {partition} has a commit of key range {range} \
-                 that this factor does not have; run with the factor the application was \
-                 written with"
-            ),
-        })
 }

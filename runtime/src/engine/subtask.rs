@@ -37,13 +37,18 @@ pub struct Lineage {
 }
 
 use super::commit::Sealed;
-use super::origin::{topic_id, Origin, OriginSource, ORIGIN_HEADER};
+use super::origin::{
+    is_duplicate, record_applied, topic_id, Origin, OriginEntry, OriginKey, ORIGIN_HEADER,
+};
 use super::task::Fence;
 use super::{DeserializationHandler, EngineError, Shared, Source};
 use crate::sink::Deliveries;
 
 /// (source topic index, next offset) pairs.
 pub(crate) type TopicOffsets = Vec<(usize, u64)>;
+
+/// (source topic index, part of the range, next offset): what a range had applied at open.
+pub(crate) type LocalOffsets = Vec<(usize, KeyRange, u64)>;
 
 /// Items a sub-task processes per job before yielding the worker.
 const BATCH: usize = 256;
@@ -66,6 +71,8 @@ pub(crate) struct Input {
     pub source: Arc<Source>,
     pub offset: u64,
     pub raw: RawRecord,
+    /// The record's routing hash (its key's, or its offset's for a null key).
+    pub hash: u64,
 }
 
 /// Work in a mailbox.
@@ -92,8 +99,11 @@ pub(crate) struct Core {
     pub(super) sealed: Option<Sealed>,
     /// This range's outputs in flight (the sink settles them).
     pub(super) deliveries: Arc<Deliveries>,
-    /// Highest origin applied per (repartition source index, upstream origin source).
-    pub(super) origins: BTreeMap<(usize, OriginSource), (u64, u32)>,
+    /// Repartition origins applied, per (repartition source, upstream topic, partition).
+    pub(super) origins: BTreeMap<OriginKey, Vec<OriginEntry>>,
+    /// Parts of the range that applied further than `committed` (after a factor change); kept
+    /// in the progress until the range has passed them.
+    pub(super) carried: Vec<rill_state::CarriedOffset>,
     /// The task's owner; every commit carries it.
     pub(super) lineage: Lineage,
     /// Commit attempts made in this lineage (the next one is `attempt + 1`; never reused).
@@ -136,16 +146,14 @@ impl SubTask {
         state: Option<SubTaskState>,
         topics: usize,
         opening: Opening,
-    ) -> Result<(Arc<SubTask>, TopicOffsets), EngineError> {
+    ) -> Result<(Arc<SubTask>, LocalOffsets), EngineError> {
         let mut state = state;
-        for (store, keys) in &opening.repairs {
-            if let Some(s) = state.as_mut().and_then(|s| s.store(store)) {
+        if let Some(s) = state.as_mut() {
+            for (store, keys) in &opening.repairs {
                 for key in keys {
-                    // Writing the current value back makes the first commit send it again.
-                    match s.get(key)? {
-                        Some(v) => s.put(key, &v)?,
-                        None => s.delete(key)?,
-                    }
+                    // The current value written again: the first commit sends it after the
+                    // unconfirmed record it must shadow.
+                    s.touch(store, key)?;
                 }
             }
         }
@@ -161,21 +169,36 @@ impl SubTask {
             shared.wall_clock_interval.fetch_min(ms, Ordering::Relaxed);
         }
         let mut committed = vec![None; topics];
-        let mut origins = BTreeMap::new();
+        let mut origins: BTreeMap<OriginKey, Vec<OriginEntry>> = BTreeMap::new();
         let mut resume = Vec::new();
+        let mut carried = Vec::new();
         let names = shared.topic_names(id.sub_topology);
         if let Some(p) = state.as_ref().and_then(|s| s.committed_progress()) {
             for o in &p.offsets {
                 if let Some(i) = names.iter().position(|n| *n == o.topic) {
                     committed[i] = Some(o.next_offset);
-                    resume.push((i, o.next_offset));
+                    resume.push((i, id.range, o.next_offset));
+                }
+            }
+            // Parts that applied further than the range (after a factor change): the
+            // dispatcher skips their records hash by hash.
+            for c in &p.carried {
+                if let Some(i) = names.iter().position(|n| *n == c.topic) {
+                    resume.push((i, c.range(), c.next_offset));
+                    carried.push(c.clone());
                 }
             }
             for o in &p.origins {
                 // Origins of a repartition topic the topology no longer reads are dropped.
                 if let Some(via) = names.iter().position(|n| topic_id(n) == o.via_topic) {
-                    let source = (o.source_topic, o.partition, o.range_start, o.range_end);
-                    origins.insert((via, source), (o.offset, o.seq));
+                    origins
+                        .entry((via, o.source_topic, o.partition))
+                        .or_default()
+                        .push(OriginEntry {
+                            upstream: o.range(),
+                            covers: o.covers(),
+                            position: (o.offset, o.seq),
+                        });
                 }
             }
             instance.set_stream_time(p.stream_time);
@@ -188,6 +211,7 @@ impl SubTask {
             sealed: None,
             deliveries,
             origins,
+            carried,
             lineage: opening.lineage,
             attempt: 0,
             fence: opening.fence,
@@ -293,6 +317,9 @@ impl Core {
             Work::Punctuate(now) => {
                 // No origin: wall-clock outputs depend on time, so a replay cannot reproduce
                 // them; downstream applies them at least once.
+                if let Some(state) = self.state.as_mut() {
+                    state.set_routing_hash(id.range.start);
+                }
                 let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
                 let r = self
                     .instance
@@ -322,17 +349,16 @@ impl Core {
         let mut raw = input.raw;
         if source.topic.is_internal() {
             if let Some(o) = Origin::from_headers(&raw.headers) {
-                let key = (source.index, o.source());
-                if self
+                let entries = self
                     .origins
-                    .get(&key)
-                    .is_some_and(|&seen| o.position() <= seen)
-                {
+                    .entry((source.index, o.topic, o.partition))
+                    .or_default();
+                if is_duplicate(entries, &o, input.hash) {
                     shared.stats.count_skipped_duplicate();
                     self.processed[source.index] = Some(input.offset + 1);
                     return Ok(());
                 }
-                self.origins.insert(key, o.position());
+                record_applied(entries, &o, input.hash, id.range);
             }
             raw.headers.remove(ORIGIN_HEADER);
         }
@@ -374,11 +400,14 @@ impl Core {
                 })
             }
         };
+        if let Some(state) = self.state.as_mut() {
+            state.set_routing_hash(input.hash);
+        }
         if let Some(record) = record {
             self.latency_tick = self.latency_tick.wrapping_add(1);
             let started = crate::metrics::sample_latency(self.latency_tick);
             let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
-            env.origin = Some((source.id, input.offset));
+            env.origin = Some((source.id, input.offset, input.hash));
             let r = self
                 .instance
                 .process(&source.topic, record, &meta, &mut env);
@@ -443,7 +472,7 @@ struct Env<'a> {
     deliveries: &'a Arc<Deliveries>,
     /// (input topic id, input offset) of the record being processed; `None` outside of one
     /// (wall-clock punctuation, init), whose repartition outputs carry no origin.
-    origin: Option<(u64, u64)>,
+    origin: Option<(u64, u64, u64)>,
     seq: u32,
     error: Option<EngineError>,
 }
@@ -485,11 +514,12 @@ impl TaskEnv for Env<'_> {
         }
         let resolved = self.shared.output_name(topic);
         let partition = if topic.is_internal() {
-            if let Some((topic, offset)) = self.origin {
+            if let Some((topic, offset, hash)) = self.origin {
                 let origin = Origin {
                     topic,
                     partition: self.id.partition,
                     range: self.id.range,
+                    hash,
                     offset,
                     seq: self.seq,
                 };

@@ -124,6 +124,8 @@ pub(crate) struct Task {
     pub lineage: Lineage,
     /// Fenced when the partition is lost or its drain times out.
     pub fence: Arc<Fence>,
+    /// Key ranges of this task (its parallelising factor).
+    pub factor: usize,
     /// The restore in progress, if any; the task takes no records until it is done.
     pub restoring: Option<Restoring>,
     /// Metric handles of this task.
@@ -188,7 +190,6 @@ impl Engine {
             let task = self.new_task(key)?;
             self.tasks.insert(key, task);
         }
-        let p = self.shared.config.parallelising_factor;
         let Some(task) = self.tasks.get_mut(&key) else {
             return Err(EngineError::NotAssigned {
                 topic: topic.to_string(),
@@ -213,7 +214,7 @@ impl Engine {
             };
         }
         task.lineage.generation = task.lineage.generation.max(resume.generation);
-        for (r, range) in ranges(p).iter().enumerate() {
+        for (r, range) in ranges(task.factor).iter().enumerate() {
             if let Some(floor) = floor_of(range, &resume.ranges) {
                 task.trackers[i].raise_floor(r, floor);
             }
@@ -230,30 +231,8 @@ impl Engine {
     /// A task waiting for its inputs, with a new lineage.
     fn new_task(&self, id: TaskId) -> Result<Task, EngineError> {
         let (sub, partition) = (id.sub_topology, id.partition);
-        let st = &self.shared.topology.sub_topologies()[sub];
         let names = self.shared.topic_names(sub);
-        let p = self.shared.config.parallelising_factor;
-        if let (Some(db), true) = (&self.db, st.is_stateful()) {
-            let current = ranges(p);
-            if let Some(cf) = db.column_families().into_iter().find(|cf| {
-                cf.partition == partition
-                    && st.stores.contains(&cf.store)
-                    && !current.contains(&cf.range)
-            }) {
-                return Err(EngineError::Config {
-                    key: "parallelising.factor",
-                    message: format!(
-                        "state dir {} holds store `{}` partition {} in key range {} of another factor; \
-                         run with the factor the state was written with, or move the state dir away \
-                         to rebuild it",
-                        db.dir().display(),
-                        cf.store,
-                        partition,
-                        cf.range
-                    ),
-                });
-            }
-        }
+        let p = self.factor_of(partition);
         Ok(Task {
             subtasks: Vec::new(),
             trackers: names
@@ -270,6 +249,7 @@ impl Engine {
                 generation: 0,
             },
             fence: Arc::default(),
+            factor: p,
             restoring: None,
             metrics: crate::metrics::TaskMetrics::new(&names, partition, p),
         })
@@ -290,7 +270,8 @@ impl Engine {
                 self.start_restore(reader.clone(), db.clone(), sub, partition, &task)
                     .map(|r| task.restoring = Some(r))
             }
-            (Some(db), true, None) => open_states(db, &st.stores, partition, self.factor())
+            (Some(db), true, None) => resplit_local(db, &st.stores, partition, task.factor)
+                .and_then(|()| open_states(db, &st.stores, partition, task.factor))
                 .and_then(|states| {
                     let restored = Restored {
                         repairs: vec![Vec::new(); states.len()],
@@ -323,7 +304,7 @@ impl Engine {
         let topics = task.trackers.len();
         let mut states = restored.states.into_iter();
         let mut repairs = restored.repairs.into_iter();
-        for (index, range) in ranges(self.factor()).into_iter().enumerate() {
+        for (index, range) in ranges(task.factor).into_iter().enumerate() {
             let id = SubTaskId {
                 sub_topology: sub,
                 partition,
@@ -336,17 +317,23 @@ impl Engine {
                 repairs: repairs.next().unwrap_or_default(),
             };
             let (subtask, local) = SubTask::open(id, &self.shared, states.next(), topics, opening)?;
-            for (i, next) in local {
-                task.resume[i].push((range, next));
-                task.trackers[i].raise_floor(index, next);
+            for (i, part, next) in local {
+                task.resume[i].push((part, next));
+                if part == range {
+                    task.trackers[i].raise_floor(index, next);
+                }
             }
             task.subtasks.push(subtask);
         }
         Ok(())
     }
 
-    pub(super) fn factor(&self) -> usize {
-        self.shared.config.parallelising_factor
+    /// The parallelising factor a task of `partition` gets when it starts.
+    pub(super) fn factor_of(&self, partition: u32) -> usize {
+        self.factors
+            .get(&partition)
+            .copied()
+            .unwrap_or(self.shared.config.parallelising_factor)
     }
 
     /// Whether records of `topic`/`partition` are accepted.
@@ -393,7 +380,7 @@ impl Engine {
             partition,
         })?;
         // Every current range must be covered, or some range needs the committed offset.
-        ranges(self.factor())
+        ranges(task.factor)
             .iter()
             .map(|r| floor_of(r, &task.resume[i]))
             .collect::<Option<Vec<u64>>>()
@@ -545,6 +532,28 @@ impl Engine {
         }
         Ok(None)
     }
+}
+
+/// Moves the state of `stores` for `partition` into the ranges of factor `p` when a previous run
+/// (or a live change) left it in other ranges.
+pub(super) fn resplit_local(
+    db: &Arc<StateDb>,
+    stores: &[String],
+    partition: u32,
+    p: usize,
+) -> Result<(), EngineError> {
+    let started = Instant::now();
+    if let Some(done) = rill_state::resplit::resplit(db, stores, partition, &ranges(p))? {
+        tracing::info!(
+            partition,
+            from_ranges = done.from.len(),
+            to_ranges = p,
+            entries = done.entries,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "moved the state to the ranges of the new parallelising factor"
+        );
+    }
+    Ok(())
 }
 
 /// Opens (creating when missing) the state of each of the `p` ranges of `partition`.

@@ -1,0 +1,125 @@
+//! The child processes the orchestrator runs as systems under test: the rill runner and the bare
+//! rdkafka consume-and-produce loop (this binary with `--child rill|bare`).
+
+use super::*;
+
+pub(crate) static FIRST: AtomicBool = AtomicBool::new(false);
+
+pub(crate) fn first_seen() {
+    if !FIRST.load(Ordering::Relaxed) && !FIRST.swap(true, Ordering::SeqCst) {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "FIRST {}", now_us());
+        let _ = out.flush();
+    }
+}
+
+pub(crate) fn sleep_of(v: &str) -> u64 {
+    v.split(' ')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+pub(crate) fn arg_map(args: &[String]) -> BTreeMap<String, String> {
+    args.chunks(2)
+        .filter_map(|c| match c {
+            [k, v] => Some((k.trim_start_matches("--").to_string(), v.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+pub(crate) fn child_rill(a: &BTreeMap<String, String>) {
+    let (input, output) = (&a["input"], &a["output"]);
+    let builder = StreamsBuilder::new();
+    let s = builder
+        .stream(input, StringSerde, StringSerde)
+        .peek(|_, _| first_seen());
+    match a["scenario"].as_str() {
+        "s1" => s
+            .map_values(|v: String| {
+                std::thread::sleep(Duration::from_micros(sleep_of(&v)));
+                v
+            })
+            .to_with(output, Produced::with(StringSerde, StringSerde)),
+        "s2" => s.group_by_key().count("counts").to_stream().to(output),
+        _ => s
+            .filter(|_, v: &String| passes(v))
+            .map_values(|v: String| v.to_ascii_uppercase())
+            .to_with(output, Produced::with(StringSerde, StringSerde)),
+    }
+    let mut cfg = ConfigBuilder::new()
+        .set("application.id", &a["app"])
+        .set("bootstrap.servers", &a["bootstrap"])
+        .set("parallelising.factor", &a["p"])
+        .set("state.dir", &a["state"])
+        .set("metrics.addr", "off");
+    if let Some(t) = a.get("threads") {
+        cfg = cfg.set("worker.threads", t);
+    }
+    for kv in std::env::var("RILL_BENCH_SET")
+        .unwrap_or_default()
+        .split(',')
+    {
+        if let Some((k, v)) = kv.split_once('=') {
+            cfg = cfg.set(k.trim(), v.trim());
+        }
+    }
+    let config = cfg.build().expect("rill config");
+    let runtime = Runtime::new(builder.build().expect("topology"), config).expect("runtime");
+    let running = runtime.start().expect("start");
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        if running.is_finished() {
+            eprintln!("rill runtime stopped");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// The ceiling: consume, filter + map, produce, with rill's producer settings.
+pub(crate) fn child_bare(a: &BTreeMap<String, String>) {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &a["bootstrap"])
+        .set("group.id", &a["app"])
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "true")
+        .set("fetch.wait.max.ms", "10")
+        .set("socket.nagle.disable", "true")
+        .create()
+        .expect("consumer");
+    consumer
+        .subscribe(&[a["input"].as_str()])
+        .expect("subscribe");
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", &a["bootstrap"])
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .set("compression.type", "lz4")
+        .set("partitioner", "murmur2_random")
+        .set("socket.nagle.disable", "true")
+        .create()
+        .expect("producer");
+    let output = a["output"].as_str();
+    loop {
+        let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        first_seen();
+        let Some(v) = m.payload_view::<str>().and_then(Result::ok) else {
+            continue;
+        };
+        if !passes(v) {
+            continue;
+        }
+        let up = v.to_ascii_uppercase();
+        let mut r = BaseRecord::to(output).payload(up.as_str());
+        if let Some(k) = m.key() {
+            r = r.key(k);
+        }
+        while let Err((_, back)) = producer.send(r) {
+            r = back;
+            producer.poll(Duration::from_millis(1));
+        }
+    }
+}

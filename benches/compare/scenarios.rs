@@ -1,0 +1,590 @@
+//! The scenarios S1-S4: their inputs, one throughput or latency run, and a scenario's runs over
+//! every system.
+
+use super::*;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Sc {
+    S1,
+    S2,
+    S3,
+    S4,
+}
+
+impl Sc {
+    pub(crate) fn id(self) -> &'static str {
+        match self {
+            Sc::S1 => "s1",
+            Sc::S2 => "s2",
+            Sc::S3 => "s3",
+            Sc::S4 => "s4",
+        }
+    }
+    pub(crate) fn title(self) -> &'static str {
+        match self {
+            Sc::S1 => "S1 I/O-bound: a 0-5 ms sleep per record, 1 partition",
+            Sc::S2 => "S2 CPU-bound stateful: count by key, 4 partitions",
+            Sc::S3 => "S3 stateless filter + map to a sink, 4 partitions",
+            Sc::S4 => "S4 latency at a fixed 20k records/s (S3's topology)",
+        }
+    }
+    pub(crate) fn systems(self) -> Vec<System> {
+        let rill = |name: &str, p, threads| {
+            System::new(
+                name,
+                Kind::Rill {
+                    p,
+                    threads,
+                    set: "",
+                },
+            )
+        };
+        match self {
+            Sc::S1 => vec![
+                rill("rill P=1", 1, Some(64)),
+                rill("rill P=16", 16, Some(64)),
+                rill("rill P=64", 64, Some(64)),
+                System::new("Kafka Streams", Kind::Streams { threads: 1 }),
+                System::new(
+                    "Parallel Consumer",
+                    Kind::ParallelConsumer { concurrency: 64 },
+                ),
+            ],
+            Sc::S2 => vec![
+                rill("rill P=1", 1, None),
+                System::new("Kafka Streams", Kind::Streams { threads: 4 }),
+            ],
+            Sc::S3 => vec![
+                System::new("bare rdkafka loop", Kind::Bare),
+                rill("rill P=1", 1, None),
+                System::new("Kafka Streams", Kind::Streams { threads: 4 }),
+            ],
+            Sc::S4 => vec![
+                System::new("broker round trip", Kind::Direct),
+                System::new("bare rdkafka loop", Kind::Bare),
+                rill("rill P=1", 1, None),
+                // librdkafka leaves Nagle's algorithm on by default; rill does not turn it off
+                // (yet). This variant shows what that costs in latency.
+                System::new(
+                    "rill P=1, Nagle off",
+                    Kind::Rill {
+                        p: 1,
+                        threads: None,
+                        set: "kafka.socket.nagle.disable=true",
+                    },
+                ),
+                System::new("Kafka Streams", Kind::Streams { threads: 4 }),
+            ],
+        }
+    }
+    pub(crate) fn reference(self) -> &'static str {
+        match self {
+            Sc::S1 => "rill P=64",
+            _ => "rill P=1",
+        }
+    }
+}
+
+/// The input of one scenario, produced once.
+pub(crate) struct Input {
+    pub(crate) topic: String,
+    pub(crate) partitions: u32,
+    pub(crate) records: u64,
+    /// S1, S3: output records expected. S2: the number of keys.
+    pub(crate) expected: u64,
+    /// S2: the final count of each key.
+    pub(crate) truth: Vec<i64>,
+    pub(crate) params: BTreeMap<String, String>,
+}
+
+pub(crate) fn produce_input(ctx: &Ctx, sc: Sc, stamp: u64) -> Input {
+    let topic = format!("bench-{}-in-{stamp}", sc.id());
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ sc as u64);
+    let mut params = BTreeMap::new();
+    let p = input_producer(&ctx.bootstrap, 20).expect("producer");
+    let input = match sc {
+        Sc::S1 => {
+            let n = if ctx.quick { 2_000 } else { 10_000 };
+            create(ctx, &topic, 1);
+            let mut total_us = 0;
+            for i in 0..n {
+                let us = rng.below(5_001);
+                total_us += us;
+                let v = format!("{us} payload-{i:08}-{}", "x".repeat(40));
+                send(
+                    &p,
+                    &topic,
+                    Some(format!("k{i:05}").as_bytes()),
+                    v.as_bytes(),
+                )
+                .expect("send");
+            }
+            params.insert("records".into(), n.to_string());
+            params.insert("distinct keys".into(), n.to_string());
+            params.insert(
+                "sleep per record".into(),
+                "uniform 0-5000 us, carried in the value".into(),
+            );
+            params.insert(
+                "sum of sleeps".into(),
+                format!("{:.1} s", total_us as f64 / 1e6),
+            );
+            Input {
+                topic: topic.clone(),
+                partitions: 1,
+                records: n,
+                expected: n,
+                truth: vec![],
+                params,
+            }
+        }
+        Sc::S2 => {
+            let (n, keys) = if ctx.quick {
+                (400_000u64, 100_000u64)
+            } else {
+                (2_000_000, 100_000)
+            };
+            create(ctx, &topic, 4);
+            let mut truth = vec![0i64; keys as usize];
+            for i in 0..n {
+                let k = rng.below(keys);
+                truth[k as usize] += 1;
+                send(
+                    &p,
+                    &topic,
+                    Some(format!("key-{k:06}").as_bytes()),
+                    format!("v{i}").as_bytes(),
+                )
+                .expect("send");
+            }
+            params.insert("records".into(), n.to_string());
+            params.insert("keys".into(), format!("{keys} (uniform random)"));
+            Input {
+                topic: topic.clone(),
+                partitions: 4,
+                records: n,
+                expected: keys,
+                truth,
+                params,
+            }
+        }
+        Sc::S3 => {
+            let n = if ctx.quick { 400_000u64 } else { 2_000_000 };
+            create(ctx, &topic, 4);
+            let mut pass = 0;
+            for i in 0..n {
+                let v = words_value(&mut rng, 0);
+                pass += passes(&v) as u64;
+                send(
+                    &p,
+                    &topic,
+                    Some(format!("key-{:05}", i % 10_000).as_bytes()),
+                    v.as_bytes(),
+                )
+                .expect("send");
+            }
+            params.insert("records".into(), n.to_string());
+            params.insert("records passing the filter".into(), pass.to_string());
+            Input {
+                topic: topic.clone(),
+                partitions: 4,
+                records: n,
+                expected: pass,
+                truth: vec![],
+                params,
+            }
+        }
+        Sc::S4 => unreachable!("S4 produces during each run"),
+    };
+    p.flush(Duration::from_secs(120)).expect("flush input");
+    input
+}
+
+/// One throughput run (S1-S3).
+pub(crate) fn throughput_run(ctx: &Ctx, sc: Sc, sys: &System, input: &Input, tag: &str) -> Run {
+    let output = format!("{tag}-out");
+    create(ctx, &output, input.partitions);
+    let watch = reader(ctx, &output, input.partitions, &format!("{tag}-reader"));
+    let mut h = spawn(ctx, sys, sc.id(), &input.topic, &output, tag);
+    let timeout = Duration::from_secs(match (sc, ctx.quick) {
+        (Sc::S1, true) => 90,
+        (Sc::S1, false) => 180,
+        (_, true) => 300,
+        (_, false) => 900,
+    });
+    let start = Instant::now();
+    let mut latest = vec![0i64; input.truth.len()];
+    // Keys that never occur are final from the start (count 0, no output).
+    let mut final_keys = input.truth.iter().filter(|&&t| t == 0).count() as u64;
+    let mut fail = None;
+    loop {
+        if start.elapsed() > timeout {
+            fail = Some(format!("timed out after {} s", timeout.as_secs()));
+            break;
+        }
+        if h.exited() {
+            fail = Some(format!("exited early (log: {tag}.log)"));
+            break;
+        }
+        if sc == Sc::S2 {
+            // Read every count update; done when every key's latest count is final.
+            let mut polled = 0;
+            while polled < 10_000 {
+                let Some(Ok(m)) = watch.poll(Duration::from_millis(10)) else {
+                    break;
+                };
+                polled += 1;
+                let (Some(k), Some(v)) = (m.key(), m.payload()) else {
+                    continue;
+                };
+                let (Ok(idx), Ok(b)) = (
+                    std::str::from_utf8(&k[4..])
+                        .unwrap_or("x")
+                        .parse::<usize>()
+                        .map_err(|_| ()),
+                    <[u8; 8]>::try_from(v),
+                ) else {
+                    continue;
+                };
+                let n = i64::from_be_bytes(b);
+                let (was, want) = (latest[idx], input.truth[idx]);
+                latest[idx] = n;
+                if was != want && n == want {
+                    final_keys += 1;
+                } else if was == want && n != want {
+                    final_keys -= 1;
+                }
+            }
+            if final_keys == input.expected {
+                break;
+            }
+        } else {
+            if high_watermarks(&watch, &output, input.partitions) >= input.expected {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let t_done = now_us();
+    let pid = h.pid();
+    let cpu_done = cpu_ticks(pid).unwrap_or(0);
+    let rss = peak_rss_mb(pid);
+    let first = *h.first.lock().unwrap();
+    h.kill();
+    let _ = fs::remove_dir_all(ctx.tmp.join(format!("state-{tag}")));
+    if let Some(note) = fail {
+        return Run {
+            note,
+            peak_rss_mb: rss,
+            ..Run::default()
+        };
+    }
+    let Some((t_first, cpu_first)) = first else {
+        return Run {
+            note: "no FIRST line from the child".into(),
+            ..Run::default()
+        };
+    };
+    let wall = (t_done.saturating_sub(t_first)) as f64 / 1e6;
+    let cpu = cpu_done.saturating_sub(cpu_first) as f64 / TICKS_PER_S;
+    Run {
+        ok: true,
+        note: String::new(),
+        records: input.records,
+        wall_s: wall,
+        records_per_s: input.records as f64 / wall,
+        cpu_s: cpu,
+        cpu_s_per_m: cpu / (input.records as f64 / 1e6),
+        peak_rss_mb: rss,
+        ..Run::default()
+    }
+}
+
+pub(crate) fn percentile(sorted: &[u64], q: f64) -> f64 {
+    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i] as f64 / 1000.0
+}
+
+/// One latency run (S4): prime, then produce at a fixed rate and time each output record.
+pub(crate) fn latency_run(ctx: &Ctx, sys: &System, tag: &str, rate: u64, secs: u64) -> Run {
+    // Direct: no system in between; the orchestrator's own produce-to-read floor.
+    let direct = matches!(sys.kind, Kind::Direct);
+    let output = format!("{tag}-out");
+    let input = if direct {
+        output.clone()
+    } else {
+        format!("{tag}-in")
+    };
+    create(ctx, &output, 4);
+    if !direct {
+        create(ctx, &input, 4);
+    }
+    // (produce time, latency) in microseconds.
+    let latencies = Arc::new(Mutex::new(Vec::<(u64, u64)>::new()));
+    let primed = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let rd = reader(ctx, &output, 4, &format!("{tag}-reader"));
+    let (l2, p2, s2) = (latencies.clone(), primed.clone(), stop.clone());
+    let out2 = output.clone();
+    let reader_thread = std::thread::spawn(move || {
+        let _ = &out2;
+        while !s2.load(Ordering::Relaxed) {
+            let Some(Ok(m)) = rd.poll(Duration::from_millis(50)) else {
+                continue;
+            };
+            let now = now_us();
+            let ts = m
+                .payload()
+                .and_then(|v| std::str::from_utf8(v.get(..16)?).ok()?.parse::<u64>().ok())
+                .unwrap_or(0);
+            if ts == 0 {
+                p2.fetch_add(1, Ordering::Relaxed);
+            } else {
+                l2.lock().unwrap().push((ts, now.saturating_sub(ts)));
+            }
+        }
+    });
+    let mut h = (!direct).then(|| spawn(ctx, sys, "s4", &input, &output, tag));
+    let p = input_producer(&ctx.bootstrap, 0).expect("producer");
+    let mut rng = Rng(0xC0FF_EE00_D15E_A5E5);
+    let mut prime_pass = 0;
+    for i in 0..400 {
+        let v = words_value(&mut rng, 0);
+        prime_pass += passes(&v) as u64;
+        send(
+            &p,
+            &input,
+            Some(format!("key-{:05}", i % 10_000).as_bytes()),
+            v.as_bytes(),
+        )
+        .expect("send");
+    }
+    p.flush(Duration::from_secs(10)).expect("flush");
+    let start = Instant::now();
+    let mut fail = None;
+    while primed.load(Ordering::Relaxed) < prime_pass {
+        if start.elapsed() > Duration::from_secs(120) || h.as_mut().is_some_and(Handle::exited) {
+            fail = Some("never became ready (priming records did not come through)".to_string());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut expected = 0u64;
+    let (mut cpu0, mut t0) = (0, Instant::now());
+    if fail.is_none() {
+        std::thread::sleep(Duration::from_secs(2));
+        cpu0 = h.as_ref().and_then(|h| cpu_ticks(h.pid())).unwrap_or(0);
+        t0 = Instant::now();
+        let total = rate * secs;
+        let mut sent = 0u64;
+        while sent < total {
+            let due = ((t0.elapsed().as_secs_f64() * rate as f64) as u64).min(total);
+            while sent < due {
+                let v = words_value(&mut rng, now_us());
+                expected += passes(&v) as u64;
+                send(
+                    &p,
+                    &input,
+                    Some(format!("key-{:05}", sent % 10_000).as_bytes()),
+                    v.as_bytes(),
+                )
+                .expect("send");
+                sent += 1;
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        p.flush(Duration::from_secs(10)).expect("flush");
+        let end = Instant::now();
+        while (latencies.lock().unwrap().len() as u64) < expected
+            && end.elapsed() < Duration::from_secs(60)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let (mut cpu, mut rss) = (0.0, 0.0);
+    if let Some(h) = h {
+        let pid = h.pid();
+        cpu = cpu_ticks(pid).unwrap_or(0).saturating_sub(cpu0) as f64 / TICKS_PER_S;
+        rss = peak_rss_mb(pid);
+        h.kill();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = reader_thread.join();
+    let _ = fs::remove_dir_all(ctx.tmp.join(format!("state-{tag}")));
+    if let Some(note) = fail {
+        return Run {
+            note,
+            ..Run::default()
+        };
+    }
+    let mut timed = latencies.lock().unwrap().clone();
+    // The median latency per 2 s of input, to tell a steady delay from a backlog.
+    timed.sort_unstable();
+    if let Some(&(t0, _)) = timed.first() {
+        let mut line = String::from("p50 ms per 2 s of input:");
+        for chunk in timed.chunk_by(|a, b| (a.0 - t0) / 2_000_000 == (b.0 - t0) / 2_000_000) {
+            let mut l: Vec<u64> = chunk.iter().map(|x| x.1).collect();
+            l.sort_unstable();
+            line.push_str(&format!(" {:.0}", l[l.len() / 2] as f64 / 1000.0));
+        }
+        eprint!("\n    {line}\n    ");
+    }
+    let mut lat: Vec<u64> = timed.iter().map(|x| x.1).collect();
+    lat.sort_unstable();
+    let got = lat.len() as u64;
+    if got == 0 {
+        return Run {
+            note: "no output".into(),
+            ..Run::default()
+        };
+    }
+    let records = rate * secs;
+    Run {
+        ok: got >= expected,
+        note: if got < expected {
+            format!("only {got} of {expected} outputs within 60 s after the input ended")
+        } else {
+            String::new()
+        },
+        records,
+        wall_s: wall,
+        records_per_s: records as f64 / secs as f64,
+        cpu_s: cpu,
+        cpu_s_per_m: cpu / (records as f64 / 1e6),
+        peak_rss_mb: rss,
+        p50_ms: Some(percentile(&lat, 0.50)),
+        p99_ms: Some(percentile(&lat, 0.99)),
+        max_ms: Some(percentile(&lat, 1.0)),
+        ..Run::default()
+    }
+}
+
+pub(crate) fn load_avg() -> f64 {
+    fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+pub(crate) fn sh(cmd: &str) -> String {
+    Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+pub(crate) fn machine() -> String {
+    let cpu = sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2");
+    let mem = sh("awk '/MemTotal/ {printf \"%.0f GiB\", $2/1048576}' /proc/meminfo");
+    let java = sh("java -version 2>&1 | head -1");
+    format!(
+        "{} cores ({}), {mem} RAM; Apache Kafka 4.4.0 single-node KRaft broker on the same machine (scripts/kafka); {java}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        cpu.trim()
+    )
+}
+
+pub(crate) fn run_scenario(ctx: &Ctx, sc: Sc, runs: usize) -> ScenarioResult {
+    let stamp = now_us();
+    // RILL_BENCH_SYSTEMS: comma-separated substrings of system names to run (development aid).
+    let only = std::env::var("RILL_BENCH_SYSTEMS").unwrap_or_default();
+    let systems: Vec<System> = sc
+        .systems()
+        .into_iter()
+        .filter(|s| only.is_empty() || only.split(',').any(|o| s.name.contains(o.trim())))
+        .collect();
+    let mut results: Vec<SystemResult> = systems
+        .iter()
+        .map(|s| SystemResult {
+            system: s.name.clone(),
+            config: s.config(),
+            runs: vec![],
+            median: None,
+            note: ctx.unavailable(s).unwrap_or_default(),
+        })
+        .collect();
+    let (rate, secs) = (20_000u64, if ctx.quick { 10 } else { 20 });
+    let mut params = BTreeMap::new();
+    let input = if sc == Sc::S4 {
+        params.insert("input rate".into(), format!("{rate} records/s"));
+        params.insert("measured for".into(), format!("{secs} s per run"));
+        params.insert(
+            "latency".into(),
+            "output received by the orchestrator minus the produce time carried in the value"
+                .into(),
+        );
+        None
+    } else {
+        eprintln!("[{}] producing input...", sc.id());
+        let i = produce_input(ctx, sc, stamp);
+        params.extend(i.params.clone());
+        Some(i)
+    };
+    let warmup = !ctx.quick;
+    params.insert(
+        "runs".into(),
+        format!(
+            "{runs} per system, alternating{}",
+            if warmup {
+                ", after one warm-up round"
+            } else {
+                ", no warm-up"
+            }
+        ),
+    );
+    for round in 0..runs + warmup as usize {
+        for (i, sys) in systems.iter().enumerate() {
+            if !results[i].note.is_empty() {
+                continue;
+            }
+            let tag = format!(
+                "bench-{}-{}-r{round}-{stamp}",
+                sc.id(),
+                sys.name
+                    .chars()
+                    .filter_map(|c| match c {
+                        'a'..='z' | 'A'..='Z' | '0'..='9' => Some(c.to_ascii_lowercase()),
+                        ' ' | '=' | '-' => Some('-'),
+                        _ => None,
+                    })
+                    .collect::<String>()
+            );
+            eprint!("[{}] round {round} {:<20} ", sc.id(), sys.name);
+            let load_avg = load_avg();
+            let mut run = match &input {
+                Some(input) => throughput_run(ctx, sc, sys, input, &tag),
+                None => latency_run(ctx, sys, &tag, rate, secs),
+            };
+            run.load_avg = load_avg;
+            eprintln!(
+                "{} {:>10.0} rec/s  cpu {:>6.2} s/M  rss {:>6.0} MB  p50 {:?} p99 {:?} load {:.1} {}",
+                if run.ok { "ok  " } else { "FAIL" },
+                run.records_per_s,
+                run.cpu_s_per_m,
+                run.peak_rss_mb,
+                run.p50_ms,
+                run.p99_ms,
+                run.load_avg,
+                run.note
+            );
+            if round >= warmup as usize {
+                results[i].runs.push(run);
+            }
+        }
+    }
+    for r in &mut results {
+        r.median = median(&r.runs);
+    }
+    ScenarioResult {
+        scenario: sc.id().into(),
+        title: sc.title().into(),
+        mode: if ctx.quick { "quick" } else { "full" }.into(),
+        date: sh("date -u +%Y-%m-%dT%H:%MZ"),
+        machine: machine(),
+        params,
+        reference: sc.reference().into(),
+        systems: results,
+    }
+}

@@ -1,0 +1,274 @@
+//! Progress across a change of the parallelising factor: the progress of a new key range composed
+//! from the progress of the old ranges that held its hashes.
+//!
+//! Every hash `h` of a range has, per source topic, a next offset `next(h)`: every record routed
+//! to `h` below it was applied. A range stores the smallest of them as its offset and the parts
+//! that are further as [`CarriedOffset`]s. Repartition origins are kept per downstream hash
+//! interval the same way (an entry's `lo..=hi`). Composition preserves `next(h)` and the origin
+//! positions of every hash exactly, so skipping applied records and de-duplicating replayed ones
+//! work across splits, merges and factors that do not divide each other; nothing is applied twice.
+//!
+//! The stream time of a composed range is the largest of its parts' (a merged range has seen all
+//! their records); changelog positions the smallest (a restore from the composed checkpoint must
+//! read everything any part has not).
+
+use std::collections::BTreeMap;
+
+use rill_topology::keyrange::KeyRange;
+
+use crate::progress::{CarriedOffset, Origin, Progress, TopicOffset};
+
+/// The intersection of two ranges, if they share a hash.
+pub fn intersection(a: KeyRange, b: KeyRange) -> Option<KeyRange> {
+    let start = a.start.max(b.start);
+    let end = a.end.min(b.end);
+    (start <= end).then_some(KeyRange { start, end })
+}
+
+/// Per topic, the next offset of each hash interval of `p` clipped to `part` (its carried parts,
+/// and its own offset elsewhere): the exact `next(h)` of every hash of `part`.
+fn next_offsets(p: &Progress, part: KeyRange) -> BTreeMap<&str, Vec<(KeyRange, u64)>> {
+    let mut out: BTreeMap<&str, Vec<(KeyRange, u64)>> = BTreeMap::new();
+    for o in &p.offsets {
+        let mut pieces = vec![(part, o.next_offset)];
+        for c in p.carried.iter().filter(|c| c.topic == o.topic) {
+            if let Some(inside) = intersection(c.range(), part) {
+                pieces = cut(pieces, inside, c.next_offset);
+            }
+        }
+        out.insert(&o.topic, pieces);
+    }
+    out
+}
+
+/// `pieces` (a cover of a range) with `inside` taking offset `next`.
+fn cut(pieces: Vec<(KeyRange, u64)>, inside: KeyRange, next: u64) -> Vec<(KeyRange, u64)> {
+    let mut out = Vec::new();
+    for (r, n) in pieces {
+        let Some(common) = intersection(r, inside) else {
+            out.push((r, n));
+            continue;
+        };
+        if r.start < common.start {
+            out.push((
+                KeyRange {
+                    start: r.start,
+                    end: common.start - 1,
+                },
+                n,
+            ));
+        }
+        out.push((common, next.max(n)));
+        if common.end < r.end {
+            out.push((
+                KeyRange {
+                    start: common.end + 1,
+                    end: r.end,
+                },
+                n,
+            ));
+        }
+    }
+    out
+}
+
+/// The progress of `range`, composed of `parts`: each the progress that holds for the hashes of
+/// its range clipped to `range`. The parts must cover `range` without overlapping (the newest
+/// known progress of every hash); a hash no part covers has applied nothing.
+pub fn compose(range: KeyRange, parts: &[(KeyRange, &Progress)]) -> Progress {
+    let parts: Vec<(KeyRange, &Progress)> = parts
+        .iter()
+        .filter_map(|(r, p)| intersection(*r, range).map(|r| (r, *p)))
+        .collect();
+    let covered: u128 = parts
+        .iter()
+        .map(|(r, _)| (r.end - r.start) as u128 + 1)
+        .sum();
+    let whole = covered == (range.end - range.start) as u128 + 1;
+    // The writer fields of the part whose checkpoint is oldest: a restore from the composed
+    // checkpoint starts where that part's did.
+    let oldest = parts
+        .iter()
+        .min_by_key(|(_, p)| p.changelogs.iter().map(|o| o.next_offset).min())
+        .map(|(_, p)| *p);
+    let mut out = match oldest {
+        Some(p) => Progress {
+            offsets: Vec::new(),
+            origins: Vec::new(),
+            changelogs: Vec::new(),
+            carried: Vec::new(),
+            stream_time: None,
+            ..p.clone()
+        },
+        None => Progress::new(range, "", 0),
+    };
+    out.range_start = range.start;
+    out.range_end = range.end;
+    out.offsets.clear();
+    // Offsets: a topic every part has (and the parts cover the range) gets the smallest; the
+    // parts further on are carried.
+    let per_part: Vec<BTreeMap<&str, Vec<(KeyRange, u64)>>> =
+        parts.iter().map(|(r, p)| next_offsets(p, *r)).collect();
+    let mut topics: Vec<&str> = per_part.iter().flat_map(|m| m.keys().copied()).collect();
+    topics.sort_unstable();
+    topics.dedup();
+    for topic in topics {
+        let everywhere = whole && per_part.iter().all(|m| m.contains_key(topic));
+        let pieces: Vec<(KeyRange, u64)> = per_part
+            .iter()
+            .filter_map(|m| m.get(topic))
+            .flatten()
+            .copied()
+            .collect();
+        let floor = if everywhere {
+            let floor = pieces.iter().map(|(_, n)| *n).min().unwrap_or(0);
+            out.offsets.push(TopicOffset {
+                topic: topic.to_string(),
+                next_offset: floor,
+            });
+            floor
+        } else {
+            0
+        };
+        for (r, n) in pieces {
+            if n > floor {
+                out.carried.push(CarriedOffset {
+                    topic: topic.to_string(),
+                    range_start: r.start,
+                    range_end: r.end,
+                    next_offset: n,
+                });
+            }
+        }
+    }
+    for (r, p) in &parts {
+        for o in &p.origins {
+            if let Some(covers) = intersection(o.covers(), *r) {
+                out.origins.push(Origin {
+                    lo: covers.start,
+                    hi: covers.end,
+                    ..o.clone()
+                });
+            }
+        }
+        out.stream_time = out.stream_time.max(p.stream_time);
+    }
+    // Changelog positions: the smallest over the parts, for topics every part has.
+    let mut positions: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
+    for (_, p) in &parts {
+        for o in &p.changelogs {
+            let e = positions.entry(&o.topic).or_insert((0, u64::MAX));
+            e.0 += 1;
+            e.1 = e.1.min(o.next_offset);
+        }
+    }
+    out.changelogs = positions
+        .into_iter()
+        .filter(|(_, (n, _))| whole && *n == parts.len())
+        .map(|(topic, (_, next_offset))| TopicOffset {
+            topic: topic.to_string(),
+            next_offset,
+        })
+        .collect();
+    out
+}
+
+/// The next offset of `topic` for hash `hash` under `p` (0 when the range never applied it).
+pub fn next_for(p: &Progress, topic: &str, hash: u64) -> u64 {
+    let own = p.next_offset(topic).unwrap_or(0);
+    p.carried
+        .iter()
+        .filter(|c| c.topic == topic && c.range().contains(hash))
+        .map(|c| c.next_offset)
+        .max()
+        .map_or(own, |c| c.max(own))
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use rill_topology::ranges;
+
+    use super::*;
+
+    /// A progress record for `range` with per-hash offsets from `next` (sampled at the bounds
+    /// of the given cuts) and one origin.
+    fn progress(range: KeyRange, offsets: &[(KeyRange, u64)], stream_time: i64) -> Progress {
+        let mut p = Progress::new(
+            range,
+            "t",
+            offsets.iter().map(|(_, n)| *n).min().unwrap_or(0),
+        );
+        for (r, n) in offsets {
+            if let Some(inside) = intersection(*r, range) {
+                p.carried.push(CarriedOffset {
+                    topic: "t".into(),
+                    range_start: inside.start,
+                    range_end: inside.end,
+                    next_offset: *n,
+                });
+            }
+        }
+        p.stream_time = Some(stream_time);
+        p.origins.push(Origin {
+            partition: 0,
+            range_start: 0,
+            range_end: u64::MAX,
+            offset: stream_time as u64,
+            seq: 0,
+            source_topic: 1,
+            via_topic: 2,
+            lo: range.start,
+            hi: range.end,
+        });
+        p
+    }
+
+    proptest! {
+        /// Splitting, merging and re-splitting under factors that do not divide each other keeps
+        /// `next(h)` and every origin position of every hash.
+        #[test]
+        fn composition_keeps_every_hashs_offset_and_origin(
+            old_p in 1usize..7,
+            new_p in 1usize..7,
+            nexts in proptest::collection::vec(0u64..1000, 8),
+            probes in proptest::collection::vec(any::<u64>(), 16),
+        ) {
+            let old = ranges(old_p);
+            // Per old range: two halves with their own offsets (as after an earlier change).
+            let olds: Vec<Progress> = old.iter().enumerate().map(|(i, r)| {
+                let mid = r.start + (r.end - r.start) / 2;
+                let halves = [
+                    (KeyRange { start: r.start, end: mid }, nexts[(2 * i) % 8]),
+                    (KeyRange { start: mid.saturating_add(1).min(r.end), end: r.end }, nexts[(2 * i + 1) % 8]),
+                ];
+                progress(*r, &halves, i as i64)
+            }).collect();
+            let parts: Vec<(KeyRange, &Progress)> = old.iter().copied().zip(&olds).collect();
+            for new in ranges(new_p) {
+                let c = compose(new, &parts);
+                prop_assert_eq!(c.range(), new);
+                for h in probes.iter().copied().chain([new.start, new.end]) {
+                    if !new.contains(h) { continue; }
+                    let src = &olds[rill_topology::range_of(h, old_p)];
+                    prop_assert_eq!(next_for(&c, "t", h), next_for(src, "t", h), "hash {:016x}", h);
+                    let origin = c.origins.iter().find(|o| o.covers().contains(h));
+                    prop_assert_eq!(origin.map(|o| o.offset), Some(src.stream_time.unwrap_or(0) as u64));
+                }
+                let max_time = parts.iter().filter(|(r, _)| intersection(*r, new).is_some()).filter_map(|(_, p)| p.stream_time).max();
+                prop_assert_eq!(c.stream_time, max_time);
+            }
+        }
+    }
+
+    #[test]
+    fn an_uncovered_part_makes_the_offset_unknown_but_keeps_the_covered_ones() {
+        let full = KeyRange::FULL;
+        let half = ranges(2);
+        let p = Progress::new(half[0], "t", 40);
+        let c = compose(full, &[(half[0], &p)]);
+        assert_eq!(c.next_offset("t"), None, "the other half applied nothing");
+        assert_eq!(next_for(&c, "t", half[0].start), 40);
+        assert_eq!(next_for(&c, "t", half[1].start), 0);
+    }
+}
