@@ -17,22 +17,26 @@
 //!     cargo run --release --example windowed_count    # a real cluster: only processes, until SIGTERM
 //! ```
 //! Settings come from `--config FILE` (TOML), `RILL_CONFIG` and `RILL_*` environment variables
-//! (see `rill_runtime::config`); `--input T` and `--output T` change the topic names.
+//! (see `rill_runtime::config`); `--input T` and `--output T` change the topic names. On a real
+//! cluster it creates the two topics (4 partitions) when they are missing.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use rdkafka::Message;
+use clap::Parser;
+use rdkafka::producer::BaseRecord;
 use rill::prelude::*;
+use rill::runtime::kafka::admin::{client_config, create_topics};
 use rill::runtime::{ConfigBuilder, Runtime};
+
+mod common;
 
 const INPUT: &str = "clicks";
 const OUTPUT: &str = "clicks-per-window";
+/// Partitions of the topics the example creates.
+const PARTITIONS: u32 = 4;
 
 /// The topology: clicks -> count per user and tumbling window -> final counts only.
 fn topology(
@@ -74,10 +78,8 @@ fn feed(
     topic: String,
     grace_ms: i64,
     stop: Arc<AtomicBool>,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .create()?;
+) -> Result<(), common::Error> {
+    let producer = common::input_producer(&bootstrap, 5)?;
     let mut i: u64 = 0;
     while !stop.load(Ordering::SeqCst) {
         // A cheap deterministic spread: 1 click in 7 is out of order, 1 in 97 too late.
@@ -87,85 +89,82 @@ fn feed(
             _ => 0,
         };
         let user = format!("user-{}", (i * 7 + i / 3) % 20);
-        let record = BaseRecord::<str, str>::to(&topic)
-            .key(&user)
-            .payload("click")
+        let record = BaseRecord::<[u8], [u8]>::to(&topic)
+            .key(user.as_bytes())
+            .payload(b"click".as_slice())
             .timestamp(now_ms() - late);
-        let _ = producer.send(record);
+        common::producer::send_record(&producer, record)?;
         i += 1;
         if i % 50 == 0 {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
-    producer.flush(Duration::from_secs(5))?;
+    common::flush(&producer)?;
     Ok(())
 }
 
 /// Prints each final count as it arrives.
-fn show(
-    bootstrap: String,
-    topic: String,
-    stop: Arc<AtomicBool>,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("group.id", "windowed-count-demo-reader")
-        .set("auto.offset.reset", "earliest")
-        .set("session.timeout.ms", "6000")
-        .create()?;
-    consumer.subscribe(&[topic.as_str()])?;
-    while !stop.load(Ordering::SeqCst) {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-            if let (Some(k), Some(v)) = (m.key(), m.payload()) {
-                if let Ok(n) = I64Serde.deserialize(v) {
-                    println!("  {:<32} {n:>6} clicks", String::from_utf8_lossy(k));
-                }
-            }
+fn show(bootstrap: String, topic: String, stop: Arc<AtomicBool>) -> Result<(), common::Error> {
+    common::read(&bootstrap, &topic, &stop, |k, v| {
+        if let Ok(n) = I64Serde.deserialize(v) {
+            println!("  {:<32} {n:>6} clicks", String::from_utf8_lossy(k));
         }
-    }
-    Ok(())
+    })
 }
 
 fn main() -> ExitCode {
     rill::runtime::service::exit_code(run())
 }
 
+/// Command-line options.
+#[derive(Parser)]
+#[command(about = "Clicks per user per tumbling window, emitted once per window")]
+struct Cli {
+    /// Window size in milliseconds
+    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..))]
+    window_ms: u64,
+    /// How late (event time, milliseconds) a click may arrive and still count
+    #[arg(long, default_value_t = 10_000)]
+    grace_ms: u64,
+    /// Stop after this many seconds (embedded cluster only; default: run until Ctrl-C)
+    #[arg(long)]
+    seconds: Option<u64>,
+    /// Topic of the clicks
+    #[arg(long, default_value = INPUT)]
+    input: String,
+    /// Topic of the final counts
+    #[arg(long, default_value = OUTPUT)]
+    output: String,
+    #[command(flatten)]
+    service: common::ServiceArgs,
+}
+
 fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let cli = Cli::parse();
     rill::runtime::service::init_logging();
-    let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| -> Option<String> {
-        let i = args.iter().position(|a| a == name)?;
-        args.get(i + 1).cloned()
-    };
-    let number = |name: &str, default: u64| -> Result<u64, String> {
-        arg(name).map_or(Ok(default), |s| {
-            s.parse()
-                .map_err(|_| format!("{name} takes a whole number, got `{s}`"))
-        })
-    };
-    let window_ms = number("--window-ms", 60_000)?;
-    let grace_ms = number("--grace-ms", 10_000)?;
-    if window_ms == 0 {
-        return Err("--window-ms must be at least 1".into());
-    }
-    let seconds = arg("--seconds")
-        .map(|_| number("--seconds", 0))
-        .transpose()?;
-    let input = arg("--input").unwrap_or_else(|| INPUT.to_string());
-    let output = arg("--output").unwrap_or_else(|| OUTPUT.to_string());
+    let (window_ms, grace_ms) = (cli.window_ms, cli.grace_ms);
+    let (input, output) = (cli.input, cli.output);
     let config = ConfigBuilder::new()
         .set("application.id", "windowed-count")
         .set("parallelising.factor", 4)
-        .with_config_file_and_env(arg("--config").map(std::path::PathBuf::from).as_deref())
+        .with_config_file_and_env(cli.service.config.as_deref())
         .build()?;
+    let kafka = config.kafka.clone();
     let runtime = Runtime::new(topology(&input, &output, window_ms, grace_ms)?, config)?;
     let Some(cluster) = runtime.embedded() else {
-        // A real cluster: only process, until SIGTERM / SIGINT.
+        // A real cluster: create the two topics when missing (existing ones are left as they
+        // are), then only process, until SIGTERM / SIGINT.
+        let admin = client_config(runtime.bootstrap_servers(), &kafka);
+        let topics = [(input.clone(), PARTITIONS), (output.clone(), PARTITIONS)];
+        if let Err(e) = create_topics(&admin, &topics, Duration::from_secs(30)) {
+            // The runtime waits for the brokers and names a topic that is still missing.
+            eprintln!("could not create {input} and {output} ({e}); they must exist");
+        }
         runtime.run_until_signal()?;
         return Ok(());
     };
-    cluster.create_topic(&input, 4)?;
-    cluster.create_topic(&output, 4)?;
+    cluster.create_topic(&input, PARTITIONS)?;
+    cluster.create_topic(&output, PARTITIONS)?;
     println!(
         "embedded cluster at {}; feeding clicks, counting per user in {window_ms} ms windows \
          (grace {grace_ms} ms); final counts appear as windows close (Ctrl-C stops)",
@@ -183,7 +182,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             std::thread::spawn(move || show(b, t, s))
         },
     ];
-    match seconds {
+    match cli.seconds {
         Some(s) => {
             let running = runtime.start()?;
             std::thread::sleep(Duration::from_secs(s));

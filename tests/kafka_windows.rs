@@ -21,8 +21,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::service::{example_binary, kill, terminate, Rng, Service};
-use common::{create_topic, long, producer, read_until, unique};
-use rdkafka::producer::{BaseRecord, Producer};
+use common::{bootstrap, create_topic, long, producer, read_until, unique};
+use rdkafka::producer::BaseRecord;
 use rill::topology::{key_hash, range_of};
 
 const PARTITIONS: u32 = 4;
@@ -88,24 +88,16 @@ fn flush(at: i64) -> Vec<Click> {
 }
 
 fn send(topic: &str, clicks: &[Click]) {
-    let p = producer();
+    let p = producer::input_producer(&bootstrap(), 5).expect("producer");
     for c in clicks {
-        let mut r = BaseRecord::<str, str>::to(topic)
-            .key(&c.user)
-            .payload("click")
+        let r = BaseRecord::<[u8], [u8]>::to(topic)
+            .key(c.user.as_bytes())
+            .payload(b"click".as_slice())
             .partition(c.partition)
             .timestamp(c.ts);
-        loop {
-            match p.send(r) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    r = back;
-                    p.poll(Duration::from_millis(10));
-                }
-            }
-        }
+        producer::send_record(&p, r).expect("send");
     }
-    p.flush(Duration::from_secs(30)).expect("flush");
+    producer::flush(&p).expect("flush");
 }
 
 /// Final count per `<user>@<window start>`, and how many clicks were late.

@@ -2,6 +2,7 @@
 //! records, late records, emit-final (emit strategy and suppress) across restarts, expiry,
 //! timestamp extractors, and the Processor API's window stores.
 
+use std::path::Path;
 use std::time::Duration;
 
 use rill::prelude::*;
@@ -329,6 +330,78 @@ fn expired_windows_leave_the_store() {
     assert!(store.fetch(&"k0".to_string(), 0, 940).is_empty());
 }
 
+/// Compacts every column family of `store` in the RocksDB under the state dir `dir` and returns
+/// the window start of every window-store entry left (data keys are `0x01 'w' T(start) key`).
+fn window_starts_on_disk(dir: &Path, store: &str) -> Vec<i64> {
+    let path = dir.join("rocksdb");
+    let opts = rocksdb::Options::default();
+    let cfs = rocksdb::DB::list_cf(&opts, &path).expect("list column families");
+    let db = rocksdb::DB::open_cf(&opts, &path, &cfs).expect("open the state dir's RocksDB");
+    let ours: Vec<&String> = cfs
+        .iter()
+        .filter(|n| n.starts_with(&format!("{store}.")))
+        .collect();
+    assert!(!ours.is_empty(), "no column family of {store} in {cfs:?}");
+    let mut starts = Vec::new();
+    for name in ours {
+        let cf = db.cf_handle(name).expect("column family");
+        db.compact_range_cf(&cf, None::<&[u8]>, None::<&[u8]>);
+        for item in db.iterator_cf(&cf, rocksdb::IteratorMode::Start) {
+            let (k, _) = item.expect("read");
+            if let [0x01, b'w', t @ ..] = &k[..] {
+                let t: [u8; 8] = t[..8].try_into().expect("8-byte time");
+                starts.push(i64::from_be_bytes(t) ^ i64::MIN);
+            }
+        }
+    }
+    starts
+}
+
+#[test]
+fn expiry_keeps_the_window_store_on_disk_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = StreamsBuilder::new();
+    // Default retention: size + grace = 15 ms.
+    b.stream("in", StringSerde, StringSerde)
+        .group_by_key()
+        .windowed_by(TimeWindows::of_size_and_grace(ms(10), ms(5)))
+        .count("bounded");
+    let driver = TestDriver::builder(b.build().unwrap())
+        .partitions("in", 2)
+        .parallelising_factor(4)
+        .state_dir(dir.path())
+        .build()
+        .unwrap();
+    let input = driver.input_topic("in", StringSerde, StringSerde);
+    // 20 keys, one record each every 20 ms for 5 s: 250 windows per key without expiry.
+    for t in 0..5_000i64 {
+        input.pipe_input_at(format!("k{}", t % 20), "x".into(), t);
+        if t % 500 == 0 {
+            driver.commit().unwrap();
+        }
+    }
+    driver.commit().unwrap();
+    drop(input);
+    driver.close().unwrap();
+    let starts = window_starts_on_disk(dir.path(), "bounded");
+    // Each range's stream time is at least 4980 (each holds a key, and each key comes every
+    // 20 ms); entries below stream time - retention are deleted in steps of retention / 4 = 3.
+    assert!(
+        starts.iter().all(|&s| s >= 4_980 - 15 - 3 - 10),
+        "expired windows left on disk: {:?}",
+        starts.iter().filter(|&&s| s < 4_950).collect::<Vec<_>>()
+    );
+    assert!(
+        starts.contains(&4_990),
+        "the newest windows are kept: {starts:?}"
+    );
+    assert!(
+        starts.len() <= 20 * 5,
+        "{} window entries on disk for 20 keys",
+        starts.len()
+    );
+}
+
 #[test]
 fn timestamp_extractors_and_invalid_timestamp_handlers() {
     let build = |consumed: Consumed<String, i64>| {
@@ -465,4 +538,36 @@ fn late_records_are_counted_in_the_metric() {
         input.pipe_input_at("a".into(), "x".into(), ts);
     }
     assert_eq!(driver.with_stats(|s| s.late_dropped()), 3);
+}
+
+/// The README's windowed example, as written there.
+#[test]
+fn the_readme_windowed_example_emits_each_window_once() {
+    let builder = StreamsBuilder::new();
+    builder
+        .stream("clicks", StringSerde, BytesSerde)
+        .group_by_key()
+        .windowed_by(TimeWindows::of_size_and_grace(
+            Duration::from_secs(60),
+            Duration::from_secs(10),
+        ))
+        .count("clicks-per-window-store")
+        .suppress(Suppressed::until_window_closes(BufferConfig::unbounded()))
+        .to_stream()
+        .flat_map(|k: Option<Windowed<String>>, n: i64| {
+            k.map(|k| (format!("{}@{}", k.key, k.window.start), n))
+        })
+        .to_with("clicks-per-window", Produced::with(StringSerde, I64Serde));
+
+    let driver = TestDriver::builder(builder.build().unwrap())
+        .parallelising_factor(4)
+        .build()
+        .unwrap();
+    let clicks = driver.input_topic("clicks", StringSerde, BytesSerde);
+    clicks.pipe_input_at("alice".into(), vec![], 1_000);
+    clicks.pipe_input_at("alice".into(), vec![], 59_000);
+    let out = driver.output_topic("clicks-per-window", StringSerde, I64Serde);
+    assert!(out.is_empty(), "stream time 59 000: the window is open");
+    clicks.pipe_input_at("alice".into(), vec![], 75_000);
+    assert_eq!(out.read_key_values(), vec![("alice@0".to_string(), 2)]);
 }
