@@ -14,6 +14,7 @@ import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.KeyValue;
 import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.kstream.KStream;
+import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
 import org.apache.kafka.streams.kstream.Suppressed;
 import org.apache.kafka.streams.kstream.TimeWindows;
@@ -85,7 +86,7 @@ public final class StreamsPeer {
                     .to(output, Produced.with(Serdes.String(), Serdes.Long()));
             case "s5" -> in.groupByKey()
                     .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofSeconds(60), Duration.ofSeconds(10)))
-                    .count()
+                    .count(Materialized.with(Serdes.String(), Serdes.Long()))
                     .suppress(Suppressed.untilWindowCloses(Suppressed.BufferConfig.unbounded()))
                     .toStream()
                     .map((k, n) -> KeyValue.pair(k.key() + "@" + k.window().start(), n))
