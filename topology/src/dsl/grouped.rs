@@ -26,6 +26,10 @@ pub struct KGroupedStream<K, V> {
 /// The aggregation step of a `count`, `reduce` or `aggregate`.
 type AggregateFn<K, V, A> = Arc<dyn Fn(&K, V, Option<A>) -> A + Send + Sync>;
 
+/// What `KGroupedStream::resolve` hands back when a serde is missing: the store name and the
+/// value serde to chain on with (the error itself is recorded on the builder).
+pub(super) type Unresolved<A> = (String, Arc<dyn Serde<A>>);
+
 /// An aggregation's store, serdes and input node, resolved from its [`Materialized`].
 pub(super) struct Resolved<K, A> {
     pub store: String,
@@ -182,7 +186,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
         materialized: Materialized<K, A>,
         agg_serde: Option<Arc<dyn Serde<A>>>,
         op: &str,
-    ) -> Result<Resolved<K, A>, (String, Arc<dyn Serde<A>>)> {
+    ) -> Result<Resolved<K, A>, Unresolved<A>> {
         let Materialized {
             name,
             key_serde: store_key_serde,

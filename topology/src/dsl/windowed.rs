@@ -144,7 +144,10 @@ fn windowed_table<K: Datum + Clone, A: Datum + Clone>(
     }
 }
 
-fn window_end<K>() -> Arc<dyn Fn(&Windowed<K>) -> i64 + Send + Sync> {
+/// Reads the time a windowed key is released at (its window's end).
+type WindowTime<K> = Arc<dyn Fn(&Windowed<K>) -> i64 + Send + Sync>;
+
+fn window_end<K>() -> WindowTime<K> {
     Arc::new(|k: &Windowed<K>| k.window.end)
 }
 

@@ -167,7 +167,8 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> SlidingWindowAggregat
     ) -> Result<(), ProcessError> {
         let (d, ts) = (self.d(), p.ts);
         let mut starts = HashSet::new();
-        let (mut left, mut right): (Option<(A, i64)>, Option<(A, i64)>) = (None, None);
+        let mut left: Option<(A, i64)> = None;
+        let mut right: Option<(A, i64)> = None;
         let (mut left_exists, mut right_exists) = (false, false);
         let mut previous: Option<i64> = None;
         for (start, bytes) in store.fetch(&p.kb, (ts - 2 * d).max(0), ts + 1)? {
