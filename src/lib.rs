@@ -38,7 +38,9 @@ pub use rill_topology as topology;
 /// The names most applications need.
 pub mod prelude {
     #[cfg(feature = "test-util")]
-    pub use rill_runtime::driver::{TestDriver, TestInputTopic, TestOutputTopic, TestStore};
+    pub use rill_runtime::driver::{
+        TestDriver, TestInputTopic, TestOutputTopic, TestSessionStore, TestStore, TestWindowStore,
+    };
     pub use rill_runtime::DeserializationHandler;
     pub use rill_topology::prelude::*;
 }

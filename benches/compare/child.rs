@@ -43,6 +43,19 @@ pub(crate) fn child_rill(a: &BTreeMap<String, String>) {
             })
             .to_with(output, Produced::with(StringSerde, StringSerde)),
         "s2" => s.group_by_key().count("counts").to_stream().to(output),
+        "s5" => s
+            .group_by_key()
+            .windowed_by(TimeWindows::of_size_and_grace(
+                Duration::from_millis(S5_WINDOW_MS as u64),
+                Duration::from_millis(S5_GRACE_MS as u64),
+            ))
+            .count("counts")
+            .suppress(Suppressed::until_window_closes(BufferConfig::unbounded()))
+            .to_stream()
+            .flat_map(|k: Option<Windowed<String>>, n: i64| {
+                k.map(|k| (format!("{}@{}", k.key, k.window.start), n))
+            })
+            .to_with(output, Produced::with(StringSerde, I64Serde)),
         _ => s
             .filter(|_, v: &String| passes(v))
             .map_values(|v: String| v.to_ascii_uppercase())

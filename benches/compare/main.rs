@@ -14,7 +14,8 @@
 //! `java -jar` of a peer) with a fresh consumer group. The orchestrator measures from outside:
 //! - throughput (S1-S3): from the first record the child consumed (it prints `FIRST <micros>`)
 //!   to the moment the expected output is on the output topic (S1, S3: the output topic's high
-//!   watermarks reach the expected count; S2: every key's latest count read back equals the truth);
+//!   watermarks reach the expected count; S2: every key's latest count read back equals the truth;
+//!   S5: every (key, window)'s final count read back equals the truth);
 //! - CPU: utime + stime of the child (/proc/PID/stat) over that same interval;
 //! - peak RSS: VmHWM of the child (/proc/PID/status), read just before it is killed;
 //! - latency (S4): the produce time is the first 16 digits of each value; latency is the time the
@@ -127,7 +128,7 @@ fn main() {
     let runs = value("--runs")
         .and_then(|s| s.parse().ok())
         .unwrap_or(if quick { 1 } else { 3 });
-    let wanted = value("--scenarios").unwrap_or_else(|| "s1,s2,s3,s4".into());
+    let wanted = value("--scenarios").unwrap_or_else(|| "s1,s2,s3,s4,s5".into());
     let ctx = Ctx {
         bootstrap: common::bootstrap(),
         peers: std::env::var("RILL_BENCH_PEERS").map_or_else(
@@ -137,7 +138,7 @@ fn main() {
         tmp,
         quick,
     };
-    for sc in [Sc::S1, Sc::S2, Sc::S3, Sc::S4] {
+    for sc in [Sc::S1, Sc::S2, Sc::S3, Sc::S4, Sc::S5] {
         if !wanted.split(',').any(|w| w.trim() == sc.id()) {
             continue;
         }

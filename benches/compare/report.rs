@@ -3,7 +3,7 @@
 use super::*;
 
 pub(crate) fn load_results(dir: &Path) -> Vec<ScenarioResult> {
-    let mut v: Vec<ScenarioResult> = ["s1", "s2", "s3", "s4"]
+    let mut v: Vec<ScenarioResult> = ["s1", "s2", "s3", "s4", "s5"]
         .iter()
         .filter_map(|s| fs::read_to_string(dir.join(format!("{s}.json"))).ok())
         .filter_map(|t| serde_json::from_str(&t).ok())
@@ -91,6 +91,19 @@ pub(crate) fn goal_lines(all: &[ScenarioResult]) -> Vec<String> {
                     verdict(a <= b / 10.0)
                 ));
             }
+        }
+    }
+    if let Some(r) = get("s5") {
+        if let (Some(rill), Some(ks)) = (find(r, "rill P=1"), find(r, "Kafka Streams")) {
+            out.push(format!(
+                "- S5 (no goal set; issue 11 asks for the figure): rill {} records/s at {:.2} CPU-s per million records, Kafka Streams {} records/s at {:.2}: {:.2}x the records/s, {:.2}x its CPU per record.",
+                fmt_num(rill.records_per_s),
+                rill.cpu_s_per_m,
+                fmt_num(ks.records_per_s),
+                ks.cpu_s_per_m,
+                rill.records_per_s / ks.records_per_s,
+                rill.cpu_s_per_m / ks.cpu_s_per_m
+            ));
         }
     }
     out

@@ -9,7 +9,16 @@ pub(crate) enum Sc {
     S2,
     S3,
     S4,
+    S5,
 }
+
+/// S5: window size and grace (ms), and how far event time advances per input record (records
+/// per ms).
+pub(crate) const S5_WINDOW_MS: i64 = 60_000;
+pub(crate) const S5_GRACE_MS: i64 = 10_000;
+const S5_RECORDS_PER_MS: i64 = 4;
+/// S5: keys whose records close every window (one per key range of P = 8 in each partition).
+const S5_CLOSERS: usize = 8;
 
 impl Sc {
     pub(crate) fn id(self) -> &'static str {
@@ -18,6 +27,7 @@ impl Sc {
             Sc::S2 => "s2",
             Sc::S3 => "s3",
             Sc::S4 => "s4",
+            Sc::S5 => "s5",
         }
     }
     pub(crate) fn title(self) -> &'static str {
@@ -26,6 +36,7 @@ impl Sc {
             Sc::S2 => "S2 CPU-bound stateful: count by key, 4 partitions",
             Sc::S3 => "S3 stateless filter + map to a sink, 4 partitions",
             Sc::S4 => "S4 latency at a fixed 20k records/s (S3's topology)",
+            Sc::S5 => "S5 windowed count: 60 s tumbling windows, emit final, 4 partitions",
         }
     }
     pub(crate) fn systems(self) -> Vec<System> {
@@ -50,7 +61,7 @@ impl Sc {
                     Kind::ParallelConsumer { concurrency: 64 },
                 ),
             ],
-            Sc::S2 => vec![
+            Sc::S2 | Sc::S5 => vec![
                 rill("rill P=1", 1, None),
                 System::new("Kafka Streams", Kind::Streams { threads: 4 }),
             ],
@@ -90,10 +101,12 @@ pub(crate) struct Input {
     pub(crate) topic: String,
     pub(crate) partitions: u32,
     pub(crate) records: u64,
-    /// S1, S3: output records expected. S2: the number of keys.
+    /// S1, S3: output records expected. S2: the number of keys. S5: keys x windows.
     pub(crate) expected: u64,
-    /// S2: the final count of each key.
+    /// S2: the final count of each key. S5: of each (key, window), at key * windows + window.
     pub(crate) truth: Vec<i64>,
+    /// S5: the start of the first window and the number of windows.
+    pub(crate) windows: (i64, usize),
     pub(crate) params: BTreeMap<String, String>,
 }
 
@@ -135,6 +148,7 @@ pub(crate) fn produce_input(ctx: &Ctx, sc: Sc, stamp: u64) -> Input {
                 records: n,
                 expected: n,
                 truth: vec![],
+                windows: (0, 0),
                 params,
             }
         }
@@ -165,9 +179,11 @@ pub(crate) fn produce_input(ctx: &Ctx, sc: Sc, stamp: u64) -> Input {
                 records: n,
                 expected: keys,
                 truth,
+                windows: (0, 0),
                 params,
             }
         }
+        Sc::S5 => s5_input(ctx, &topic, &p, &mut rng, &mut params),
         Sc::S3 => {
             let n = if ctx.quick { 400_000u64 } else { 2_000_000 };
             create(ctx, &topic, 4);
@@ -191,6 +207,7 @@ pub(crate) fn produce_input(ctx: &Ctx, sc: Sc, stamp: u64) -> Input {
                 records: n,
                 expected: pass,
                 truth: vec![],
+                windows: (0, 0),
                 params,
             }
         }
@@ -200,7 +217,114 @@ pub(crate) fn produce_input(ctx: &Ctx, sc: Sc, stamp: u64) -> Input {
     input
 }
 
-/// One throughput run (S1-S3).
+/// S5's input: `n` clicks of `keys` users whose event time advances by 1 ms every
+/// [`S5_RECORDS_PER_MS`] records, 10% of them up to 5 s late (within grace, so every system and
+/// every P counts them: lateness never depends on how stream time is kept), then one record per
+/// partition and key range at a far later time that closes every window. Event time starts two
+/// hours back, inside the broker's timestamp bounds and the topic's retention.
+fn s5_input(
+    ctx: &Ctx,
+    topic: &str,
+    p: &common::producer::InputProducer,
+    rng: &mut Rng,
+    params: &mut BTreeMap<String, String>,
+) -> Input {
+    let (n, keys) = if ctx.quick {
+        (400_000u64, 10_000u64)
+    } else {
+        (2_000_000, 10_000)
+    };
+    create(ctx, topic, 4);
+    let now = now_us() as i64 / 1000;
+    let base = now - 7_200_000 - (now - 7_200_000).rem_euclid(S5_WINDOW_MS);
+    let last = base + n as i64 / S5_RECORDS_PER_MS;
+    let windows = ((last - base) / S5_WINDOW_MS + 1) as usize;
+    let mut truth = vec![0i64; keys as usize * windows];
+    for i in 0..n {
+        let k = rng.below(keys);
+        let late = if rng.below(10) == 0 {
+            rng.below(5_001) as i64
+        } else {
+            0
+        };
+        let ts = (base + i as i64 / S5_RECORDS_PER_MS - late).max(base);
+        truth[k as usize * windows + ((ts - base) / S5_WINDOW_MS) as usize] += 1;
+        let key = format!("key-{k:05}");
+        let record = BaseRecord::<[u8], [u8]>::to(topic)
+            .key(key.as_bytes())
+            .payload(b"click".as_slice())
+            .timestamp(ts);
+        common::producer::send_record(p, record).expect("send");
+    }
+    let closers = closer_keys();
+    for partition in 0..4 {
+        for key in &closers {
+            let record = BaseRecord::<[u8], [u8]>::to(topic)
+                .key(key.as_bytes())
+                .payload(b"close".as_slice())
+                .partition(partition)
+                .timestamp(last + 1_000_000);
+            common::producer::send_record(p, record).expect("send");
+        }
+    }
+    params.insert("records".into(), n.to_string());
+    params.insert("keys".into(), format!("{keys} (uniform random)"));
+    params.insert(
+        "windows".into(),
+        format!(
+            "tumbling {} s, grace {} s, {windows} per key; final counts only (suppress until the window closes)",
+            S5_WINDOW_MS / 1000,
+            S5_GRACE_MS / 1000
+        ),
+    );
+    params.insert(
+        "event time".into(),
+        format!(
+            "+1 ms per {S5_RECORDS_PER_MS} records; 10% of records up to 5 s late (within grace)"
+        ),
+    );
+    let expected = truth.iter().filter(|&&t| t > 0).count() as u64;
+    Input {
+        topic: topic.to_string(),
+        partitions: 4,
+        records: n,
+        expected: truth.len() as u64,
+        truth,
+        windows: (base, windows),
+        params: {
+            params.insert("windows with records".into(), expected.to_string());
+            std::mem::take(params)
+        },
+    }
+}
+
+/// One key per key range of P = [`S5_CLOSERS`] (so of every smaller power of two too).
+fn closer_keys() -> Vec<String> {
+    let mut by_range = BTreeMap::new();
+    for i in 0.. {
+        let k = format!("close-{i}");
+        by_range
+            .entry(rill::topology::range_of(
+                rill::topology::key_hash(k.as_bytes()),
+                S5_CLOSERS,
+            ))
+            .or_insert(k);
+        if by_range.len() == S5_CLOSERS {
+            break;
+        }
+    }
+    by_range.into_values().collect()
+}
+
+/// Where an S5 output key `key-NNNNN@<window start>` sits in the truth; `None` for the closers.
+pub(crate) fn s5_index(key: &[u8], (base, windows): (i64, usize)) -> Option<usize> {
+    let (user, start) = std::str::from_utf8(key).ok()?.split_once('@')?;
+    let k: usize = user.strip_prefix("key-")?.parse().ok()?;
+    let w = (start.parse::<i64>().ok()? - base) / S5_WINDOW_MS;
+    Some(k * windows + usize::try_from(w).ok().filter(|&w| w < windows)?)
+}
+
+/// One throughput run (S1-S3, S5).
 pub(crate) fn throughput_run(ctx: &Ctx, sc: Sc, sys: &System, input: &Input, tag: &str) -> Run {
     let output = format!("{tag}-out");
     create(ctx, &output, input.partitions);
@@ -226,8 +350,9 @@ pub(crate) fn throughput_run(ctx: &Ctx, sc: Sc, sys: &System, input: &Input, tag
             fail = Some(format!("exited early (log: {tag}.log)"));
             break;
         }
-        if sc == Sc::S2 {
-            // Read every count update; done when every key's latest count is final.
+        if sc == Sc::S2 || sc == Sc::S5 {
+            // Read every count update; done when every key's (S5: window's) latest count is
+            // final.
             let mut polled = 0;
             while polled < 10_000 {
                 let Some(Ok(m)) = watch.poll(Duration::from_millis(10)) else {
@@ -237,13 +362,14 @@ pub(crate) fn throughput_run(ctx: &Ctx, sc: Sc, sys: &System, input: &Input, tag
                 let (Some(k), Some(v)) = (m.key(), m.payload()) else {
                     continue;
                 };
-                let (Ok(idx), Ok(b)) = (
+                let idx = if sc == Sc::S5 {
+                    s5_index(k, input.windows)
+                } else {
                     std::str::from_utf8(&k[4..])
-                        .unwrap_or("x")
-                        .parse::<usize>()
-                        .map_err(|_| ()),
-                    <[u8; 8]>::try_from(v),
-                ) else {
+                        .ok()
+                        .and_then(|s| s.parse::<usize>().ok())
+                };
+                let (Some(idx), Ok(b)) = (idx, <[u8; 8]>::try_from(v)) else {
                     continue;
                 };
                 let n = i64::from_be_bytes(b);

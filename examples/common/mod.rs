@@ -5,6 +5,7 @@
 #[path = "../../tests/common/producer.rs"]
 pub mod producer;
 
+#[allow(unused_imports)] // not every example uses every helper
 pub use producer::{flush, input_producer, send};
 
 use std::path::PathBuf;

@@ -25,6 +25,9 @@
 //! assert_eq!(store.get(&"a".to_string()), Some(2));
 //! ```
 //!
+//! Window and session stores read through [`TestDriver::window_store`] and
+//! [`TestDriver::session_store`] (`fetch(key, from, to)`, `fetch_all`, `find_sessions`).
+//!
 //! `pipe_input` returns once the record and everything it caused (repartition steps included)
 //! has been processed. Internal topics live in memory with the partition count of the topics
 //! that feed them.
@@ -37,6 +40,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use rill_state::{StateConfig, StateDb};
 use rill_topology::serdes::Serde;
+use rill_topology::store::{StoreError, StoreKind, TimedStore};
+use rill_topology::window::store::{SessionBytes, SessionEntries, WindowBytes, WindowEntries};
+use rill_topology::window::{Window, Windowed};
 use rill_topology::{key_hash, Headers, RawRecord, Topic, Topology};
 
 use crate::engine::{
@@ -401,6 +407,40 @@ impl TestDriver {
         }
     }
 
+    /// A typed read view of window store `store` (a windowed aggregation's, or one added with
+    /// `add_window_store`) over every partition and range; the counterpart of
+    /// `getWindowStore`. Reads hide windows expired at each range's stream time, and strip the
+    /// timestamps the DSL's window stores keep.
+    pub fn window_store<K, V>(
+        &self,
+        store: &str,
+        key_serde: impl Serde<K>,
+        value_serde: impl Serde<V>,
+    ) -> TestWindowStore<K, V> {
+        TestWindowStore {
+            inner: self.inner.clone(),
+            store: store.to_string(),
+            key_serde: Box::new(key_serde),
+            value_serde: Box::new(value_serde),
+        }
+    }
+
+    /// A typed read view of session store `store` over every partition and range; the
+    /// counterpart of `getSessionStore`.
+    pub fn session_store<K, V>(
+        &self,
+        store: &str,
+        key_serde: impl Serde<K>,
+        value_serde: impl Serde<V>,
+    ) -> TestSessionStore<K, V> {
+        TestSessionStore {
+            inner: self.inner.clone(),
+            store: store.to_string(),
+            key_serde: Box::new(key_serde),
+            value_serde: Box::new(value_serde),
+        }
+    }
+
     /// Pipes a raw record into `topic` (partition chosen by key hash unless given).
     pub fn pipe_raw(
         &self,
@@ -616,5 +656,170 @@ impl<K: Ord + 'static, V: 'static> TestStore<K, V> {
                 )
             })
             .collect()
+    }
+}
+
+/// Runs `read` on window or session store `store` of the driver's engine (in the range of `key`
+/// when given); panics with the store's name on failure, as the other test views do.
+fn read_timed(
+    inner: &Mutex<Inner>,
+    store: &str,
+    key: Option<&[u8]>,
+    read: &mut dyn FnMut(TimedStore<'_>) -> Result<(), StoreError>,
+) {
+    inner
+        .lock()
+        .engine
+        .read_timed_store(store, key.map(key_hash), read)
+        .unwrap_or_else(|e| panic!("reading store `{store}`: {e}"));
+}
+
+/// A typed read view of one window store; the counterpart of `TopologyTestDriver.getWindowStore`.
+pub struct TestWindowStore<K, V> {
+    inner: Arc<Mutex<Inner>>,
+    store: String,
+    key_serde: Box<dyn Serde<K>>,
+    value_serde: Box<dyn Serde<V>>,
+}
+
+impl<K: Ord + 'static, V: 'static> TestWindowStore<K, V> {
+    fn key(&self, k: &[u8]) -> K {
+        self.key_serde
+            .deserialize(k)
+            .unwrap_or_else(|e| panic!("store `{}` key: {e}", self.store))
+    }
+
+    fn value(&self, v: &[u8], timestamped: bool) -> V {
+        // The DSL's window stores prefix each value with its 8-byte timestamp.
+        let v = if timestamped {
+            v.get(8..).unwrap_or_default()
+        } else {
+            v
+        };
+        self.value_serde
+            .deserialize(v)
+            .unwrap_or_else(|e| panic!("store `{}` value: {e}", self.store))
+    }
+
+    /// Raw (key, start, value) entries of `store` from `from` to `to`, of `key`'s ranges only
+    /// when given, and whether values are timestamped.
+    fn entries(&self, key: Option<&[u8]>, from: i64, to: i64) -> (WindowEntries, bool) {
+        let (mut out, mut timestamped) = (Vec::new(), false);
+        read_timed(&self.inner, &self.store, key, &mut |t| {
+            let w = WindowBytes::open(t)?;
+            timestamped = w.spec().timestamped;
+            match key {
+                Some(k) => out.extend(
+                    w.fetch(k, from, to)?
+                        .into_iter()
+                        .map(|(start, v)| (k.to_vec(), start, v)),
+                ),
+                None => out.extend(w.fetch_all(from, to)?),
+            }
+            Ok(())
+        });
+        (out, timestamped)
+    }
+
+    fn window_size(&self) -> i64 {
+        match self.inner.lock().engine.topology().store_kind(&self.store) {
+            Some(StoreKind::Window(spec)) => spec.window_size_ms,
+            _ => 0,
+        }
+    }
+
+    /// The windows of `key` starting from `from` to `to` (both included): (start, value), by
+    /// start (Kafka Streams' `fetch(key, timeFrom, timeTo)`).
+    pub fn fetch(&self, key: &K, from: i64, to: i64) -> Vec<(i64, V)> {
+        let k = self.key_serde.serialize(key).expect("store key serializes");
+        let (entries, timestamped) = self.entries(Some(&k), from, to);
+        let mut out: Vec<(i64, V)> = entries
+            .into_iter()
+            .map(|(_, start, v)| (start, self.value(&v, timestamped)))
+            .collect();
+        out.sort_by_key(|(start, _)| *start);
+        out
+    }
+
+    /// Every window starting from `from` to `to`, sorted by key then window (`fetchAll`).
+    pub fn fetch_all(&self, from: i64, to: i64) -> Vec<(Windowed<K>, V)> {
+        let size = self.window_size();
+        let (entries, timestamped) = self.entries(None, from, to);
+        let mut out: Vec<(Windowed<K>, V)> = entries
+            .into_iter()
+            .map(|(k, start, v)| {
+                let w = Window::new(start, start.saturating_add(size));
+                (Windowed::new(self.key(&k), w), self.value(&v, timestamped))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Every window of the store, sorted by key then window.
+    pub fn all(&self) -> Vec<(Windowed<K>, V)> {
+        self.fetch_all(i64::MIN, i64::MAX)
+    }
+}
+
+/// A typed read view of one session store; the counterpart of
+/// `TopologyTestDriver.getSessionStore`.
+pub struct TestSessionStore<K, V> {
+    inner: Arc<Mutex<Inner>>,
+    store: String,
+    key_serde: Box<dyn Serde<K>>,
+    value_serde: Box<dyn Serde<V>>,
+}
+
+impl<K: Ord + 'static, V: 'static> TestSessionStore<K, V> {
+    fn decode(&self, entries: SessionEntries) -> Vec<(Windowed<K>, V)> {
+        let mut out: Vec<(Windowed<K>, V)> = entries
+            .into_iter()
+            .map(|(k, w, v)| {
+                let key = self
+                    .key_serde
+                    .deserialize(&k)
+                    .unwrap_or_else(|e| panic!("store `{}` key: {e}", self.store));
+                let value = self
+                    .value_serde
+                    .deserialize(&v)
+                    .unwrap_or_else(|e| panic!("store `{}` value: {e}", self.store));
+                (Windowed::new(key, w), value)
+            })
+            .collect();
+        out.sort_by(|a, b| (a.0.window.end, &a.0).cmp(&(b.0.window.end, &b.0)));
+        out
+    }
+
+    /// The sessions of `key` ending at or after `earliest_end` and starting at or before
+    /// `latest_start`, by end (Kafka Streams' `findSessions`).
+    pub fn find_sessions(&self, key: &K, earliest_end: i64, latest_start: i64) -> Vec<(Window, V)> {
+        let k = self.key_serde.serialize(key).expect("store key serializes");
+        let mut entries = Vec::new();
+        read_timed(&self.inner, &self.store, Some(&k), &mut |t| {
+            entries.extend(SessionBytes::open(t)?.find_sessions(&k, earliest_end, latest_start)?);
+            Ok(())
+        });
+        self.decode(entries)
+            .into_iter()
+            .map(|(k, v)| (k.window, v))
+            .collect()
+    }
+
+    /// Every session of `key` (`fetch(key)`).
+    pub fn fetch(&self, key: &K) -> Vec<(Window, V)> {
+        self.find_sessions(key, i64::MIN, i64::MAX)
+    }
+
+    /// Every session of the store, sorted by key then window.
+    pub fn all(&self) -> Vec<(Windowed<K>, V)> {
+        let mut entries = Vec::new();
+        read_timed(&self.inner, &self.store, None, &mut |t| {
+            entries.extend(SessionBytes::open(t)?.fetch_all(i64::MIN, i64::MAX)?);
+            Ok(())
+        });
+        let mut out = self.decode(entries);
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 }

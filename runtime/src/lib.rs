@@ -28,7 +28,10 @@ pub(crate) mod sink;
 
 pub use config::{Config, ConfigBuilder, ConfigError};
 #[cfg(feature = "test-util")]
-pub use driver::{TestDriver, TestDriverBuilder, TestInputTopic, TestOutputTopic, TestStore};
+pub use driver::{
+    TestDriver, TestDriverBuilder, TestInputTopic, TestOutputTopic, TestSessionStore, TestStore,
+    TestWindowStore,
+};
 pub use engine::{DeserializationHandler, EngineError};
 pub use health::Health;
 pub use http::HttpError;

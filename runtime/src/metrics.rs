@@ -50,6 +50,8 @@ pub const REBALANCES: &str = "rill_rebalances_total";
 pub const RESTORE_RECORDS: &str = "rill_restore_records_total";
 /// Records dropped on purpose, by reason.
 pub const DISCARDED_RECORDS: &str = "rill_discarded_records_total";
+/// Records windowed operations dropped because their windows had closed, per store.
+pub const LATE_RECORDS_DROPPED: &str = "rill_late_records_dropped_total";
 /// Errors, by a low-cardinality code.
 pub const ERRORS: &str = "rill_errors_total";
 /// Usage of the shared RocksDB block cache (memtables are charged to it too).
@@ -75,6 +77,7 @@ pub const ALL: &[&str] = &[
     REBALANCES,
     RESTORE_RECORDS,
     DISCARDED_RECORDS,
+    LATE_RECORDS_DROPPED,
     ERRORS,
     ROCKSDB_BLOCK_CACHE_USAGE,
     ROCKSDB_MEMTABLE,
@@ -93,7 +96,7 @@ const COMMIT_LATENCY_BUCKETS: &[f64] = &[
     10.0, 30.0, 60.0,
 ];
 /// Reasons of [`DISCARDED_RECORDS`] rill itself uses.
-const DISCARD_REASONS: &[&str] = &["deserialization", "null_key"];
+const DISCARD_REASONS: &[&str] = &["deserialization", "null_key", "invalid_timestamp"];
 /// Codes of [`ERRORS`] rill itself uses (see [`engine_error_code`] and the Kafka source).
 const ERROR_CODES: &[&str] = &[
     "config",
@@ -208,7 +211,12 @@ fn describe() {
     describe_counter!(
         DISCARDED_RECORDS,
         Unit::Count,
-        "Records dropped on purpose, by reason (deserialization, null_key, ...)."
+        "Records dropped on purpose, by reason (deserialization, null_key, invalid_timestamp, ...)."
+    );
+    describe_counter!(
+        LATE_RECORDS_DROPPED,
+        Unit::Count,
+        "Records windowed aggregations dropped because their windows had closed (end + grace at or below the key range's stream time), per window or session store; once per window a record could not update."
     );
     describe_counter!(ERRORS, Unit::Count, "Errors, by error code.");
     describe_gauge!(
@@ -241,6 +249,12 @@ pub fn record_restored(store: &str, n: u64) {
 /// Counts one record discarded for `reason`.
 pub fn record_discarded(reason: &'static str) {
     metrics::counter!(DISCARDED_RECORDS, "reason" => reason).increment(1);
+}
+
+/// Counts one record dropped as late by a windowed operation on `store` (rare: a label lookup
+/// per call is fine).
+pub fn record_late(store: &str) {
+    metrics::counter!(LATE_RECORDS_DROPPED, "store" => store.to_string()).increment(1);
 }
 
 /// Counts one error of kind `code` (`offset_commit`, `consumer`, `rebalance`, `sink`, ...).
@@ -329,14 +343,19 @@ pub(crate) struct EngineMetrics {
 
 impl EngineMetrics {
     /// Registers the handles; `outputs` are the resolved topics the engine may write, `stores`
-    /// the topology's stores. Labelled counters whose label values are known up front start at
-    /// 0, so dashboards and `rate()` see them before the first event.
+    /// the topology's stores and `windowed` its window and session stores. Labelled counters
+    /// whose label values are known up front start at 0, so dashboards and `rate()` see them
+    /// before the first event.
     pub fn new(
         outputs: impl IntoIterator<Item = String>,
         stores: impl IntoIterator<Item = String>,
+        windowed: impl IntoIterator<Item = String>,
     ) -> Self {
         for store in stores {
             metrics::counter!(RESTORE_RECORDS, "store" => store).increment(0);
+        }
+        for store in windowed {
+            metrics::counter!(LATE_RECORDS_DROPPED, "store" => store).increment(0);
         }
         for reason in DISCARD_REASONS {
             metrics::counter!(DISCARDED_RECORDS, "reason" => *reason).increment(0);

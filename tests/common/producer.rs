@@ -42,6 +42,15 @@ pub fn send(
     if let Some(k) = key {
         record = record.key(k);
     }
+    send_record(producer, record)
+}
+
+/// Sends `record` (any partition, timestamp or headers set on it), waiting while librdkafka's
+/// queue is full.
+pub fn send_record(
+    producer: &InputProducer,
+    mut record: BaseRecord<'_, [u8], [u8]>,
+) -> Result<(), KafkaError> {
     loop {
         match producer.send(record) {
             Ok(()) => return Ok(()),

@@ -9,9 +9,14 @@ use super::{bootstrap, long, produce, read_until, Input};
 
 /// The wordcount example binary, built next to the tests by `cargo test`.
 pub fn wordcount_binary() -> PathBuf {
+    example_binary("wordcount")
+}
+
+/// The binary of example `name`, built next to the tests by `cargo test`.
+pub fn example_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let bin = dir.join("examples").join("wordcount");
+    let bin = dir.join("examples").join(name);
     assert!(
         bin.exists(),
         "{} is missing: `cargo test` builds the examples",
@@ -20,8 +25,11 @@ pub fn wordcount_binary() -> PathBuf {
     bin
 }
 
-/// One wordcount instance: its settings, state dir and log file.
+/// One wordcount instance (or of another example: see `binary`): its settings, state dir and
+/// log file.
 pub struct Service {
+    /// The example binary it runs (default: wordcount).
+    pub binary: PathBuf,
     /// Environment of the process (RILL_* settings).
     pub env: Vec<(String, String)>,
     /// Arguments (topics).
@@ -38,6 +46,7 @@ impl Service {
     pub fn new(app: &str, name: &str, input: &str, output: &str, dir: &Path) -> Self {
         let state_dir = dir.join(format!("{name}-state"));
         Service {
+            binary: wordcount_binary(),
             args: vec![
                 "--input".into(),
                 input.into(),
@@ -71,13 +80,13 @@ impl Service {
             .append(true)
             .open(&self.log)
             .expect("log file");
-        Command::new(wordcount_binary())
+        Command::new(&self.binary)
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(log.try_clone().expect("log file"))
             .stderr(log)
             .spawn()
-            .expect("spawn wordcount")
+            .expect("spawn the example")
     }
 
     /// The last `n` lines of its log.

@@ -3,7 +3,14 @@
 //!
 //! Delivery is depth-first and in order: a node's outputs reach its children in the order they
 //! were forwarded, so the outputs of one input record keep their order at every sink.
+//!
+//! Event time (see [`crate::time`]): the source's extractor sets each record's timestamp, and the
+//! invalid-timestamp handler settles negative ones, before anything else. The sub-task's stream
+//! time then advances to the record's timestamp **before** the record is delivered, so processors
+//! see it through `current_stream_time` (as in Kafka Streams), and stream-time punctuations fire
+//! after the record.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +20,8 @@ use crate::processor::{
 };
 use crate::record::RawRecord;
 use crate::serdes::SerdeError;
-use crate::store::{KeyValueBytes, StoreError};
+use crate::store::{KeyValueBytes, StoreError, StoreKind, TimedStore};
+use crate::time::TimestampError;
 
 /// What the engine provides to a running sub-task: its stores and where sink records go.
 pub trait TaskEnv {
@@ -23,6 +31,8 @@ pub trait TaskEnv {
     fn emit(&mut self, topic: &Topic, record: RawRecord);
     /// Counts a record a node dropped on purpose.
     fn dropped(&mut self, reason: &'static str);
+    /// Counts a record a windowed operation on `store` dropped as late.
+    fn late_dropped(&mut self, _store: &str) {}
 }
 
 /// Why a sub-task could not process an input record.
@@ -34,6 +44,15 @@ pub enum TaskError {
     /// Key or value did not deserialize.
     #[error("deserialization failed: {0}")]
     Deserialize(#[source] SerdeError),
+    /// The record's timestamp is invalid and its source's handler does not resolve it.
+    #[error("record of {topic}: {source}")]
+    Timestamp {
+        /// The source topic.
+        topic: Topic,
+        /// What was wrong.
+        #[source]
+        source: TimestampError,
+    },
     /// A sink could not serialize its output.
     #[error("sink to {topic} could not serialize: {source}")]
     Serialize {
@@ -70,6 +89,8 @@ pub struct TaskInstance {
     processors: Vec<Option<Box<dyn ErasedProcessor>>>,
     schedules: Vec<Schedule>,
     stream_time: Option<i64>,
+    /// Per window or session store: the time below which expiry has deleted entries in this run.
+    expiry: HashMap<String, i64>,
 }
 
 struct Host<'a> {
@@ -78,6 +99,19 @@ struct Host<'a> {
     meta: &'a RecordMeta,
     stores: &'a [String],
     requested: Vec<(i64, PunctuationType)>,
+    topology: &'a Topology,
+    stream_time: Option<i64>,
+    expiry: &'a mut HashMap<String, i64>,
+}
+
+impl Host<'_> {
+    fn check_connected(&self, name: &str) -> Result<(), StoreError> {
+        if self.stores.iter().any(|s| s == name) {
+            Ok(())
+        } else {
+            Err(StoreError::UnknownStore(name.to_string()))
+        }
+    }
 }
 
 impl ProcessorHost for Host<'_> {
@@ -85,10 +119,28 @@ impl ProcessorHost for Host<'_> {
         self.out.push(record);
     }
     fn store(&mut self, name: &str) -> Result<&mut dyn KeyValueBytes, StoreError> {
-        if !self.stores.iter().any(|s| s == name) {
-            return Err(StoreError::UnknownStore(name.to_string()));
-        }
+        self.check_connected(name)?;
         self.env.store(name)
+    }
+    fn timed_store(&mut self, name: &str) -> Result<TimedStore<'_>, StoreError> {
+        self.check_connected(name)?;
+        let kind = self
+            .topology
+            .store_kind(name)
+            .unwrap_or(StoreKind::KeyValue);
+        let expired_below = self.expiry.entry(name.to_string()).or_insert(i64::MIN);
+        Ok(TimedStore {
+            bytes: self.env.store(name)?,
+            kind,
+            stream_time: self.stream_time,
+            expired_below,
+        })
+    }
+    fn stream_time(&self) -> Option<i64> {
+        self.stream_time
+    }
+    fn late_record_dropped(&mut self, store: &str) {
+        self.env.late_dropped(store);
     }
     fn schedule(&mut self, interval: Duration, kind: PunctuationType) {
         // Clocks count i64 milliseconds; an interval beyond that range would never fire anyway.
@@ -114,6 +166,7 @@ impl TaskInstance {
         let mut processors: Vec<Option<Box<dyn ErasedProcessor>>> =
             (0..topology.nodes.len()).map(|_| None).collect();
         let mut schedules = Vec::new();
+        let mut expiry = HashMap::new();
         let meta = RecordMeta::default();
         for &n in &sub.nodes {
             if let NodeKind::Processor { supplier, stores } = &topology.nodes[n].kind {
@@ -124,6 +177,9 @@ impl TaskInstance {
                     meta: &meta,
                     stores,
                     requested: Vec::new(),
+                    topology: &topology,
+                    stream_time: None,
+                    expiry: &mut expiry,
                 };
                 p.init(&mut host).map_err(|source| TaskError::Process {
                     node: topology.nodes[n].name.clone(),
@@ -148,6 +204,7 @@ impl TaskInstance {
             processors,
             schedules,
             stream_time: None,
+            expiry,
         })
     }
 
@@ -199,19 +256,46 @@ impl TaskInstance {
             .ok_or_else(|| TaskError::UnknownTopic(topic.clone()))
     }
 
-    /// Runs a decoded record from `topic` through the graph, then any stream-time punctuation due.
+    /// Settles the record's event time (extractor, then invalid-timestamp handler), advances the
+    /// stream time, runs the record through the graph, then any stream-time punctuation due.
     pub fn process(
         &mut self,
         topic: &Topic,
-        record: ErasedRecord,
+        mut record: ErasedRecord,
         meta: &RecordMeta,
         env: &mut dyn TaskEnv,
     ) -> Result<(), TaskError> {
         let source = self.source_node(topic)?;
+        let topology = Arc::clone(&self.topology);
+        if let NodeKind::Source {
+            extract,
+            on_invalid,
+            ..
+        } = &topology.nodes[source].kind
+        {
+            let extracted = extract.as_ref().map_or(record.timestamp, |f| f(&record));
+            match on_invalid.resolve(extracted, self.stream_time) {
+                Ok(Some(ts)) => record.timestamp = ts,
+                Ok(None) => {
+                    tracing::warn!(topic = %meta.topic, partition = meta.partition, offset = meta.offset, timestamp = extracted, "skipping a record with an invalid timestamp ({on_invalid})");
+                    env.dropped("invalid_timestamp");
+                    return Ok(());
+                }
+                Err(source) => {
+                    return Err(TaskError::Timestamp {
+                        topic: topic.clone(),
+                        source,
+                    })
+                }
+            }
+        }
         let ts = record.timestamp;
-        self.deliver_to_children(source, record, meta, env)?;
-        if self.stream_time.is_none_or(|t| ts > t) {
+        let advanced = self.stream_time.is_none_or(|t| ts > t);
+        if advanced {
             self.stream_time = Some(ts);
+        }
+        self.deliver_to_children(source, record, meta, env)?;
+        if advanced {
             self.punctuate(PunctuationType::StreamTime, ts, env)?;
         }
         Ok(())
@@ -324,6 +408,9 @@ impl TaskInstance {
                 meta,
                 stores,
                 requested: Vec::new(),
+                topology: &topology,
+                stream_time: self.stream_time,
+                expiry: &mut self.expiry,
             };
             f(p.as_mut(), &mut host).map_err(|source| TaskError::Process {
                 node: n.name.clone(),

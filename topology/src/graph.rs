@@ -11,6 +11,8 @@ use std::sync::Arc;
 use crate::processor::{ErasedProcessor, ErasedRecord};
 use crate::record::RawRecord;
 use crate::serdes::SerdeError;
+use crate::store::StoreKind;
+use crate::time::OnInvalidTimestamp;
 
 /// A topic a node reads or writes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -50,6 +52,8 @@ impl fmt::Display for Topic {
 pub type Decoder = Arc<dyn Fn(&RawRecord) -> Result<ErasedRecord, SerdeError> + Send + Sync>;
 /// Serializes an erased record for a sink topic.
 pub type Encoder = Arc<dyn Fn(&ErasedRecord) -> Result<RawRecord, SerdeError> + Send + Sync>;
+/// Reads the event time of a decoded record (a source's timestamp extractor).
+pub type Extractor = Arc<dyn Fn(&ErasedRecord) -> i64 + Send + Sync>;
 /// Creates one processor instance per sub-task.
 pub type Supplier = Arc<dyn Fn() -> Box<dyn ErasedProcessor> + Send + Sync>;
 
@@ -62,6 +66,10 @@ pub enum NodeKind {
         topic: Topic,
         /// Deserializer for key and value.
         decode: Decoder,
+        /// The timestamp extractor; `None` keeps the record timestamp.
+        extract: Option<Extractor>,
+        /// What a negative timestamp does.
+        on_invalid: OnInvalidTimestamp,
     },
     /// Runs a processor.
     Processor {
@@ -117,6 +125,8 @@ impl SubTopology {
 pub struct Topology {
     pub(crate) nodes: Vec<Node>,
     pub(crate) sub_topologies: Vec<SubTopology>,
+    /// What each store holds (key-value, windows, sessions, a suppression buffer).
+    pub(crate) store_kinds: BTreeMap<String, StoreKind>,
 }
 
 impl Topology {
@@ -156,6 +166,11 @@ impl Topology {
                     .map(move |t| (t.clone(), s.id))
             })
             .collect()
+    }
+
+    /// What store `name` holds, if the topology has it.
+    pub fn store_kind(&self, name: &str) -> Option<StoreKind> {
+        self.store_kinds.get(name).copied()
     }
 
     /// Every store name.

@@ -7,6 +7,8 @@
 //!   (`Materialized`, `Grouped`, `Produced`, `Consumed`, `Repartitioned`, `Named`), named as in
 //!   Kafka Streams;
 //! - [`processor`]: the Processor API for custom logic, state access and punctuation;
+//! - [`time`]: event time (timestamp extractors, invalid timestamps, stream time per key range);
+//! - [`window`]: windows, windowed aggregations, window and session stores, emit-final;
 //! - [`graph`] and [`exec`]: the processor graph and how one sub-task runs it.
 //!
 //! The engine that feeds records and owns state lives in `rill-runtime`; stores live in
@@ -22,10 +24,13 @@ pub mod processor;
 pub mod record;
 pub mod serdes;
 pub mod store;
+pub mod time;
+pub mod window;
 
 pub use dsl::{
     Consumed, Grouped, KGroupedStream, KStream, KTable, Materialized, Named, Produced,
-    Repartitioned, Split, StreamsBuilder, TopologyError,
+    Repartitioned, SessionWindowedKStream, Split, StreamsBuilder, TimeWindowedKStream,
+    TopologyError,
 };
 pub use graph::{Topic, Topology};
 pub use keyrange::{key_hash, range_of, ranges, KeyRange, HASH_ID};
@@ -36,7 +41,7 @@ pub use record::{Headers, RawRecord, Record};
 pub mod prelude {
     pub use crate::dsl::{
         Consumed, Grouped, KGroupedStream, KStream, KTable, Materialized, Named, Produced,
-        Repartitioned, StreamsBuilder, TopologyError,
+        Repartitioned, SessionWindowedKStream, StreamsBuilder, TimeWindowedKStream, TopologyError,
     };
     pub use crate::graph::Topology;
     pub use crate::processor::{ProcessError, Processor, ProcessorContext, PunctuationType};
@@ -46,4 +51,13 @@ pub mod prelude {
         U64Serde,
     };
     pub use crate::store::{KeyValueBytes, KeyValueStore, StoreError};
+    pub use crate::time::{
+        FailOnInvalidTimestamp, LogAndSkipOnInvalidTimestamp, OnInvalidTimestamp,
+        UsePartitionTimeOnInvalidTimestamp, UseWallclockTimeOnInvalidTimestamp,
+        WallclockTimestampExtractor,
+    };
+    pub use crate::window::{
+        BufferConfig, EmitStrategy, SessionStore, SessionWindowedSerde, SessionWindows,
+        SlidingWindows, Suppressed, TimeWindowedSerde, TimeWindows, Window, WindowStore, Windowed,
+    };
 }

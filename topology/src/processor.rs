@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use crate::record::Record;
 use crate::serdes::{Serde, SerdeError};
-use crate::store::{KeyValueBytes, KeyValueStore, StoreError};
+use crate::store::{KeyValueBytes, KeyValueStore, StoreError, TimedStore};
+use crate::window::store::{SessionStore, WindowStore};
 
 /// A value that can travel through a topology: any cloneable `Send` type.
 pub trait Datum: Any + Send {
@@ -87,6 +88,15 @@ pub enum ProcessError {
     /// or `"message".into()`).
     #[error("processor failed: {0}")]
     User(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A `suppress` buffer configured with `shutdown_when_full` is full (Kafka Streams stops the
+    /// same way).
+    #[error("suppression buffer `{store}` is full ({limit}); raise the limit, use BufferConfig::unbounded(), or emit_early_when_full()")]
+    BufferFull {
+        /// The buffer's store.
+        store: String,
+        /// The limit reached, e.g. `max_records 1000`.
+        limit: String,
+    },
     /// The topology was wired inconsistently (a bug in rill; please report it).
     #[error("internal error (please report): {0}")]
     Internal(String),
@@ -118,6 +128,14 @@ pub trait ProcessorHost {
     fn forward(&mut self, record: ErasedRecord);
     /// Byte-level access to a store connected to the node.
     fn store(&mut self, name: &str) -> Result<&mut dyn KeyValueBytes, StoreError>;
+    /// A connected window, session or buffer store with its layout, stream time and expiry
+    /// position.
+    fn timed_store(&mut self, name: &str) -> Result<TimedStore<'_>, StoreError>;
+    /// The sub-task's stream time: the largest timestamp its key range has seen, the record
+    /// being processed included.
+    fn stream_time(&self) -> Option<i64>;
+    /// Counts a record a windowed operation dropped because its windows had closed.
+    fn late_record_dropped(&mut self, store: &str);
     /// Registers a punctuation every `interval` (only honoured during `init`).
     fn schedule(&mut self, interval: Duration, kind: PunctuationType);
     /// Counts a record the node dropped on purpose (for example a null key).
@@ -163,6 +181,46 @@ impl<'a, KOut: Datum, VOut: Datum> ProcessorContext<'a, KOut, VOut> {
             key_serde,
             value_serde,
         ))
+    }
+
+    /// Byte-level access to a connected window, session or buffer store, with its layout, the
+    /// stream time and its expiry position (what [`WindowStore`] and [`SessionStore`] wrap).
+    pub fn timed_store(&mut self, name: &str) -> Result<TimedStore<'_>, StoreError> {
+        self.host.timed_store(name)
+    }
+
+    /// A typed view of a connected window store (Kafka Streams' `WindowStore`); see
+    /// [`WindowStore`].
+    pub fn window_store<'s, K: 'static, V: 'static>(
+        &'s mut self,
+        name: &str,
+        key_serde: &'s dyn Serde<K>,
+        value_serde: &'s dyn Serde<V>,
+    ) -> Result<WindowStore<'s, K, V>, StoreError> {
+        WindowStore::new(self.host.timed_store(name)?, name, key_serde, value_serde)
+    }
+
+    /// A typed view of a connected session store (Kafka Streams' `SessionStore`); see
+    /// [`SessionStore`].
+    pub fn session_store<'s, K: 'static, V: 'static>(
+        &'s mut self,
+        name: &str,
+        key_serde: &'s dyn Serde<K>,
+        value_serde: &'s dyn Serde<V>,
+    ) -> Result<SessionStore<'s, K, V>, StoreError> {
+        SessionStore::new(self.host.timed_store(name)?, name, key_serde, value_serde)
+    }
+
+    /// The sub-task's stream time: the largest record timestamp its key range has seen, the
+    /// current record included (Kafka Streams' `currentStreamTimeMs`); `None` before any record.
+    pub fn current_stream_time(&self) -> Option<i64> {
+        self.host.stream_time()
+    }
+
+    /// Counts a record dropped because the windows it belongs to have closed
+    /// (`rill_late_records_dropped_total`).
+    pub fn late_record_dropped(&mut self, store: &str) {
+        self.host.late_record_dropped(store);
     }
 
     /// Asks for `punctuate` every `interval` of the given clock (Kafka Streams'

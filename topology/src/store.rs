@@ -2,7 +2,9 @@
 //! and a typed view over it through serdes.
 //!
 //! The topology crate only defines the interface; `rill-state` implements it over RocksDB with a
-//! write cache, so a processor's reads see its own uncommitted writes.
+//! write cache, so a processor's reads see its own uncommitted writes. Window, session and
+//! suppression stores are laid out over the same interface with composite, time-ordered keys
+//! (see [`crate::window::store`]); [`StoreKind`] says which layout a store uses.
 
 use std::ops::Bound;
 
@@ -23,6 +25,25 @@ pub enum StoreError {
         #[source]
         source: SerdeError,
     },
+    /// The store exists but holds another kind of data than the caller asked for.
+    #[error("store `{store}` is a {actual} store, not a {expected} store; open it with the matching accessor")]
+    WrongKind {
+        /// The store.
+        store: String,
+        /// What the caller asked for.
+        expected: &'static str,
+        /// What the store is.
+        actual: &'static str,
+    },
+    /// Stored bytes do not follow the store's layout (a bug, or a store written by another
+    /// topology under the same name).
+    #[error("store `{store}`: corrupt entry: {what}")]
+    Corrupt {
+        /// The store.
+        store: String,
+        /// What is wrong.
+        what: String,
+    },
     /// The storage engine failed.
     #[error("store `{store}`: {message}")]
     Backend {
@@ -35,6 +56,66 @@ pub enum StoreError {
 
 /// Serialized (key, value) pairs in key-byte order.
 pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// What a store holds, and so how its keys are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreKind {
+    /// One value per key (`count`, `reduce`, `aggregate`, `add_state_store`).
+    KeyValue,
+    /// Values per (key, window start), time-ordered ([`crate::window::store`]).
+    Window(WindowStoreSpec),
+    /// Values per (key, session window), ordered by session end.
+    Session(SessionStoreSpec),
+    /// The buffer of a `suppress` (internal).
+    SuppressionBuffer,
+}
+
+impl StoreKind {
+    /// A short name for messages: `key-value`, `window`, `session`, `suppression buffer`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            StoreKind::KeyValue => "key-value",
+            StoreKind::Window(_) => "window",
+            StoreKind::Session(_) => "session",
+            StoreKind::SuppressionBuffer => "suppression buffer",
+        }
+    }
+}
+
+/// How a window store keeps its entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowStoreSpec {
+    /// Entries whose window starts more than this before stream time are expired (ms).
+    pub retention_ms: i64,
+    /// The window size, which gives a window's end from its start (ms).
+    pub window_size_ms: i64,
+    /// Whether a key-first index speeds up fetches by key (time-only layouts scan by time).
+    pub indexed: bool,
+    /// Whether each value carries the window's largest record timestamp (DSL aggregations, Kafka
+    /// Streams' `TimestampedWindowStore`); readers strip it.
+    pub timestamped: bool,
+}
+
+/// How a session store keeps its entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionStoreSpec {
+    /// Sessions that ended more than this before stream time are expired (ms).
+    pub retention_ms: i64,
+}
+
+/// A window or session store as a processor opens it: its bytes, its layout, the stream time
+/// that decides what has expired, and the position expiry has deleted up to.
+pub struct TimedStore<'a> {
+    /// The store's bytes.
+    pub bytes: &'a mut dyn KeyValueBytes,
+    /// Its layout.
+    pub kind: StoreKind,
+    /// The sub-task's stream time (entries older than it minus retention are invisible).
+    pub stream_time: Option<i64>,
+    /// Entries with a time below this were deleted by expiry in this run (kept by the sub-task,
+    /// not persisted: a restart deletes from the beginning once).
+    pub expired_below: &'a mut i64,
+}
 
 /// Byte-level key-value access to one store, limited to the calling sub-task's key range.
 pub trait KeyValueBytes: Send {
@@ -58,6 +139,68 @@ pub trait KeyValueBytes: Send {
         let end = prefix_end(prefix);
         let to = end.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
         self.range(Bound::Included(prefix), to)
+    }
+}
+
+/// A key-value store in memory, for tests of processors and store layouts.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryKeyValue {
+    name: String,
+    entries: std::collections::BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+impl MemoryKeyValue {
+    /// An empty store called `name`.
+    pub fn new(name: &str) -> Self {
+        MemoryKeyValue {
+            name: name.to_string(),
+            entries: Default::default(),
+        }
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the store is empty.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+impl KeyValueBytes for MemoryKeyValue {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.entries.get(key).cloned())
+    }
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        self.entries.insert(key.to_vec(), value.to_vec());
+        Ok(())
+    }
+    fn delete(&mut self, key: &[u8]) -> Result<(), StoreError> {
+        self.entries.remove(key);
+        Ok(())
+    }
+    fn range(&self, from: Bound<&[u8]>, to: Bound<&[u8]>) -> Result<Entries, StoreError> {
+        // BTreeMap::range panics on an empty interval; it holds nothing anyway.
+        let empty = match (from, to) {
+            (Bound::Included(f), Bound::Included(t)) => f > t,
+            (Bound::Included(f) | Bound::Excluded(f), Bound::Included(t) | Bound::Excluded(t)) => {
+                f >= t
+            }
+            _ => false,
+        };
+        if empty {
+            return Ok(Vec::new());
+        }
+        Ok(self
+            .entries
+            .range::<[u8], _>((from, to))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
     }
 }
 

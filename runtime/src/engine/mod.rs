@@ -35,6 +35,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 use rill_state::StateDb;
+use rill_topology::store::StoreKind;
 use rill_topology::{Topic, Topology};
 
 pub use changelog::ChangelogReader;
@@ -227,9 +228,16 @@ impl Engine {
             .map(|t| (t.clone(), t.resolve(&config.application_id)))
             .collect();
         let (tx, rx) = crossbeam_channel::unbounded();
+        let windowed = topology.stores().into_iter().filter(|s| {
+            matches!(
+                topology.store_kind(s),
+                Some(StoreKind::Window(_) | StoreKind::Session(_))
+            )
+        });
         let metrics = crate::metrics::EngineMetrics::new(
             output_topics(&topology, &config),
             topology.stores(),
+            windowed,
         );
         Ok(Engine {
             shared: Arc::new(Shared {

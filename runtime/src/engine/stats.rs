@@ -13,6 +13,8 @@ pub struct EngineStats {
     pub(super) skipped: AtomicU64,
     pub(super) duplicates: AtomicU64,
     pub(super) restored: AtomicU64,
+    /// Records windowed operations dropped as late.
+    late: AtomicU64,
     /// Discarded records by reason.
     discarded: Mutex<BTreeMap<&'static str, u64>>,
 }
@@ -30,6 +32,15 @@ impl EngineStats {
     pub(super) fn count_discarded(&self, reason: &'static str) {
         *self.discarded.lock().entry(reason).or_default() += 1;
         crate::metrics::record_discarded(reason);
+    }
+    pub(super) fn count_late(&self, store: &str) {
+        self.late.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::record_late(store);
+    }
+    /// Records windowed operations dropped because their windows had closed (counted once per
+    /// window a record could not update).
+    pub fn late_dropped(&self) -> u64 {
+        self.late.load(Ordering::Relaxed)
     }
     /// Changelog records read by restores.
     pub fn restored(&self) -> u64 {
@@ -51,7 +62,7 @@ impl EngineStats {
     pub fn duplicates(&self) -> u64 {
         self.duplicates.load(Ordering::Relaxed)
     }
-    /// Records discarded for `reason` (`deserialization`, `null_key`).
+    /// Records discarded for `reason` (`deserialization`, `null_key`, `invalid_timestamp`).
     pub fn discarded(&self, reason: &str) -> u64 {
         self.discarded.lock().get(reason).copied().unwrap_or(0)
     }

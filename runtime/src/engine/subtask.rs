@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use rill_state::SubTaskState;
 use rill_topology::exec::{TaskEnv, TaskError, TaskInstance};
 use rill_topology::processor::{PunctuationType, RecordMeta};
-use rill_topology::store::{Entries, KeyValueBytes, StoreError};
+use rill_topology::store::{Entries, KeyValueBytes, StoreError, StoreKind, TimedStore};
 use rill_topology::{key_hash, KeyRange, RawRecord, Topic};
 
 /// Who owns a task now: what every commit of its ranges is attributed to.
@@ -436,6 +436,27 @@ impl Core {
         }
     }
 
+    /// Runs `read` on `store` opened as a `kind` store, at this sub-task's stream time.
+    pub fn read_timed_store(
+        &mut self,
+        store: &str,
+        kind: StoreKind,
+        read: &mut dyn FnMut(TimedStore<'_>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let stream_time = self.instance.stream_time();
+        let Some(bytes) = self.state.as_mut().and_then(|s| s.store(store)) else {
+            return Ok(());
+        };
+        // Reads never expire anything: the position is a throwaway.
+        let mut expired_below = i64::MIN;
+        read(TimedStore {
+            bytes,
+            kind,
+            stream_time,
+            expired_below: &mut expired_below,
+        })
+    }
+
     /// The value of `key` in `store`.
     pub fn store_get(&mut self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         match self.state.as_mut().and_then(|s| s.store(store)) {
@@ -526,5 +547,9 @@ impl TaskEnv for Env<'_> {
 
     fn dropped(&mut self, reason: &'static str) {
         self.shared.stats.count_discarded(reason);
+    }
+
+    fn late_dropped(&mut self, store: &str) {
+        self.shared.stats.count_late(store);
     }
 }

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rill_state::{StateDb, SubTaskState};
+use rill_topology::store::StoreError;
 use rill_topology::{key_hash, range_of, ranges, KeyRange};
 
 use super::commit::PartitionProgress;
@@ -493,6 +494,35 @@ impl Engine {
             }
         }
         Ok(out)
+    }
+
+    /// Runs `read` on `store` as a window or session store in every running sub-task, or only in
+    /// each partition's range of `hash` when given (the TestDriver's window and session store
+    /// reads; `read` sees the sub-task's stream time, so expired entries stay hidden).
+    pub fn read_timed_store(
+        &self,
+        store: &str,
+        hash: Option<u64>,
+        read: &mut dyn FnMut(rill_topology::store::TimedStore<'_>) -> Result<(), StoreError>,
+    ) -> Result<(), EngineError> {
+        let kind = self
+            .shared
+            .topology
+            .store_kind(store)
+            .ok_or_else(|| StoreError::UnknownStore(store.to_string()))?;
+        for task in self.tasks.values() {
+            if !task.is_running() {
+                continue;
+            }
+            let chosen: Vec<_> = match hash {
+                Some(h) => vec![&task.subtasks[range_of(h, task.subtasks.len())]],
+                None => task.subtasks.iter().collect(),
+            };
+            for s in chosen {
+                s.core.lock().read_timed_store(store, kind, &mut *read)?;
+            }
+        }
+        Ok(())
     }
 
     /// The value of serialized `key` in `store`, looked up in every partition's range of its hash.

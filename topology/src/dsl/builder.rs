@@ -5,10 +5,15 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use super::{decoder, Consumed, Draft, GraphBuilder, KStream, TopologyError};
-use crate::graph::{Node, NodeKind, SubTopology, Topic, Topology};
-use crate::processor::Datum;
+use crate::graph::{Extractor, Node, NodeKind, SubTopology, Topic, Topology};
+use crate::processor::{Datum, ErasedRecord};
 use crate::serdes::Serde;
+use crate::store::{SessionStoreSpec, StoreKind, WindowStoreSpec};
+use crate::time::millis;
 
 /// Builds a topology with the DSL; the counterpart of Kafka Streams' `StreamsBuilder`.
 #[derive(Clone, Default)]
@@ -48,7 +53,22 @@ impl StreamsBuilder {
             name,
             key_serde,
             value_serde,
+            extractor,
+            on_invalid,
         } = consumed;
+        let extract = extractor.map(|f| -> Extractor {
+            Arc::new(move |r: &ErasedRecord| {
+                // `**k`: the boxed value, not the box (see `processor::Datum`).
+                let key = r
+                    .key
+                    .as_ref()
+                    .and_then(|k| (**k).as_any().downcast_ref::<K>());
+                match (*r.value).as_any().downcast_ref::<V>() {
+                    Some(value) => f(key, value, r.timestamp),
+                    None => r.timestamp,
+                }
+            })
+        });
         let node = {
             let mut g = self.inner.borrow_mut();
             let name = g.name_or_generated(name.as_deref(), "source");
@@ -57,6 +77,8 @@ impl StreamsBuilder {
                 NodeKind::Source {
                     topic: Topic::External(topic.to_string()),
                     decode: decoder(key_serde.clone(), value_serde.clone()),
+                    extract,
+                    on_invalid,
                 },
                 vec![],
             )
@@ -72,9 +94,41 @@ impl StreamsBuilder {
 
     /// Declares a key-value store for processors added with [`KStream::process`].
     pub fn add_state_store(&self, name: &str) -> &Self {
-        let mut g = self.inner.borrow_mut();
-        g.claim_name(name);
-        g.stores.insert(name.to_string());
+        self.inner.borrow_mut().add_store(name, StoreKind::KeyValue);
+        self
+    }
+
+    /// Declares a window store for processors added with [`KStream::process`], which open it
+    /// with `ctx.window_store(..)` (Kafka Streams' `Stores.persistentWindowStore`): windows of
+    /// `window_size`, kept for `retention` of stream time after their start, indexed by key.
+    pub fn add_window_store(
+        &self,
+        name: &str,
+        retention: Duration,
+        window_size: Duration,
+    ) -> &Self {
+        let spec = WindowStoreSpec {
+            retention_ms: millis(retention),
+            window_size_ms: millis(window_size),
+            indexed: true,
+            timestamped: false,
+        };
+        self.inner
+            .borrow_mut()
+            .add_store(name, StoreKind::Window(spec));
+        self
+    }
+
+    /// Declares a session store for processors added with [`KStream::process`], which open it
+    /// with `ctx.session_store(..)` (`Stores.persistentSessionStore`): sessions kept for
+    /// `retention` of stream time after their end.
+    pub fn add_session_store(&self, name: &str, retention: Duration) -> &Self {
+        let spec = SessionStoreSpec {
+            retention_ms: millis(retention),
+        };
+        self.inner
+            .borrow_mut()
+            .add_store(name, StoreKind::Session(spec));
         self
     }
 
@@ -110,7 +164,7 @@ impl StreamsBuilder {
                     }
                 }
                 NodeKind::Processor { stores, .. } => {
-                    if let Some(s) = stores.iter().find(|s| !g.stores.contains(*s)) {
+                    if let Some(s) = stores.iter().find(|s| !g.stores.contains_key(*s)) {
                         return Err(TopologyError::UnknownStore {
                             node: n.name.clone(),
                             store: s.clone(),
@@ -127,6 +181,7 @@ impl StreamsBuilder {
         Ok(Topology {
             nodes,
             sub_topologies,
+            store_kinds: g.stores.clone(),
         })
     }
 }

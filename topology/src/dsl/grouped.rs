@@ -10,6 +10,7 @@ use crate::graph::{NodeKind, Supplier};
 use crate::processor::{Datum, ProcessError, Processor, ProcessorContext, Typed};
 use crate::record::Record;
 use crate::serdes::{I64Serde, Serde};
+use crate::store::StoreKind;
 
 /// A stream grouped by key, ready for an aggregation; the counterpart of `KGroupedStream`.
 pub struct KGroupedStream<K, V> {
@@ -24,6 +25,33 @@ pub struct KGroupedStream<K, V> {
 
 /// The aggregation step of a `count`, `reduce` or `aggregate`.
 type AggregateFn<K, V, A> = Arc<dyn Fn(&K, V, Option<A>) -> A + Send + Sync>;
+
+/// What `KGroupedStream::resolve` hands back when a serde is missing: the store name and the
+/// value serde to chain on with (the error itself is recorded on the builder).
+pub(super) type Unresolved<A> = (String, Arc<dyn Serde<A>>);
+
+/// An aggregation's store, serdes and input node, resolved from its [`Materialized`].
+pub(super) struct Resolved<K, A> {
+    pub store: String,
+    /// The grouping key's serde (the store's key serde when `Materialized` sets one).
+    pub key_serde: Arc<dyn Serde<K>>,
+    pub agg_serde: Arc<dyn Serde<A>>,
+    /// The node the aggregation reads from.
+    pub parent: usize,
+    /// `Materialized::with_retention`, for window stores.
+    pub retention_ms: Option<i64>,
+}
+
+impl<K, V> Clone for KGroupedStream<K, V> {
+    fn clone(&self) -> Self {
+        KGroupedStream {
+            stream: self.stream.clone(),
+            repartition: self.repartition,
+            name: self.name.clone(),
+            repartitioned: self.repartitioned.clone(),
+        }
+    }
+}
 
 struct AggregateProcessor<K, V, A> {
     store: String,
@@ -108,7 +136,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
         )
     }
 
-    fn missing_serde(&self, what: &'static str) {
+    pub(super) fn missing_serde(&self, what: &'static str) {
         self.stream
             .builder
             .inner
@@ -122,17 +150,55 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
         agg_serde: Option<Arc<dyn Serde<A>>>,
         step: impl Fn(&K, V, Option<A>) -> A + Send + Sync + 'static,
     ) -> KTable<K, A> {
+        let r = match self.resolve(materialized, agg_serde, "aggregate-store") {
+            Ok(r) => r,
+            Err((store, agg)) => return self.dangling_table(store, agg),
+        };
+        let step: AggregateFn<K, V, A> = Arc::new(step);
+        let (store_name, ks, aserde) = (r.store.clone(), r.key_serde.clone(), r.agg_serde.clone());
+        let supplier: Supplier = Arc::new(move || {
+            Box::new(Typed::<_, K, V, K, A>::new(AggregateProcessor {
+                store: store_name.clone(),
+                key_serde: ks.clone(),
+                agg_serde: aserde.clone(),
+                step: step.clone(),
+            }))
+        });
+        let node = self.add_aggregation(&r, StoreKind::KeyValue, supplier);
+        KTable {
+            stream: KStream {
+                builder: self.stream.builder.clone(),
+                node,
+                key_serde: Some(r.key_serde),
+                value_serde: Some(r.agg_serde),
+                key_changed: false,
+            },
+            store: r.store,
+            window: None,
+        }
+    }
+
+    /// Resolves an aggregation's store name (generated `<op>-<n>` without one), serdes and
+    /// parent node (a repartition source when the key changed upstream). On a missing serde the
+    /// error is recorded and `Err((store, value serde))` lets chaining go on.
+    pub(super) fn resolve<A: Datum + Clone>(
+        &self,
+        materialized: Materialized<K, A>,
+        agg_serde: Option<Arc<dyn Serde<A>>>,
+        op: &str,
+    ) -> Result<Resolved<K, A>, Unresolved<A>> {
         let Materialized {
             name,
             key_serde: store_key_serde,
             value_serde,
+            retention_ms,
         } = materialized;
         let store = self
             .stream
             .builder
             .inner
             .borrow_mut()
-            .name_or_generated(name.as_deref(), "aggregate-store");
+            .name_or_generated(name.as_deref(), op);
         let agg_serde = match value_serde.or(agg_serde) {
             Some(s) => s,
             None => {
@@ -143,51 +209,49 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
         let Some(group_key_serde) = self.stream.key_serde.clone().or(store_key_serde.clone())
         else {
             self.missing_serde("key");
-            return self.dangling_table(store, agg_serde);
+            return Err((store, agg_serde));
         };
         let key_serde = store_key_serde.unwrap_or_else(|| group_key_serde.clone());
         let parent = if self.repartition {
             match self.repartition_source(&store, group_key_serde) {
                 Some(node) => node,
-                None => return self.dangling_table(store, agg_serde),
+                None => return Err((store, agg_serde)),
             }
         } else {
             self.stream.node
         };
-        let step: AggregateFn<K, V, A> = Arc::new(step);
-        let (store_name, ks, aserde) = (store.clone(), key_serde.clone(), agg_serde.clone());
-        let supplier: Supplier = Arc::new(move || {
-            Box::new(Typed::<_, K, V, K, A>::new(AggregateProcessor {
-                store: store_name.clone(),
-                key_serde: ks.clone(),
-                agg_serde: aserde.clone(),
-                step: step.clone(),
-            }))
-        });
-        let node = {
-            let mut g = self.stream.builder.inner.borrow_mut();
-            g.claim_name(&store);
-            g.stores.insert(store.clone());
-            let name = g.generated_name("aggregate");
-            g.add(
-                name,
-                NodeKind::Processor {
-                    supplier,
-                    stores: vec![store.clone()],
-                },
-                vec![parent],
-            )
-        };
-        KTable {
-            stream: KStream {
-                builder: self.stream.builder.clone(),
-                node,
-                key_serde: Some(key_serde),
-                value_serde: Some(agg_serde),
-                key_changed: false,
-            },
+        Ok(Resolved {
             store,
-        }
+            key_serde,
+            agg_serde,
+            parent,
+            retention_ms,
+        })
+    }
+
+    /// Adds the aggregation's processor node below `r.parent`, with its store of `kind`.
+    pub(super) fn add_aggregation<A>(
+        &self,
+        r: &Resolved<K, A>,
+        kind: StoreKind,
+        supplier: Supplier,
+    ) -> usize {
+        let mut g = self.stream.builder.inner.borrow_mut();
+        g.add_store(&r.store, kind);
+        let name = g.generated_name("aggregate");
+        g.add(
+            name,
+            NodeKind::Processor {
+                supplier,
+                stores: vec![r.store.clone()],
+            },
+            vec![r.parent],
+        )
+    }
+
+    /// Records a build error.
+    pub(super) fn error(&self, e: super::TopologyError) {
+        self.stream.builder.inner.borrow_mut().error(e);
     }
 
     /// The source node reading the repartitioned records: the grouping's shared topic when it is
@@ -217,11 +281,11 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
     }
 
     /// A table that build() will reject (an error was recorded), so chaining can go on.
-    fn dangling_table<A: Datum + Clone>(
+    pub(super) fn dangling_table<K2, A: Datum + Clone>(
         &self,
         store: String,
         agg: Arc<dyn Serde<A>>,
-    ) -> KTable<K, A> {
+    ) -> KTable<K2, A> {
         KTable {
             stream: KStream {
                 builder: self.stream.builder.clone(),
@@ -231,6 +295,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
                 key_changed: false,
             },
             store,
+            window: None,
         }
     }
 }

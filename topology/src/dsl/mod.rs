@@ -34,7 +34,7 @@
 //! `Split`), [`grouped`] (`KGroupedStream` and the aggregations), [`table`] (`KTable`),
 //! [`options`] (the option objects).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::graph::{Decoder, Encoder, NodeKind};
@@ -43,18 +43,23 @@ use crate::processor::{
 };
 use crate::record::{RawRecord, Record};
 use crate::serdes::{Serde, SerdeError};
+use crate::store::StoreKind;
+use crate::window::WindowError;
 
 pub mod builder;
 pub mod grouped;
 pub mod options;
 pub mod stream;
 pub mod table;
+pub mod windowed;
 
 pub use builder::StreamsBuilder;
 pub use grouped::KGroupedStream;
 pub use options::{Consumed, Grouped, Materialized, Named, Produced, Repartitioned};
 pub use stream::{KStream, Split};
 pub use table::KTable;
+pub(crate) use table::WindowedTable;
+pub use windowed::{SessionWindowedKStream, TimeWindowedKStream, WindowedBy};
 
 /// Why a topology could not be built; each names the node or store at fault.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
@@ -84,6 +89,28 @@ pub enum TopologyError {
     /// A name contains characters that cannot be part of a topic or store name.
     #[error("name `{0}` is invalid: use letters, digits, `-` and `_` only")]
     InvalidName(String),
+    /// A window definition or a window store's retention is invalid.
+    #[error("windowed aggregation into `{store}`: {source}")]
+    InvalidWindows {
+        /// The aggregation's store.
+        store: String,
+        /// What is wrong.
+        #[source]
+        source: WindowError,
+    },
+    /// `suppress(until_window_closes)` on a table that is not the result of a windowed
+    /// aggregation.
+    #[error("suppress `{name}`: until_window_closes needs a windowed table (from windowed_by(..).count/reduce/aggregate); use until_time_limit for other tables")]
+    SuppressNotWindowed {
+        /// The suppression's node.
+        name: String,
+    },
+    /// `suppress(until_window_closes)` with a buffer that may emit early.
+    #[error("suppress `{name}`: until_window_closes needs a strict buffer (BufferConfig::unbounded() or shutdown_when_full()): an early result would not be final")]
+    SuppressBufferNotStrict {
+        /// The suppression's node.
+        name: String,
+    },
     /// A serde needed by a node is not known.
     #[error("node `{node}` needs a {what} serde: the key or value type changed upstream; pass serdes explicitly ({hint})")]
     MissingSerde {
@@ -110,7 +137,8 @@ struct Draft {
 #[derive(Default)]
 struct GraphBuilder {
     nodes: Vec<Draft>,
-    stores: BTreeSet<String>,
+    /// Every store, with what it holds.
+    stores: BTreeMap<String, StoreKind>,
     names: BTreeSet<String>,
     counter: usize,
     /// Errors found while chaining; `build` reports the first.
@@ -147,6 +175,17 @@ impl GraphBuilder {
             parents,
         });
         self.nodes.len() - 1
+    }
+
+    /// Declares store `name` (claiming the name).
+    fn add_store(&mut self, name: &str, kind: StoreKind) {
+        self.claim_name(name);
+        self.stores.insert(name.to_string(), kind);
+    }
+
+    /// Records an error `build` will report.
+    fn error(&mut self, e: TopologyError) {
+        self.errors.push(e);
     }
 
     /// Records that `node` lacks a `what` serde; `build` will fail with it.

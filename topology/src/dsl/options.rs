@@ -16,15 +16,17 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::serdes::Serde;
+use crate::time::OnInvalidTimestamp;
 
 /// Defines an option object with an optional name and optional key and value serdes.
 macro_rules! named_serde_options {
-    ($(#[$doc:meta])* $ty:ident, $what:literal) => {
+    ($(#[$doc:meta])* $ty:ident, $what:literal $(; $(#[$fdoc:meta])* $extra:ident: $ety:ty)*) => {
         $(#[$doc])*
         pub struct $ty<K, V> {
             pub(crate) name: Option<String>,
             pub(crate) key_serde: Option<Arc<dyn Serde<K>>>,
             pub(crate) value_serde: Option<Arc<dyn Serde<V>>>,
+            $($(#[$fdoc])* pub(crate) $extra: $ety,)*
         }
 
         impl<K, V> $ty<K, V> {
@@ -70,6 +72,7 @@ macro_rules! named_serde_options {
                     name: None,
                     key_serde: None,
                     value_serde: None,
+                    $($extra: Default::default(),)*
                 }
             }
         }
@@ -80,6 +83,7 @@ macro_rules! named_serde_options {
                     name: self.name.clone(),
                     key_serde: self.key_serde.clone(),
                     value_serde: self.value_serde.clone(),
+                    $($extra: self.$extra.clone(),)*
                 }
             }
         }
@@ -126,10 +130,26 @@ named_serde_options!(
     /// changelog), so name every store of a long-lived application. The serdes default to the
     /// grouping's key serde and to the aggregation's value serde (`i64` for `count`, the stream's
     /// value serde for `reduce`, the `agg_serde` of `aggregate`).
+    ///
+    /// For windowed aggregations, [`Materialized::with_retention`] sets how long the window store
+    /// keeps windows (default: the least the windows need, e.g. size + grace).
     Materialized,
-    "store"
+    "store";
+    /// How long a window or session store keeps entries, in ms (`None`: the windows' minimum).
+    retention_ms: Option<i64>
 );
 from_name!(Materialized);
+
+impl<K, V> Materialized<K, V> {
+    /// How long a window store keeps a window after its start (session store: after its end),
+    /// measured in stream time (Kafka Streams' `Materialized.withRetention`); at least what the
+    /// windows need (TimeWindows: size + grace; SlidingWindows: 2 x time difference + grace;
+    /// SessionWindows: gap + grace), checked by `build`.
+    pub fn with_retention(mut self, retention: std::time::Duration) -> Self {
+        self.retention_ms = Some(crate::time::millis(retention));
+        self
+    }
+}
 
 named_serde_options!(
     /// How a stream is grouped for an aggregation (Kafka Streams' `Grouped`).
@@ -160,11 +180,17 @@ named_serde_options!(
 );
 from_name!(Repartitioned);
 
-/// How a topic is read: its serdes and the source's node name (Kafka Streams' `Consumed`).
+/// A source's timestamp extractor: key, value and the record's timestamp give the event time.
+pub(crate) type ExtractFn<K, V> = Arc<dyn Fn(Option<&K>, &V, i64) -> i64 + Send + Sync>;
+
+/// How a topic is read: its serdes, the source's node name and its event time (Kafka Streams'
+/// `Consumed`).
 pub struct Consumed<K, V> {
     pub(crate) name: Option<String>,
     pub(crate) key_serde: Arc<dyn Serde<K>>,
     pub(crate) value_serde: Arc<dyn Serde<V>>,
+    pub(crate) extractor: Option<ExtractFn<K, V>>,
+    pub(crate) on_invalid: OnInvalidTimestamp,
 }
 
 impl<K, V> Consumed<K, V> {
@@ -175,7 +201,32 @@ impl<K, V> Consumed<K, V> {
             name: None,
             key_serde: Arc::new(key_serde),
             value_serde: Arc::new(value_serde),
+            extractor: None,
+            on_invalid: OnInvalidTimestamp::default(),
         }
+    }
+
+    /// Takes each record's event time from `extractor(key, value, record_timestamp)` (Kafka
+    /// Streams' `Consumed.withTimestampExtractor`); without one, the record timestamp. Pass
+    /// [`crate::time::WallclockTimestampExtractor::extract`] for processing time.
+    pub fn with_timestamp_extractor(
+        mut self,
+        extractor: impl Fn(Option<&K>, &V, i64) -> i64 + Send + Sync + 'static,
+    ) -> Self {
+        self.extractor = Some(Arc::new(extractor));
+        self
+    }
+
+    /// What a negative (invalid) event time does: [`crate::time::FailOnInvalidTimestamp`]
+    /// (default), [`crate::time::LogAndSkipOnInvalidTimestamp`],
+    /// [`crate::time::UsePartitionTimeOnInvalidTimestamp`] or
+    /// [`crate::time::UseWallclockTimeOnInvalidTimestamp`] (see [`crate::time`]).
+    pub fn with_invalid_timestamp_handler(
+        mut self,
+        handler: impl Into<OnInvalidTimestamp>,
+    ) -> Self {
+        self.on_invalid = handler.into();
+        self
     }
 
     /// Names the source node (default: a generated `source-<n>`).
@@ -196,6 +247,8 @@ impl<K, V> Clone for Consumed<K, V> {
             name: self.name.clone(),
             key_serde: self.key_serde.clone(),
             value_serde: self.value_serde.clone(),
+            extractor: self.extractor.clone(),
+            on_invalid: self.on_invalid,
         }
     }
 }
@@ -204,6 +257,8 @@ impl<K, V> fmt::Debug for Consumed<K, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Consumed")
             .field("name", &self.name)
+            .field("extractor", &self.extractor.is_some())
+            .field("on_invalid", &self.on_invalid)
             .finish_non_exhaustive()
     }
 }

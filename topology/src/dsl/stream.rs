@@ -15,6 +15,7 @@ use crate::processor::{
 };
 use crate::record::Record;
 use crate::serdes::Serde;
+use crate::time::OnInvalidTimestamp;
 
 /// A key serde and a value serde.
 type SerdePair<K, V> = (Arc<dyn Serde<K>>, Arc<dyn Serde<V>>);
@@ -47,7 +48,7 @@ where
     K: Datum + Clone,
     V: Datum + Clone,
 {
-    fn stateless<K2: Datum + Clone, V2: Datum + Clone>(
+    pub(super) fn stateless<K2: Datum + Clone, V2: Datum + Clone>(
         &self,
         op: &str,
         key_changed: bool,
@@ -349,6 +350,9 @@ where
             NodeKind::Source {
                 topic,
                 decode: decoder(k, v),
+                // Repartitioned records carry the event time their upstream settled.
+                extract: None,
+                on_invalid: OnInvalidTimestamp::default(),
             },
             vec![],
         )

@@ -1,12 +1,40 @@
-//! [`KTable`]: the changelog of an aggregation.
+//! [`KTable`]: the changelog of an aggregation, and `suppress`.
 
-use super::KStream;
-use crate::processor::Datum;
+use std::sync::Arc;
+
+use super::{KStream, TopologyError};
+use crate::graph::{NodeKind, Supplier};
+use crate::processor::{Datum, Typed};
+use crate::store::StoreKind;
+use crate::window::suppress::{SuppressProcessor, Suppressed, TimeOf, Until};
+
+/// What a windowed table knows of its windows, for `suppress(until_window_closes)`.
+pub(crate) struct WindowedTable<K> {
+    /// The window end of a windowed key.
+    pub end_of: Arc<dyn Fn(&K) -> i64 + Send + Sync>,
+    /// A window ending at `end` is closed once `end + due_after <= stream time`.
+    pub due_after: i64,
+    /// The node to read updates from when the table's stream filters some out (the session
+    /// aggregation itself, whose retractions the table's stream drops).
+    pub updates: Option<usize>,
+}
+
+impl<K> Clone for WindowedTable<K> {
+    fn clone(&self) -> Self {
+        WindowedTable {
+            end_of: self.end_of.clone(),
+            due_after: self.due_after,
+            updates: self.updates,
+        }
+    }
+}
 
 /// The changelog of an aggregation, keyed like its store; the counterpart of `KTable`.
 pub struct KTable<K, V> {
     pub(super) stream: KStream<K, V>,
     pub(super) store: String,
+    /// Set for the tables of windowed aggregations.
+    pub(super) window: Option<WindowedTable<K>>,
 }
 
 impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
@@ -18,5 +46,107 @@ impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
     /// The name of the store that materializes the table.
     pub fn store_name(&self) -> &str {
         &self.store
+    }
+
+    /// Holds updates back as `suppressed` says (Kafka Streams' `KTable.suppress`):
+    /// `Suppressed::until_window_closes(..)` forwards one final result per window of a windowed
+    /// table; `Suppressed::until_time_limit(..)` forwards each key at most once per time limit.
+    /// The held updates live in a buffer store `<name>-store` (named by
+    /// [`Suppressed::with_name`], else generated) that commits with the range, so what is
+    /// released is exact across crashes. See [`crate::window::suppress`].
+    pub fn suppress(&self, suppressed: Suppressed) -> KTable<K, V> {
+        let Suppressed {
+            until,
+            buffer,
+            name,
+        } = suppressed;
+        let builder = &self.stream.builder;
+        let (node_name, store) = {
+            let mut g = builder.inner.borrow_mut();
+            let node = g.name_or_generated(name.as_deref(), "suppress");
+            let store = format!("{node}-store");
+            (node, store)
+        };
+        let (time_of, due_after, parent): (TimeOf<K>, i64, usize) = match (until, &self.window) {
+            (Until::WindowCloses, Some(w)) => {
+                if !buffer.is_strict() {
+                    builder
+                        .inner
+                        .borrow_mut()
+                        .error(TopologyError::SuppressBufferNotStrict { name: node_name });
+                    return self.clone();
+                }
+                let end_of = w.end_of.clone();
+                let parent = w.updates.unwrap_or(self.stream.node);
+                (Arc::new(move |k: &K, _| end_of(k)), w.due_after, parent)
+            }
+            (Until::WindowCloses, None) => {
+                builder
+                    .inner
+                    .borrow_mut()
+                    .error(TopologyError::SuppressNotWindowed { name: node_name });
+                return self.clone();
+            }
+            (Until::TimeLimit(limit), _) => {
+                let parent = self
+                    .window
+                    .as_ref()
+                    .and_then(|w| w.updates)
+                    .unwrap_or(self.stream.node);
+                (Arc::new(|_: &K, ts| ts), limit, parent)
+            }
+        };
+        let hint = "Materialized::with on the aggregation";
+        let Some((key_serde, value_serde)) = self.stream.serdes_or_error(None, None, hint) else {
+            return self.clone();
+        };
+        let (ks, vs, st) = (key_serde.clone(), value_serde.clone(), store.clone());
+        let supplier: Supplier = Arc::new(move || {
+            Box::new(Typed::<_, K, V, K, V>::new(SuppressProcessor {
+                store: st.clone(),
+                key_serde: ks.clone(),
+                value_serde: vs.clone(),
+                time_of: time_of.clone(),
+                due_after,
+                buffer,
+            }))
+        });
+        let node = {
+            let mut g = builder.inner.borrow_mut();
+            g.add_store(&store, StoreKind::SuppressionBuffer);
+            g.add(
+                node_name,
+                NodeKind::Processor {
+                    supplier,
+                    stores: vec![store],
+                },
+                vec![parent],
+            )
+        };
+        KTable {
+            stream: KStream {
+                builder: builder.clone(),
+                node,
+                key_serde: Some(key_serde),
+                value_serde: Some(value_serde),
+                key_changed: false,
+            },
+            store: self.store.clone(),
+            // Updates now come from the suppression itself.
+            window: self
+                .window
+                .clone()
+                .map(|w| WindowedTable { updates: None, ..w }),
+        }
+    }
+}
+
+impl<K, V> Clone for KTable<K, V> {
+    fn clone(&self) -> Self {
+        KTable {
+            stream: self.stream.clone(),
+            store: self.store.clone(),
+            window: self.window.clone(),
+        }
     }
 }

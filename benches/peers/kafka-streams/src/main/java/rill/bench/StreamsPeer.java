@@ -1,5 +1,6 @@
 package rill.bench;
 
+import java.time.Duration;
 import java.util.Locale;
 import java.util.Properties;
 import java.util.concurrent.CountDownLatch;
@@ -10,9 +11,13 @@ import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.StreamsBuilder;
+import org.apache.kafka.streams.KeyValue;
 import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.kstream.KStream;
+import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.kstream.Suppressed;
+import org.apache.kafka.streams.kstream.TimeWindows;
 
 /**
  * Kafka Streams side of rill's side-by-side benchmarks: the same topologies as rill's runner
@@ -23,6 +28,8 @@ import org.apache.kafka.streams.kstream.Produced;
  * s1: each value starts with a sleep in microseconds (a remote call stand-in); sleep, forward.
  * s2: count by key (KTable), its changes to OUTPUT as 8-byte big-endian longs.
  * s3, s4: drop values containing "omicron", upper-case the rest.
+ * s5: count by key in 60 s tumbling windows with 10 s grace, final counts only (suppress until
+ * the window closes), to OUTPUT with key "KEY@WINDOW_START_MS" and the count as an 8-byte long.
  * Prints "FIRST micros" (wall clock) when the first input record is seen; the orchestrator
  * measures everything else from outside.
  */
@@ -76,6 +83,13 @@ public final class StreamsPeer {
                 return v;
             }).to(output);
             case "s2" -> in.groupByKey().count().toStream()
+                    .to(output, Produced.with(Serdes.String(), Serdes.Long()));
+            case "s5" -> in.groupByKey()
+                    .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofSeconds(60), Duration.ofSeconds(10)))
+                    .count(Materialized.with(Serdes.String(), Serdes.Long()))
+                    .suppress(Suppressed.untilWindowCloses(Suppressed.BufferConfig.unbounded()))
+                    .toStream()
+                    .map((k, n) -> KeyValue.pair(k.key() + "@" + k.window().start(), n))
                     .to(output, Produced.with(Serdes.String(), Serdes.Long()));
             case "s3", "s4" -> in.filter((k, v) -> !v.contains("omicron"))
                     .mapValues(v -> v.toUpperCase(Locale.ROOT)).to(output);

@@ -1,0 +1,222 @@
+//! Event time: which timestamp a record carries through a topology, what happens to invalid
+//! ones, and the stream time that windows close by.
+//!
+//! # Timestamps
+//!
+//! A source reads each record's event time with its timestamp extractor
+//! ([`crate::Consumed::with_timestamp_extractor`], a closure over key, value and the Kafka record
+//! timestamp; by default the record timestamp itself, as Kafka Streams'
+//! `FailOnInvalidTimestamp`). The result becomes the record's timestamp for every node
+//! downstream, and outputs carry it (or the window's, for windowed aggregations).
+//!
+//! A negative timestamp is invalid. The source's [`OnInvalidTimestamp`] handler decides, as
+//! Kafka Streams' extractors of the same names do:
+//! - [`FailOnInvalidTimestamp`] (default): processing stops with an error naming the record;
+//! - [`LogAndSkipOnInvalidTimestamp`]: the record is dropped, logged at warn and counted in
+//!   `rill_discarded_records_total{reason="invalid_timestamp"}`;
+//! - [`UsePartitionTimeOnInvalidTimestamp`]: the record takes the current stream time of its key
+//!   range (an error while that is unknown, before the range's first valid record);
+//! - [`UseWallclockTimeOnInvalidTimestamp`]: the record takes the system time (not
+//!   reproducible: a replay gives it another time).
+//!
+//! [`WallclockTimestampExtractor::extract`] as the extractor gives every record the system time
+//! (processing-time semantics; not reproducible either).
+//!
+//! # Stream time: per key range, not per partition
+//!
+//! Stream time is the largest timestamp a **key range** (a sub-task) has seen, advanced in offset
+//! order as its records are processed; the range commits it with its state and progress in one
+//! batch, and resumes from it after a restart or a move. Windows use it as Kafka Streams does:
+//! a record is *late* when every window it falls in has closed (window end + grace at or below
+//! stream time), and is then dropped and counted in `rill_late_records_dropped_total`; emit-final
+//! results are released when stream time passes a window's end + grace.
+//!
+//! Kafka Streams keeps stream time per task (per partition): every record of the partition
+//! advances it. rill runs the ranges of one partition concurrently, so a range sees only its own
+//! keys' records, and its stream time is the largest timestamp **among them**. What this changes:
+//!
+//! - **Determinism.** A range's records arrive in offset order whatever the scheduling, so its
+//!   stream time, and with it every late/on-time decision and every emit-final release, is the
+//!   same in a replay after a crash as in the first run. A partition-wide stream time would
+//!   depend on how the ranges' work interleaved.
+//! - **What P changes.** At P = 1 the one range is the whole partition: Kafka Streams' semantics.
+//!   At P > 1 a range's stream time is at most the partition's, so a record is late relative to
+//!   *its range's* stream time: some records that P = 1 drops are accepted at higher P, and a
+//!   window closes (emit-final) only when a record of the same range moves that range's stream
+//!   time past it. When grace covers the input's out-of-orderness (no record is late at P = 1:
+//!   each record's timestamp is above the partition's stream time at its arrival minus grace),
+//!   no record is late at any P, and every window's result is the same at every P; only the
+//!   moment an emit-final result is released differs.
+//! - **Idle ranges.** A range whose keys stop arriving keeps its windows open; Kafka Streams has
+//!   the same issue per partition. A later record of any key in the range closes them.
+
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// What to do with a record whose extracted timestamp is negative (invalid).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum OnInvalidTimestamp {
+    /// Stop processing with an error (Kafka Streams' `FailOnInvalidTimestamp`, the default).
+    #[default]
+    Fail,
+    /// Drop the record, log it and count it (`LogAndSkipOnInvalidTimestamp`).
+    LogAndSkip,
+    /// Use the key range's stream time (`UsePartitionTimeOnInvalidTimestamp`).
+    UsePartitionTime,
+    /// Use the system time (not reproducible under replays).
+    UseWallclockTime,
+}
+
+/// Kafka Streams' `FailOnInvalidTimestamp`: an invalid timestamp stops processing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FailOnInvalidTimestamp;
+
+/// Kafka Streams' `LogAndSkipOnInvalidTimestamp`: a record with an invalid timestamp is dropped,
+/// logged and counted.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LogAndSkipOnInvalidTimestamp;
+
+/// Kafka Streams' `UsePartitionTimeOnInvalidTimestamp`: a record with an invalid timestamp takes
+/// its key range's stream time.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UsePartitionTimeOnInvalidTimestamp;
+
+/// A record with an invalid timestamp takes the system time.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UseWallclockTimeOnInvalidTimestamp;
+
+impl From<FailOnInvalidTimestamp> for OnInvalidTimestamp {
+    fn from(_: FailOnInvalidTimestamp) -> Self {
+        OnInvalidTimestamp::Fail
+    }
+}
+
+impl From<LogAndSkipOnInvalidTimestamp> for OnInvalidTimestamp {
+    fn from(_: LogAndSkipOnInvalidTimestamp) -> Self {
+        OnInvalidTimestamp::LogAndSkip
+    }
+}
+
+impl From<UsePartitionTimeOnInvalidTimestamp> for OnInvalidTimestamp {
+    fn from(_: UsePartitionTimeOnInvalidTimestamp) -> Self {
+        OnInvalidTimestamp::UsePartitionTime
+    }
+}
+
+impl From<UseWallclockTimeOnInvalidTimestamp> for OnInvalidTimestamp {
+    fn from(_: UseWallclockTimeOnInvalidTimestamp) -> Self {
+        OnInvalidTimestamp::UseWallclockTime
+    }
+}
+
+/// Kafka Streams' `WallclockTimestampExtractor`: pass [`WallclockTimestampExtractor::extract`]
+/// to [`crate::Consumed::with_timestamp_extractor`] for processing-time semantics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WallclockTimestampExtractor;
+
+impl WallclockTimestampExtractor {
+    /// The system time in milliseconds since the Unix epoch, whatever the record.
+    pub fn extract<K, V>(_key: Option<&K>, _value: &V, _record_timestamp: i64) -> i64 {
+        now_ms()
+    }
+}
+
+/// The system time in milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Why a record's timestamp could not be settled.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TimestampError {
+    /// The timestamp is negative and the handler is [`OnInvalidTimestamp::Fail`].
+    #[error("invalid (negative) timestamp {0}; set Consumed::with_invalid_timestamp_handler(LogAndSkipOnInvalidTimestamp or UsePartitionTimeOnInvalidTimestamp) to go on")]
+    Invalid(i64),
+    /// The handler is [`OnInvalidTimestamp::UsePartitionTime`], but the range has no stream time
+    /// yet.
+    #[error("invalid (negative) timestamp {0}, and the key range's stream time is not known yet (no valid record seen), so UsePartitionTimeOnInvalidTimestamp cannot replace it")]
+    NoPartitionTime(i64),
+}
+
+impl OnInvalidTimestamp {
+    /// The timestamp a record with extracted timestamp `ts` takes: `Ok(Some(t))`, or `Ok(None)`
+    /// when it is to be skipped; `stream_time` is the range's before this record.
+    pub fn resolve(self, ts: i64, stream_time: Option<i64>) -> Result<Option<i64>, TimestampError> {
+        if ts >= 0 {
+            return Ok(Some(ts));
+        }
+        match self {
+            OnInvalidTimestamp::Fail => Err(TimestampError::Invalid(ts)),
+            OnInvalidTimestamp::LogAndSkip => Ok(None),
+            OnInvalidTimestamp::UsePartitionTime => stream_time
+                .map(Some)
+                .ok_or(TimestampError::NoPartitionTime(ts)),
+            OnInvalidTimestamp::UseWallclockTime => Ok(Some(now_ms())),
+        }
+    }
+}
+
+impl fmt::Display for OnInvalidTimestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OnInvalidTimestamp::Fail => "FailOnInvalidTimestamp",
+            OnInvalidTimestamp::LogAndSkip => "LogAndSkipOnInvalidTimestamp",
+            OnInvalidTimestamp::UsePartitionTime => "UsePartitionTimeOnInvalidTimestamp",
+            OnInvalidTimestamp::UseWallclockTime => "UseWallclockTimeOnInvalidTimestamp",
+        })
+    }
+}
+
+/// Milliseconds of a duration as an `i64` (saturating), the unit of every rill clock.
+pub fn millis(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn valid_timestamps_pass_every_handler() {
+        for h in [
+            OnInvalidTimestamp::Fail,
+            OnInvalidTimestamp::LogAndSkip,
+            OnInvalidTimestamp::UsePartitionTime,
+            OnInvalidTimestamp::UseWallclockTime,
+        ] {
+            assert_eq!(h.resolve(0, None), Ok(Some(0)));
+            assert_eq!(h.resolve(42, Some(7)), Ok(Some(42)));
+        }
+    }
+
+    #[test]
+    fn each_handler_treats_a_negative_timestamp_as_its_kafka_streams_namesake() {
+        assert_eq!(
+            OnInvalidTimestamp::from(FailOnInvalidTimestamp).resolve(-1, Some(5)),
+            Err(TimestampError::Invalid(-1))
+        );
+        assert_eq!(
+            OnInvalidTimestamp::from(LogAndSkipOnInvalidTimestamp).resolve(-1, Some(5)),
+            Ok(None)
+        );
+        let partition_time = OnInvalidTimestamp::from(UsePartitionTimeOnInvalidTimestamp);
+        assert_eq!(partition_time.resolve(-1, Some(5)), Ok(Some(5)));
+        assert_eq!(
+            partition_time.resolve(-3, None),
+            Err(TimestampError::NoPartitionTime(-3))
+        );
+        let wall = OnInvalidTimestamp::from(UseWallclockTimeOnInvalidTimestamp)
+            .resolve(-1, None)
+            .unwrap()
+            .unwrap();
+        assert!(wall > 1_600_000_000_000, "{wall}");
+    }
+
+    #[test]
+    fn the_wallclock_extractor_ignores_the_record() {
+        let t = WallclockTimestampExtractor::extract(Some(&1u8), &2u8, -5);
+        assert!(t > 1_600_000_000_000, "{t}");
+    }
+}

@@ -1,0 +1,208 @@
+//! The windowed aggregation of [`TimeWindows`], and what every windowed aggregation shares: the
+//! aggregation functions, emit-final release, late-record accounting.
+//!
+//! Per record (Kafka Streams' `KStreamWindowAggregate`): with `S` the range's stream time (the
+//! record included) and `close = S - grace`, the record updates each window it falls in whose
+//! end is above `close` (creating it from "no aggregate"), and is late for the others. The store
+//! keeps each window's aggregate with the largest timestamp of its records, which is the
+//! timestamp of the records it forwards.
+//!
+//! Emit-final ([`EmitStrategy::OnWindowClose`]): after each record, the windows that closed since
+//! the last release (start in `(released, close - size]`) are read from the time-ordered store
+//! in (start, key) order and forwarded; the bound released so far is a metadata entry of the
+//! store, so it commits with the range: a replay after a crash releases exactly what the lost run
+//! had not committed, with the same values.
+
+use std::sync::Arc;
+
+use super::serde::{split_timestamped, timestamped};
+use super::store::{WindowBytes, WindowEntries};
+use super::{EmitStrategy, TimeWindows, Window, Windowed};
+use crate::processor::{Datum, ProcessError, Processor, ProcessorContext};
+use crate::record::{Headers, Record};
+use crate::serdes::Serde;
+use crate::store::StoreError;
+
+/// One aggregation step: the key, the record's value and the window's aggregate so far (`None`
+/// for a new window) give the new aggregate.
+pub type StepFn<K, V, A> = Arc<dyn Fn(&K, V, Option<A>) -> A + Send + Sync>;
+/// Merges a session's aggregate into the aggregate of the sessions merged so far (`None`: none
+/// yet, the initializer's value).
+pub type MergeFn<K, A> = Arc<dyn Fn(&K, Option<A>, A) -> A + Send + Sync>;
+
+/// What every windowed aggregation processor needs besides its windows.
+pub struct WindowedAggregation<K, V, A> {
+    /// The window or session store.
+    pub store: String,
+    /// Serializes the grouping key into store keys.
+    pub key_serde: Arc<dyn Serde<K>>,
+    /// Serializes aggregates.
+    pub agg_serde: Arc<dyn Serde<A>>,
+    /// The aggregation step.
+    pub step: StepFn<K, V, A>,
+    /// When results are forwarded.
+    pub emit: EmitStrategy,
+}
+
+impl<K, V, A> Clone for WindowedAggregation<K, V, A> {
+    fn clone(&self) -> Self {
+        WindowedAggregation {
+            store: self.store.clone(),
+            key_serde: self.key_serde.clone(),
+            agg_serde: self.agg_serde.clone(),
+            step: self.step.clone(),
+            emit: self.emit,
+        }
+    }
+}
+
+/// Metadata entry: the largest window time (start, or session end) emit-final released.
+pub(crate) const RELEASED: &str = "released";
+
+/// An aggregate with its largest record timestamp, decoded from a window store.
+pub(crate) struct Stamped<A> {
+    pub value: A,
+    pub timestamp: i64,
+}
+
+impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> WindowedAggregation<K, V, A> {
+    pub(crate) fn decode(&self, bytes: &[u8]) -> Result<Stamped<A>, ProcessError> {
+        let (timestamp, value) = split_timestamped(bytes)?;
+        Ok(Stamped {
+            value: self.agg_serde.deserialize(value)?,
+            timestamp,
+        })
+    }
+
+    pub(crate) fn encode(&self, value: &A, timestamp: i64) -> Result<Vec<u8>, ProcessError> {
+        Ok(timestamped(timestamp, &self.agg_serde.serialize(value)?))
+    }
+
+    /// Counts `late` dropped windows and logs the record once.
+    pub(crate) fn report_late(
+        &self,
+        ctx: &mut ProcessorContext<'_, Windowed<K>, A>,
+        late: usize,
+        timestamp: i64,
+        close: i64,
+    ) {
+        if late == 0 {
+            return;
+        }
+        let meta = ctx.record_meta().clone();
+        tracing::debug!(store = %self.store, topic = %meta.topic, partition = meta.partition, offset = meta.offset, timestamp, close, windows = late, "dropping a late record: its windows closed (end + grace at or below stream time)");
+        for _ in 0..late {
+            ctx.late_record_dropped(&self.store);
+        }
+    }
+
+    /// Releases the windows whose start lies in `(released, upper]`: their entries, with
+    /// `upper` recorded as released. Empty when nothing new closed.
+    pub(crate) fn release_windows(
+        &self,
+        store: &mut WindowBytes<'_>,
+        upper: i64,
+    ) -> Result<WindowEntries, StoreError> {
+        let released = store.meta(RELEASED)?.and_then(|b| super::time_from(&b));
+        if released.is_some_and(|r| r >= upper) {
+            return Ok(Vec::new());
+        }
+        let from = released.map_or(i64::MIN, |r| r + 1);
+        let entries = store.scan(from, upper)?;
+        store.set_meta(RELEASED, &super::time_bytes(upper))?;
+        Ok(entries)
+    }
+
+    /// Turns released window entries into output records (window end = start + `size`).
+    pub(crate) fn released_records(
+        &self,
+        entries: WindowEntries,
+        size: i64,
+        headers: &Headers,
+    ) -> Result<Vec<Record<Windowed<K>, A>>, ProcessError> {
+        entries
+            .into_iter()
+            .map(|(k, start, v)| {
+                let agg = self.decode(&v)?;
+                Ok(Record {
+                    key: Some(Windowed::new(
+                        self.key_serde.deserialize(&k)?,
+                        Window::new(start, start.saturating_add(size)),
+                    )),
+                    value: agg.value,
+                    timestamp: agg.timestamp,
+                    headers: headers.clone(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// The processor of a [`TimeWindows`] aggregation.
+pub struct TimeWindowAggregate<K, V, A> {
+    /// The windows.
+    pub windows: TimeWindows,
+    /// Store, serdes, step and emit strategy.
+    pub agg: WindowedAggregation<K, V, A>,
+}
+
+impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, Windowed<K>, A>
+    for TimeWindowAggregate<K, V, A>
+{
+    fn process(
+        &mut self,
+        record: Record<K, V>,
+        ctx: &mut ProcessorContext<'_, Windowed<K>, A>,
+    ) -> Result<(), ProcessError> {
+        let Some(key) = record.key else {
+            ctx.record_dropped("null_key");
+            return Ok(());
+        };
+        let agg = &self.agg;
+        let ts = record.timestamp;
+        let close = ctx
+            .current_stream_time()
+            .unwrap_or(ts)
+            .saturating_sub(self.windows.grace_ms());
+        let kb = agg.key_serde.serialize(&key)?;
+        let mut out = Vec::new();
+        let mut late = 0;
+        {
+            let mut store = WindowBytes::open(ctx.timed_store(&agg.store)?)?;
+            for w in self.windows.windows_for(ts) {
+                if w.end <= close {
+                    late += 1;
+                    continue;
+                }
+                let (old, new_ts) = match store.get(&kb, w.start)? {
+                    Some(bytes) => {
+                        let s = agg.decode(&bytes)?;
+                        (Some(s.value), ts.max(s.timestamp))
+                    }
+                    None => (None, ts),
+                };
+                let new = (agg.step)(&key, record.value.clone(), old);
+                store.put(&kb, w.start, &agg.encode(&new, new_ts)?)?;
+                if agg.emit == EmitStrategy::OnWindowUpdate {
+                    out.push(Record {
+                        key: Some(Windowed::new(key.clone(), w)),
+                        value: new,
+                        timestamp: new_ts,
+                        headers: record.headers.clone(),
+                    });
+                }
+            }
+            if agg.emit == EmitStrategy::OnWindowClose {
+                let size = self.windows.size_ms();
+                let released = agg.release_windows(&mut store, close.saturating_sub(size))?;
+                out.extend(agg.released_records(released, size, &record.headers)?);
+            }
+            store.expire()?;
+        }
+        agg.report_late(ctx, late, ts, close);
+        for r in out {
+            ctx.forward(r);
+        }
+        Ok(())
+    }
+}
