@@ -8,7 +8,7 @@
 //! cargo bench --bench service -- scrape
 //! # engine throughput, metrics off vs on, alternating runs in fresh processes
 //! cargo bench --bench service -- overhead
-//! # a live change of the parallelising factor over 1M keys (P = 4 -> 8 -> 3)
+//! # a live change of the factor of a partition with 1M keys (P = 4 -> 8 -> 3), another flowing
 //! cargo bench --bench service -- resplit
 //! ```
 //! `memory` reads a real broker (`RILL_TEST_BOOTSTRAP`) so the embedded cluster's copy of the
@@ -276,8 +276,9 @@ fn overhead_run(metrics_on: bool, n: u64) -> Result<(f64, f64), Error> {
     Ok((rate, (cpu_seconds() - cpu) * 1e6 / n as f64))
 }
 
-/// A live change of the factor of one partition holding 1M counted keys: how long the drain and
-/// the pause (hold until processing again) take, P = 4 -> 8 -> 3.
+/// A live change of the factor of one partition holding 1M counted keys, P = 4 -> 8 -> 3: how
+/// long the drain and the pause (hold until processing again) take, and the rate of partition 1,
+/// which is not changed and keeps receiving records, before and during the change.
 fn resplit() -> Result<(), Error> {
     const KEYS: u64 = 1_000_000;
     let state = tempfile::tempdir()?;
@@ -297,15 +298,25 @@ fn resplit() -> Result<(), Error> {
         Arc::new(MemorySink::new()),
         HashMap::new(),
     )?;
-    engine.assign("in", 0, rill::runtime::internals::Resume::default())?;
+    for p in 0..2 {
+        engine.assign("in", p, rill::runtime::internals::Resume::default())?;
+    }
+    let record = |key: u64| RawRecord {
+        key: Some(format!("key-{key}").into_bytes()),
+        value: Some(b"v".to_vec()),
+        timestamp: 0,
+        headers: Headers::new(),
+    };
+    // Offers one record to `partition`; false when its mailbox is full.
+    let offer = |engine: &mut Engine, partition: u32, offset: u64| -> Result<bool, Error> {
+        Ok(!matches!(
+            engine.dispatch("in", partition, offset, record(offset % 10_000))?,
+            Dispatch::Full(_)
+        ))
+    };
     let started = Instant::now();
     for offset in 0..KEYS {
-        let mut r = RawRecord {
-            key: Some(format!("key-{offset}").into_bytes()),
-            value: Some(b"v".to_vec()),
-            timestamp: 0,
-            headers: Headers::new(),
-        };
+        let mut r = record(offset);
         while let Dispatch::Full(back) = engine.dispatch("in", 0, offset, r)? {
             r = back;
             engine.request_commit();
@@ -319,18 +330,53 @@ fn resplit() -> Result<(), Error> {
     }
     engine.collect_progress();
     println!(
-        "loaded {KEYS} keys at P = 4 in {:.1} s",
+        "loaded {KEYS} keys into partition 0 at P = 4 in {:.1} s",
         started.elapsed().as_secs_f64()
     );
+    let mut other = 0u64; // next offset of partition 1
     for factor in [8, 3] {
+        // Partition 1 alone for 2 s: its rate before the change.
         let t = Instant::now();
-        let change = engine.set_parallelising_factor(factor, None, Duration::from_secs(600))?;
+        let before = other;
+        while t.elapsed() < Duration::from_secs(2) {
+            if offer(&mut engine, 1, other)? {
+                other += 1;
+            } else {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        let rate_before = (other - before) as f64 / 2.0;
+        let t = Instant::now();
+        let during = other;
+        let mut drain = engine.begin_factor_change(factor, Some(&[0]))?;
+        loop {
+            if drain.wait(Instant::now()) {
+                break;
+            }
+            if offer(&mut engine, 1, other)? {
+                other += 1;
+            }
+        }
+        let change = engine.finish_factor_change(drain, true)?;
+        while engine.finish_restores()? > 0 {
+            if offer(&mut engine, 1, other)? {
+                other += 1;
+            } else {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        let paused = t.elapsed();
+        let rate_during = (other - during) as f64 / paused.as_secs_f64();
         println!(
-            "P -> {factor}: drained in {} ms, processing again after {} ms ({} task changed)",
+            "partition 0, P -> {factor}: drained in {} ms, processing again after {} ms; \
+             partition 1 meanwhile: {:.0} records/s (before: {:.0} records/s)",
             change.drained_in.as_millis(),
-            t.elapsed().as_millis(),
-            change.changed.len()
+            paused.as_millis(),
+            rate_during,
+            rate_before
         );
+        engine.request_commit();
+        engine.collect_progress();
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! Per-key results do not depend on the parallelising factor: for random keyed input, every P
-//! gives each key the same outputs in the same order as P = 1.
+//! gives each key the same outputs in the same order as P = 1, and so do live changes of P
+//! (splits, merges, factors that do not divide each other) at random points of the input.
 
 use std::collections::BTreeMap;
 
@@ -24,6 +25,19 @@ fn run<V: 'static>(
     partitions: u32,
     out_serde: impl Serde<V>,
 ) -> PerKey<V> {
+    run_changing(builder, input, p, &[], partitions, out_serde)
+}
+
+/// [`run`], changing the factor live to `to` before the record at index `at`, for each
+/// `(at, to)` of `changes`.
+fn run_changing<V: 'static>(
+    builder: StreamsBuilder,
+    input: &[(String, i64)],
+    p: usize,
+    changes: &[(usize, usize)],
+    partitions: u32,
+    out_serde: impl Serde<V>,
+) -> PerKey<V> {
     let driver = TestDriver::builder(builder.build().unwrap())
         .parallelising_factor(p)
         .partitions("in", partitions)
@@ -31,7 +45,19 @@ fn run<V: 'static>(
         .build()
         .unwrap();
     let topic = driver.input_topic("in", StringSerde, I64Serde);
-    topic.pipe_key_values(input.iter().cloned());
+    let mut changes = changes.to_vec();
+    changes.sort_unstable();
+    let mut next = 0;
+    for (i, (k, v)) in input.iter().enumerate() {
+        while changes.get(next).is_some_and(|(at, _)| *at <= i) {
+            driver.set_parallelising_factor(changes[next].1).unwrap();
+            next += 1;
+        }
+        topic.pipe_input(k.clone(), *v);
+    }
+    for (_, to) in &changes[next..] {
+        driver.set_parallelising_factor(*to).unwrap();
+    }
     per_key(
         driver
             .output_topic("out", StringSerde, out_serde)
@@ -40,6 +66,10 @@ fn run<V: 'static>(
 }
 
 fn count_by_key(input: &[(String, i64)], p: usize, partitions: u32) -> PerKey<i64> {
+    run(count_topology(), input, p, partitions, I64Serde)
+}
+
+fn count_topology() -> StreamsBuilder {
     let builder = StreamsBuilder::new();
     builder
         .stream("in", StringSerde, I64Serde)
@@ -47,12 +77,16 @@ fn count_by_key(input: &[(String, i64)], p: usize, partitions: u32) -> PerKey<i6
         .count("counts")
         .to_stream()
         .to("out");
-    run(builder, input, p, partitions, I64Serde)
+    builder
 }
 
 /// A running aggregate whose result depends on the order of the values: any reordering within a
 /// key changes it.
 fn running_digest(input: &[(String, i64)], p: usize, partitions: u32) -> PerKey<String> {
+    run(digest_topology(), input, p, partitions, StringSerde)
+}
+
+fn digest_topology() -> StreamsBuilder {
     let builder = StreamsBuilder::new();
     builder
         .stream("in", StringSerde, I64Serde)
@@ -75,7 +109,7 @@ fn running_digest(input: &[(String, i64)], p: usize, partitions: u32) -> PerKey<
         )
         .to_stream()
         .to("out");
-    run(builder, input, p, partitions, StringSerde)
+    builder
 }
 
 fn keyed_input() -> impl Strategy<Value = Vec<(String, i64)>> {
@@ -93,6 +127,21 @@ proptest! {
         for p in [2, 3, 8, 16] {
             prop_assert_eq!(&count_by_key(&input, p, partitions), &expected, "P = {}", p);
         }
+    }
+
+    #[test]
+    fn live_factor_changes_keep_per_key_outputs_of_p1(
+        input in keyed_input(),
+        partitions in 1u32..3,
+        start in 1usize..6,
+        changes in proptest::collection::vec((0usize..120, 1usize..7), 0..4),
+    ) {
+        let expected = running_digest(&input, 1, partitions);
+        let got = run_changing(digest_topology(), &input, start, &changes, partitions, StringSerde);
+        prop_assert_eq!(&got, &expected, "digests, from P = {} with {:?}", start, &changes);
+        let expected = count_by_key(&input, 1, partitions);
+        let got = run_changing(count_topology(), &input, start, &changes, partitions, I64Serde);
+        prop_assert_eq!(&got, &expected, "counts, from P = {} with {:?}", start, &changes);
     }
 
     #[test]
