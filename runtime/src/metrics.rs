@@ -89,7 +89,7 @@ const COMMIT_LATENCY_BUCKETS: &[f64] = &[
     10.0, 30.0, 60.0,
 ];
 /// Reasons of [`DISCARDED_RECORDS`] rill itself uses.
-const DISCARD_REASONS: &[&str] = &["deserialization", "null_key"];
+const DISCARD_REASONS: &[&str] = &["deserialization", "null_key", "record_too_large"];
 /// Codes of [`ERRORS`] rill itself uses (see [`engine_error_code`] and the Kafka source).
 const ERROR_CODES: &[&str] = &[
     "config",
