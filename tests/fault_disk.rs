@@ -232,6 +232,10 @@ fn a_full_state_filesystem_stops_the_service_and_a_restart_after_freeing_space_i
         service.log_tail(20)
     );
 
+    println!(
+        "full disk: {status:?}, {}",
+        log.lines().rev().find(|l| l.starts_with("error: ")).unwrap_or("")
+    );
     std::fs::remove_file(&ballast).expect("free the space");
     let mut child = service.spawn();
     let got = final_counts(&output, &truth, Duration::from_secs(120));
