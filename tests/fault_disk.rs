@@ -234,7 +234,10 @@ fn a_full_state_filesystem_stops_the_service_and_a_restart_after_freeing_space_i
 
     println!(
         "full disk: {status:?}, {}",
-        log.lines().rev().find(|l| l.starts_with("error: ")).unwrap_or("")
+        log.lines()
+            .rev()
+            .find(|l| l.starts_with("error: "))
+            .unwrap_or("")
     );
     std::fs::remove_file(&ballast).expect("free the space");
     let mut child = service.spawn();
