@@ -20,7 +20,7 @@ fn topology(input: &str, output: &str) -> Topology {
     builder
         .stream(input, StringSerde, StringSerde)
         .map_values(|v: String| if v == "big" { "x".repeat(OVERSIZED) } else { v })
-        .to(output);
+        .to_with(output, Produced::with(StringSerde, StringSerde));
     builder.build().expect("topology")
 }
 
@@ -88,6 +88,7 @@ fn an_oversized_output_record_fails_by_default_and_is_dropped_with_log_and_conti
         .shutdown()
         .expect_err("the runtime stopped on an error")
         .to_string();
+    println!("oversized record, default handler: {err}");
     assert!(
         err.contains(&format!("could not write to topic `{output}`"))
             && err.contains("more than kafka.message.max.bytes allows")
