@@ -8,6 +8,8 @@
 //! cargo bench --bench service -- scrape
 //! # engine throughput, metrics off vs on, alternating runs in fresh processes
 //! cargo bench --bench service -- overhead
+//! # a live change of the parallelising factor over 1M keys (P = 4 -> 8 -> 3)
+//! cargo bench --bench service -- resplit
 //! ```
 //! `memory` reads a real broker (`RILL_TEST_BOOTSTRAP`) so the embedded cluster's copy of the
 //! input does not count in the process's memory; the input is written by a child process for the
@@ -262,7 +264,7 @@ fn overhead_run(metrics_on: bool, n: u64) -> Result<(f64, f64), Error> {
         if last_commit.elapsed() >= Duration::from_millis(100) {
             last_commit = Instant::now();
             engine.request_commit();
-            engine.publish_metrics();
+            engine.publish_metrics(&Default::default());
             engine.collect_progress();
         }
     }
@@ -272,6 +274,65 @@ fn overhead_run(metrics_on: bool, n: u64) -> Result<(f64, f64), Error> {
     }
     let rate = n as f64 / started.elapsed().as_secs_f64();
     Ok((rate, (cpu_seconds() - cpu) * 1e6 / n as f64))
+}
+
+/// A live change of the factor of one partition holding 1M counted keys: how long the drain and
+/// the pause (hold until processing again) take, P = 4 -> 8 -> 3.
+fn resplit() -> Result<(), Error> {
+    const KEYS: u64 = 1_000_000;
+    let state = tempfile::tempdir()?;
+    let db = StateDb::open(&StateConfig {
+        dir: state.path().to_path_buf(),
+        memory_bytes: 256 << 20,
+    })?;
+    let mut engine = Engine::new(
+        Arc::new(count_topology("in", "out")?),
+        EngineConfig {
+            parallelising_factor: 4,
+            worker_threads: 2,
+            mailbox_capacity: 10_000,
+            ..EngineConfig::default()
+        },
+        Some(db),
+        Arc::new(MemorySink::new()),
+        HashMap::new(),
+    )?;
+    engine.assign("in", 0, rill::runtime::internals::Resume::default())?;
+    let started = Instant::now();
+    for offset in 0..KEYS {
+        let mut r = RawRecord {
+            key: Some(format!("key-{offset}").into_bytes()),
+            value: Some(b"v".to_vec()),
+            timestamp: 0,
+            headers: Headers::new(),
+        };
+        while let Dispatch::Full(back) = engine.dispatch("in", 0, offset, r)? {
+            r = back;
+            engine.request_commit();
+            engine.collect_progress();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    engine.request_durable_commit();
+    if !engine.wait_idle(Duration::from_secs(600)) {
+        return Err("the engine did not finish".into());
+    }
+    engine.collect_progress();
+    println!(
+        "loaded {KEYS} keys at P = 4 in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    for factor in [8, 3] {
+        let t = Instant::now();
+        let change = engine.set_parallelising_factor(factor, None, Duration::from_secs(600))?;
+        println!(
+            "P -> {factor}: drained in {} ms, processing again after {} ms ({} task changed)",
+            change.drained_in.as_millis(),
+            t.elapsed().as_millis(),
+            change.changed.len()
+        );
+    }
+    Ok(())
 }
 
 /// Nanoseconds per record of exactly what the runtime's hot path does for metrics (consumed,
@@ -370,6 +431,7 @@ fn main() -> Result<(), Error> {
         Some("memory") => memory(),
         Some("scrape") => scrape(),
         Some("overhead") => overhead(),
+        Some("resplit") => resplit(),
         Some("instrumentation") => {
             println!(
                 "instrumentation alone: {:.0} ns per record",
@@ -383,7 +445,7 @@ fn main() -> Result<(), Error> {
             Ok(())
         }
         _ => {
-            println!("usage: cargo bench --bench service -- memory|scrape|overhead");
+            println!("usage: cargo bench --bench service -- memory|scrape|overhead|resplit");
             Ok(())
         }
     }

@@ -179,7 +179,7 @@ impl Cluster {
     /// Starts a member on dir `i` in a new generation, assigned partition 0 of both inputs.
     /// Where a member starting on dir `i` reads each changelog from: the oldest local position,
     /// or the start when a range has none or the group's lineage does not own the state (the
-    /// rule of `engine::restore`).
+    /// rule of `engine::restore`), after the re-split to the configured factor.
     fn restore_from(&self, i: usize) -> HashMap<String, u64> {
         let db = &self.dirs[i].1;
         let mut from = HashMap::new();
@@ -189,21 +189,7 @@ impl Cluster {
         ] {
             let stores: Vec<String> = stores.iter().map(|s| s.to_string()).collect();
             let prior = self.committed.get(input).and_then(|c| c.lineage);
-            let progress: Vec<Option<rill::state::Progress>> = rill::topology::ranges(self.factor)
-                .into_iter()
-                .map(|r| {
-                    // Opening would create missing column families (slow): look first.
-                    let exists = db
-                        .column_families()
-                        .iter()
-                        .any(|cf| cf.range == r && stores.contains(&cf.store));
-                    exists.then(|| {
-                        let st = rill::state::SubTaskState::open(db.clone(), &stores, 0, r)
-                            .expect("open state");
-                        st.committed_progress().cloned()
-                    })?
-                })
-                .collect();
+            let progress = local_progress(db, &stores, self.factor);
             let trusted = match prior {
                 None => progress.iter().all(Option::is_none),
                 Some(l) => progress
@@ -391,6 +377,48 @@ impl Cluster {
     }
 }
 
+/// The committed progress each range of `factor` will have once a member re-split the local
+/// state of partition 0 to it (`rill::state::resplit`): its own when the state is already in
+/// those ranges, else composed from the ranges that hold it; `None` for a range without any.
+fn local_progress(
+    db: &Arc<StateDb>,
+    stores: &[String],
+    factor: usize,
+) -> Vec<Option<rill::state::Progress>> {
+    let target = rill::topology::ranges(factor);
+    // Opening would create missing column families (slow, and visible to the engine): look first.
+    let mut existing: Vec<KeyRange> = db
+        .column_families()
+        .into_iter()
+        .filter(|cf| cf.partition == 0 && stores.contains(&cf.store))
+        .map(|cf| cf.range)
+        .collect();
+    existing.sort_by_key(|r| r.start);
+    existing.dedup();
+    let open = |r: KeyRange| {
+        rill::state::SubTaskState::open(db.clone(), stores, 0, r)
+            .expect("open state")
+            .committed_progress()
+            .cloned()
+    };
+    let parts: Vec<_> = existing
+        .iter()
+        .filter(|r| !target.contains(r))
+        .filter_map(|r| open(*r).map(|p| (*r, p)))
+        .collect();
+    if parts.is_empty() {
+        return target
+            .into_iter()
+            .map(|r| existing.contains(&r).then(|| open(r)).flatten())
+            .collect();
+    }
+    let parts: Vec<_> = parts.iter().map(|(r, p)| (*r, p)).collect();
+    target
+        .into_iter()
+        .map(|r| Some(rill::state::carry::compose(r, &parts)))
+        .collect()
+}
+
 /// The state a sequential run computes.
 fn oracle(input: &[(String, String)]) -> BTreeMap<&'static str, BTreeMap<String, String>> {
     let mut kv = BTreeMap::new();
@@ -454,6 +482,11 @@ enum Op {
     EndZombie,
     /// Log compaction, as far as the repairs allow.
     Compact { tombstones: bool },
+    /// A live change of the member's parallelising factor; with `keep`, the configuration says
+    /// so too (later members start with it), else they start with the configured one.
+    ChangeFactor { factor: usize, keep: bool },
+    /// A new configured factor, for the members started from now on.
+    Configure(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -465,6 +498,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0usize..3, any::<bool>(), any::<bool>()).prop_map(|(dir, wipe, zombie)| Op::Handover { dir, wipe, zombie }),
         1 => Just(Op::EndZombie),
         1 => any::<bool>().prop_map(|tombstones| Op::Compact { tombstones }),
+        1 => (1usize..5, any::<bool>()).prop_map(|(factor, keep)| Op::ChangeFactor { factor, keep }),
+        1 => (1usize..5).prop_map(Op::Configure),
     ]
 }
 
@@ -576,6 +611,19 @@ fn run(factor: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
             }
             Op::Compact { tombstones } => cluster.compact(tombstones),
+            Op::ChangeFactor { factor, keep } => {
+                if let Some(m) = member.as_mut() {
+                    if m.engine.failure().is_none() {
+                        m.engine
+                            .set_parallelising_factor(factor, None, Duration::from_secs(30))
+                            .map_err(|e| TestCaseError::fail(format!("factor change: {e}")))?;
+                    }
+                }
+                if keep {
+                    cluster.factor = factor;
+                }
+            }
+            Op::Configure(factor) => cluster.factor = factor,
         }
     }
     if let Some((mut z, _)) = zombie.take() {

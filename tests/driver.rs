@@ -83,6 +83,68 @@ fn reopening_with_another_factor_moves_the_state_and_keeps_counting() {
 }
 
 #[test]
+fn live_factor_changes_move_state_and_progress_without_replays() {
+    // Live, without closing: splits, factors that do not divide each other, a merge, and back.
+    let dir = tempfile::tempdir().unwrap();
+    let driver = TestDriver::builder(wordcount())
+        .parallelising_factor(2)
+        .partitions("lines", 2)
+        .state_dir(dir.path())
+        .build()
+        .unwrap();
+    let lines = driver.input_topic("lines", StringSerde, StringSerde);
+    let counts = driver.key_value_store("counts-store", StringSerde, I64Serde);
+    let out = driver.output_topic("counts", StringSerde, I64Serde);
+    let words: Vec<String> = (0..40).map(|i| format!("w{i}")).collect();
+    let mut updates = 0;
+    for (round, p) in [4, 3, 1, 2, 5].into_iter().enumerate() {
+        lines.pipe_value(words.join(" "));
+        let change = driver.set_parallelising_factor(p).unwrap();
+        // Both sub-topologies (the source and the count after the repartition) on 2 partitions.
+        assert_eq!(change.changed.len(), 4, "P = {p}: {change:?}");
+        assert!(change.changed.iter().all(|c| c.to == p), "{change:?}");
+        lines.pipe_value(words.join(" "));
+        let round = round as i64 + 1;
+        for w in &words {
+            assert_eq!(
+                counts.get(w),
+                Some(2 * round),
+                "`{w}` after the change to P = {p}"
+            );
+        }
+        assert_eq!(counts.all().len(), words.len());
+        let read = out.read_key_values();
+        updates += read.len();
+        assert_eq!(
+            read.len(),
+            2 * words.len(),
+            "one update per occurrence at P = {p}"
+        );
+    }
+    assert_eq!(updates, 10 * words.len());
+    // The moved state and progress are durable: a reopen at yet another factor goes on from them.
+    drop((lines, counts, out));
+    driver.close().unwrap();
+    let driver = TestDriver::builder(wordcount())
+        .parallelising_factor(3)
+        .partitions("lines", 2)
+        .state_dir(dir.path())
+        .build()
+        .unwrap();
+    driver
+        .input_topic("lines", StringSerde, StringSerde)
+        .pipe_value(words.join(" "));
+    let counts = driver.key_value_store("counts-store", StringSerde, I64Serde);
+    for w in &words {
+        assert_eq!(counts.get(w), Some(11), "`{w}` after the reopen");
+    }
+    assert!(
+        driver.set_parallelising_factor(0).is_err(),
+        "factor 0 is refused"
+    );
+}
+
+#[test]
 fn split_routes_each_record_to_the_first_matching_branch() {
     let builder = StreamsBuilder::new();
     let branches = builder

@@ -3,13 +3,14 @@
 //! example binaries.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
+use common::http::{get, sum};
 use common::producer::{flush, input_producer, send};
 use common::wordcount;
 
@@ -17,19 +18,6 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use rill::runtime::{ConfigBuilder, Runtime};
-
-/// Status line and body of `GET path`.
-fn get(addr: SocketAddr, path: &str) -> (String, String) {
-    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-    write!(s, "GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").expect("write request");
-    let mut text = String::new();
-    s.read_to_string(&mut text).expect("read response");
-    let (head, body) = text.split_once("\r\n\r\n").expect("response head");
-    (
-        head.lines().next().unwrap_or("").to_string(),
-        body.to_string(),
-    )
-}
 
 /// Polls `f` every 50 ms until it returns `Some` or `timeout` passes.
 fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
@@ -41,22 +29,6 @@ fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) 
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// Sum of the samples of `name` whose labels contain every `label="value"` of `with`.
-fn sum(text: &str, name: &str, with: &[&str]) -> Option<f64> {
-    let mut found = None;
-    for line in text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-    {
-        let (series, value) = line.rsplit_once(' ')?;
-        let metric = series.split('{').next().unwrap_or("");
-        if metric == name && with.iter().all(|l| series.contains(l)) {
-            *found.get_or_insert(0.0) += value.parse::<f64>().ok()?;
-        }
-    }
-    found
 }
 
 /// What `promtool check metrics` rejects that matters here: every family has `# HELP` (not

@@ -145,6 +145,8 @@ pub struct Config {
     pub production_handler: ProductionHandler,
     /// What to do with a corrupt state database at start.
     pub state_corruption_handler: CorruptionHandler,
+    /// Whether the admin routes are served (`admin.enabled`).
+    pub admin_enabled: bool,
     /// librdkafka settings (without the `kafka.` prefix).
     pub kafka: BTreeMap<String, String>,
 }
@@ -239,6 +241,9 @@ settings! {
     "state.corruption.handler" => state_corruption_handler: CorruptionHandler = CorruptionHandler::Fail,
         shown "`fail`",
         doc "a corrupt state database at start (truncated MANIFEST or SST): `fail` stops with an error naming it; `rebuild` moves it aside and rebuilds the stores from their changelogs";
+    "admin.enabled" => admin_enabled: bool = false,
+        shown "`false`",
+        doc "serve the admin routes on metrics.addr (`POST /admin/parallelising-factor`)";
 }
 
 /// One mebibyte.
@@ -465,6 +470,7 @@ impl ConfigBuilder {
             shutdown_timeout: Duration::from_millis(s.shutdown_timeout_ms.0),
             production_handler: s.production_handler,
             state_corruption_handler: s.state_corruption_handler,
+            admin_enabled: s.admin_enabled,
             kafka,
         })
     }
@@ -558,6 +564,7 @@ impl Config {
                 CorruptionHandler::Rebuild => "rebuild".into(),
             },
         );
+        put("admin.enabled", self.admin_enabled.to_string());
         for (k, v) in &self.kafka {
             put(&format!("kafka.{k}"), v.clone());
         }
@@ -632,6 +639,16 @@ impl<const MIN: u64> Setting for Whole<MIN> {
 impl Setting for String {
     fn parse(text: &str) -> Result<Self, String> {
         Ok(text.to_string())
+    }
+}
+
+impl Setting for bool {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            _ => Err("true or false".into()),
+        }
     }
 }
 

@@ -40,7 +40,8 @@ use rill_topology::serdes::Serde;
 use rill_topology::{key_hash, Headers, RawRecord, Topic, Topology};
 
 use crate::engine::{
-    DeserializationHandler, Dispatch, Engine, EngineConfig, EngineError, EngineStats, Resume,
+    DeserializationHandler, Dispatch, Engine, EngineConfig, EngineError, EngineStats, FactorChange,
+    Resume,
 };
 use crate::sink::{MemorySink, RecordSink};
 
@@ -422,6 +423,18 @@ impl TestDriver {
         let now = inner.wall_clock;
         inner.engine.punctuate_wall_clock(now);
         inner.settle()
+    }
+
+    /// Changes the parallelising factor of every task while the driver runs (a live re-split:
+    /// state and progress move to the new ranges, nothing is replayed or lost).
+    pub fn set_parallelising_factor(&self, factor: usize) -> Result<FactorChange, DriverError> {
+        let mut inner = self.inner.lock();
+        inner.settle()?;
+        let change = inner
+            .engine
+            .set_parallelising_factor(factor, None, IDLE_TIMEOUT)?;
+        inner.settle()?;
+        Ok(change)
     }
 
     /// Counters of the engine (processed, skipped, discarded records).

@@ -3,6 +3,7 @@
 //! - [`service`]: the long-lived [`Runtime`], configured by [`config`], observed through
 //!   [`metrics`] and [`health`];
 //! - `driver` (feature `test-util`): the broker-free `TestDriver` for unit tests of topologies;
+//! - [`elastic`]: live changes of the parallelising factor of a running service;
 //! - [`kafka`]: what the Kafka edge offers besides the runtime: the commit metadata codec, topic
 //!   administration and the embedded cluster.
 //!
@@ -16,6 +17,7 @@ pub mod config;
 pub(crate) mod control;
 #[cfg(feature = "test-util")]
 pub mod driver;
+pub mod elastic;
 pub(crate) mod engine;
 pub mod health;
 pub(crate) mod http;

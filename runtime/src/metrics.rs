@@ -37,6 +37,9 @@ pub const PROCESS_LATENCY: &str = "rill_process_latency_seconds";
 pub const SUBTASK_QUEUE_DEPTH: &str = "rill_subtask_queue_depth";
 /// High watermark minus the committed low watermark, per input partition.
 pub const CONSUMER_LAG: &str = "rill_consumer_lag_records";
+/// High watermark minus the offset below which a key range has committed all its records, per
+/// input partition and key range: which ranges fall behind.
+pub const RANGE_LAG: &str = "rill_range_lag_records";
 /// Range commits (outputs flushed, then state and progress written in one batch).
 pub const COMMITS: &str = "rill_commits_total";
 /// Time of one range commit.
@@ -66,6 +69,7 @@ pub const ALL: &[&str] = &[
     PROCESS_LATENCY,
     SUBTASK_QUEUE_DEPTH,
     CONSUMER_LAG,
+    RANGE_LAG,
     COMMITS,
     COMMIT_LATENCY,
     REBALANCES,
@@ -251,16 +255,31 @@ pub fn record_rebalance() {
 
 /// Sets [`CONSUMER_LAG`] of every partition librdkafka reports a lag for: its high watermark
 /// (last stable offset under read_committed) minus the committed offset.
-pub fn set_lag_from_statistics(statistics: &rdkafka::Statistics) {
+///
+/// Returns the high watermark of every partition librdkafka knows one of, for [`RANGE_LAG`].
+pub fn set_lag_from_statistics(
+    statistics: &rdkafka::Statistics,
+) -> Vec<(crate::engine::TopicPartition, u64)> {
+    let mut high = Vec::new();
     for (topic, t) in &statistics.topics {
         for (&partition, p) in &t.partitions {
-            // Partition -1 is librdkafka's internal unassigned queue; -1 lag means unknown.
-            if partition >= 0 && p.consumer_lag >= 0 {
+            // Partition -1 is librdkafka's internal unassigned queue; -1 means unknown.
+            if partition < 0 {
+                continue;
+            }
+            if p.consumer_lag >= 0 {
                 metrics::gauge!(CONSUMER_LAG, "topic" => topic.clone(), "partition" => partition.to_string())
                     .set(p.consumer_lag as f64);
             }
+            if let Ok(h) = u64::try_from(p.hi_offset) {
+                high.push((
+                    crate::engine::TopicPartition::new(topic, partition as u32),
+                    h,
+                ));
+            }
         }
     }
+    high
 }
 
 /// The start time to measure when the `tick`-th record of a sub-task is sampled for
@@ -283,6 +302,7 @@ pub(crate) fn engine_error_code(e: &crate::engine::EngineError) -> &'static str 
         E::UnknownTopic(_) | E::NotAssigned { .. } => "routing",
         E::Pool(_) => "worker_pool",
         E::Restore { .. } => "restore",
+        E::FactorChange(_) => "factor_change",
         E::Stopped(inner) => engine_error_code(inner),
     }
 }
@@ -360,6 +380,8 @@ pub(crate) struct TaskMetrics {
     pub consumed: Vec<Counter>,
     /// [`SUBTASK_QUEUE_DEPTH`] per key range index (labelled with the first source topic).
     pub queue_depth: Vec<Gauge>,
+    /// [`RANGE_LAG`] per source topic index, per key range index.
+    pub range_lag: Vec<Vec<Gauge>>,
 }
 
 impl TaskMetrics {
@@ -380,14 +402,29 @@ impl TaskMetrics {
                     metrics::gauge!(SUBTASK_QUEUE_DEPTH, "topic" => first.clone(), "partition" => p.clone(), "range" => r.to_string())
                 })
                 .collect(),
+            range_lag: topics
+                .iter()
+                .map(|t| {
+                    (0..ranges)
+                        .map(|r| {
+                            metrics::gauge!(RANGE_LAG, "topic" => t.clone(), "partition" => p.clone(), "range" => r.to_string())
+                        })
+                        .collect()
+                })
+                .collect(),
         }
     }
 }
 
 impl Drop for TaskMetrics {
-    /// A revoked task's mailboxes are gone: its queue depth reads 0, not its last value.
+    /// A revoked (or re-split) task's ranges are gone: their queue depth and lag read 0, not
+    /// their last value.
     fn drop(&mut self) {
-        for g in &self.queue_depth {
+        for g in self
+            .queue_depth
+            .iter()
+            .chain(self.range_lag.iter().flatten())
+        {
             g.set(0.0);
         }
     }

@@ -35,6 +35,7 @@ use rill_topology::{Topic, Topology};
 
 use crate::config::{Config, CorruptionHandler, MetricsAddr};
 use crate::control::ControlPlane;
+use crate::elastic::{self, ElasticError, FactorControl, FactorReport};
 use crate::engine::changelog::changelog_topic;
 use crate::engine::{Engine, EngineConfig, EngineError};
 use crate::health::Health;
@@ -323,10 +324,15 @@ impl Runtime {
         let health = Arc::new(Health::new());
         // Before anything registers metric handles: handles taken earlier would be no-ops.
         let control = ControlPlane::new()?;
+        let (factor_control, factor_requests) = FactorControl::new();
         let http = match c.metrics_addr {
             MetricsAddr::Off => None,
             MetricsAddr::On(addr) => {
-                let routes = http::routes(crate::metrics::install()?, health.clone());
+                let mut routes = http::routes(crate::metrics::install()?, health.clone());
+                if c.admin_enabled {
+                    routes = routes.merge(elastic::routes(factor_control.clone()));
+                    tracing::info!("admin routes enabled: POST /admin/parallelising-factor");
+                }
                 let server = HttpServer::start(addr, control.handle(), routes)?;
                 tracing::info!(addr = %server.local_addr(), "serving /metrics, /health and /ready");
                 Some(server)
@@ -430,6 +436,7 @@ impl Runtime {
             restoring: Mutex::new(std::collections::BTreeSet::new()),
             held_limit: c.mailbox_capacity,
             health: health.clone(),
+            high_watermarks: Mutex::new(HashMap::new()),
         };
         let mut cfg = client_config(&self.bootstrap, &c.kafka);
         // A sub-topology with several inputs needs partition p of each on one member: `range`
@@ -486,7 +493,7 @@ impl Runtime {
         let thread = std::thread::Builder::new()
             .name("rill-source".into())
             .spawn(move || {
-                let r = source::run(&consumer, &stop2, interval);
+                let r = source::run(&consumer, &stop2, interval, factor_requests);
                 if let Err(e) = &r {
                     tracing::error!(error = %e, "processing stopped on an error");
                     health2.set_failed();
@@ -504,6 +511,7 @@ impl Runtime {
             health,
             http,
             control,
+            factor_control,
             _temp_state: temp_state,
         })
     }
@@ -527,6 +535,8 @@ pub struct RunningRuntime {
     http: Option<HttpServer>,
     /// Serves `http` and the signal handler; declared after `http`, so dropped after it.
     control: ControlPlane,
+    /// Asks the source loop for live changes of the parallelising factor.
+    factor_control: FactorControl,
     /// The throwaway state dir of a demo on the embedded cluster, removed when the runtime is.
     _temp_state: Option<tempfile::TempDir>,
 }
@@ -556,6 +566,18 @@ impl RunningRuntime {
     /// `None` with `metrics.addr=off`.
     pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
         self.http.as_ref().map(HttpServer::local_addr)
+    }
+
+    /// Changes the parallelising factor of `partitions` (every assigned one when `None`) while
+    /// processing goes on, and waits until they process again with it (see [`crate::elastic`]).
+    pub fn set_parallelising_factor(
+        &self,
+        factor: usize,
+        partitions: Option<Vec<u32>>,
+        timeout: Duration,
+    ) -> Result<FactorReport, ElasticError> {
+        self.factor_control
+            .set_blocking(factor, partitions, timeout)
     }
 
     /// Liveness and readiness (the changelog restore holds readiness back through it).

@@ -83,9 +83,10 @@ pub enum ProcessError {
     /// A value could not be (de)serialized inside the topology.
     #[error(transparent)]
     Serde(#[from] SerdeError),
-    /// The user's processor reported an error.
+    /// The user's processor reported an error (any error type: `ProcessError::User(e.into())`,
+    /// or `"message".into()`).
     #[error("processor failed: {0}")]
-    User(String),
+    User(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The topology was wired inconsistently (a bug in rill; please report it).
     #[error("internal error (please report): {0}")]
     Internal(String),

@@ -117,8 +117,12 @@ impl Engine {
                 .get_mut(&key)
                 .filter(|t| t.lineage.id == r.lineage)
             {
+                // By range, not index: a report from before a factor change has no range here.
                 for (i, next) in r.next {
-                    task.trackers[i].committed(r.id.index, next);
+                    let t = &mut task.trackers[i];
+                    if let Some(index) = t.index_of(&r.id.range) {
+                        t.committed(index, next);
+                    }
                 }
             }
         }

@@ -60,7 +60,7 @@ impl Engine {
             Some(k) => key_hash(k),
             None => null_key_hash(offset),
         };
-        let running = task.is_running();
+        let running = task.is_running() && !task.held;
         let tracker = &mut task.trackers[topic_index];
         // Skip when the range that held this hash (under any past factor) already applied it.
         let applied = task.resume[topic_index]

@@ -72,6 +72,9 @@ pub enum EngineError {
     /// The worker pool could not start.
     #[error("worker pool: {0}")]
     Pool(String),
+    /// A live change of the parallelising factor could not complete.
+    #[error("changing the parallelising factor: {0}")]
+    FactorChange(String),
     /// Processing stopped earlier on this error; the engine takes no more work.
     #[error("processing stopped: {0}")]
     Stopped(Arc<EngineError>),

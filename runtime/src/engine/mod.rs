@@ -6,6 +6,7 @@
 //! Where each protocol lives:
 //! - [`task`]: assignment (co-partitioning, lineages), revocation and fencing;
 //! - [`restore`]: restoring a task's stores before it processes;
+//! - [`factor`]: a live change of the parallelising factor;
 //! - [`dispatch`]: records to sub-tasks by key range, skipping what a range applied, backpressure;
 //! - `subtask`: scheduling of one sub-task on the worker pool, and processing a record;
 //! - [`commit`]: the range commit (individual commit), from the request to the Kafka offsets;
@@ -17,6 +18,7 @@ pub mod commit;
 pub mod config;
 pub mod dispatch;
 pub mod error;
+pub mod factor;
 mod ids;
 pub mod origin;
 pub mod progress;
@@ -40,6 +42,7 @@ pub use commit::PartitionProgress;
 pub use config::{DeserializationHandler, EngineConfig};
 pub use dispatch::Dispatch;
 pub use error::EngineError;
+pub use factor::{FactorChange, FactorDrain};
 pub use ids::{TaskId, TopicPartition};
 pub use origin::topic_id;
 pub use progress::ProgressTracker;
@@ -167,8 +170,10 @@ pub struct Engine {
     changelog_reader: Option<Arc<dyn ChangelogReader>>,
     /// Records one sub-task may queue now (see [`Engine::queue_limit`]).
     queue_limit: usize,
-    /// Per input partition, a parallelising factor other than the configured one.
+    /// Per input partition, a parallelising factor other than the default.
     factors: HashMap<u32, usize>,
+    /// The factor set by a live change of all partitions, replacing the configured one.
+    default_factor: Option<usize>,
 }
 
 impl Engine {
@@ -252,6 +257,7 @@ impl Engine {
             changelog_reader: None,
             queue_limit: 0,
             factors: HashMap::new(),
+            default_factor: None,
         }
         .with_queue_limit())
     }
@@ -284,14 +290,26 @@ impl Engine {
             .ok_or_else(|| EngineError::UnknownTopic(topic.to_string()))
     }
 
-    /// Sets the gauges: queue depth per sub-task, open sub-tasks, RocksDB memory (call on the
-    /// commit interval, not per record).
-    pub fn publish_metrics(&self) {
+    /// Sets the gauges: queue depth and lag (against `high_watermarks`) per sub-task, open
+    /// sub-tasks, RocksDB memory (call on the commit interval, not per record).
+    pub fn publish_metrics(&self, high_watermarks: &HashMap<TopicPartition, u64>) {
         let m = &self.shared.metrics;
         let mut open = 0;
-        for task in self.tasks.values() {
+        for (id, task) in &self.tasks {
             for (s, g) in task.subtasks.iter().zip(&task.metrics.queue_depth) {
                 g.set(s.depth.load(Ordering::Relaxed) as f64);
+            }
+            let names = self.shared.topic_names(id.sub_topology);
+            for ((tracker, gauges), topic) in
+                task.trackers.iter().zip(&task.metrics.range_lag).zip(names)
+            {
+                let Some(&high) = high_watermarks.get(&TopicPartition::new(&topic, id.partition))
+                else {
+                    continue;
+                };
+                for ((_, next), g) in tracker.range_offsets().iter().zip(gauges) {
+                    g.set(high.saturating_sub(*next) as f64);
+                }
             }
             open += task.subtasks.len();
         }

@@ -60,6 +60,16 @@ impl ProgressTracker {
         self.position = Some(self.position.map_or(offset + 1, |p| p.max(offset + 1)));
     }
 
+    /// The offset after the last record dispatched or skipped (or the resume offset).
+    pub fn position(&self) -> Option<u64> {
+        self.position
+    }
+
+    /// The index of `range` among the tracker's ranges.
+    pub fn index_of(&self, range: &rill_topology::KeyRange) -> Option<usize> {
+        self.ranges.iter().position(|r| r == range)
+    }
+
     /// Records that `offset` was handed to range `range`.
     pub fn dispatched(&mut self, range: usize, offset: u64) {
         self.pending[range].push_back(offset);

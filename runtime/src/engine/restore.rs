@@ -245,7 +245,7 @@ impl Engine {
                     sub_topology: s.sub,
                     partition,
                 })
-                .is_some_and(|t| !t.is_running())
+                .is_some_and(|t| !t.is_running() || t.held)
         })
     }
 

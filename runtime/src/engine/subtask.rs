@@ -137,6 +137,8 @@ pub(crate) struct Opening {
     /// Keys per store whose current value the first commit writes again (see
     /// `super::changelog`, "Why compaction cannot break this").
     pub repairs: Vec<(String, BTreeSet<Vec<u8>>)>,
+    /// Commit attempts this lineage already made under an earlier factor.
+    pub first_attempt: u64,
 }
 
 impl SubTask {
@@ -213,7 +215,7 @@ impl SubTask {
             origins,
             carried,
             lineage: opening.lineage,
-            attempt: 0,
+            attempt: opening.first_attempt,
             fence: opening.fence,
             failed: false,
             processed_total: crate::metrics::processed_counters(&names, id.partition, id.index),

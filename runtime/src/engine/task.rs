@@ -125,6 +125,10 @@ pub(crate) struct Task {
     pub fence: Arc<Fence>,
     /// Key ranges of this task (its parallelising factor).
     pub factor: usize,
+    /// Held for a live factor change: takes no records while its ranges drain.
+    pub held: bool,
+    /// Commit attempts of this lineage so far under earlier factors; new ranges continue above.
+    pub attempts_from: u64,
     /// The restore in progress, if any; the task takes no records until it is done.
     pub restoring: Option<Restoring>,
     /// Metric handles of this task.
@@ -154,7 +158,7 @@ fn new_lineage_id() -> u64 {
 
 /// The smallest offset every hash of `range` is known to be applied below, from `resume`
 /// entries (possibly of another factor); `None` unless they cover the whole range.
-fn floor_of(range: &KeyRange, resume: &[(KeyRange, u64)]) -> Option<u64> {
+pub(super) fn floor_of(range: &KeyRange, resume: &[(KeyRange, u64)]) -> Option<u64> {
     let mut covering: Vec<&(KeyRange, u64)> =
         resume.iter().filter(|(r, _)| r.overlaps(range)).collect();
     covering.sort_by_key(|(r, _)| r.start);
@@ -249,6 +253,8 @@ impl Engine {
             },
             fence: Arc::default(),
             factor: p,
+            held: false,
+            attempts_from: 0,
             restoring: None,
             metrics: crate::metrics::TaskMetrics::new(&names, partition, p),
         })
@@ -314,6 +320,7 @@ impl Engine {
                 lineage: task.lineage,
                 fence: task.fence.clone(),
                 repairs: repairs.next().unwrap_or_default(),
+                first_attempt: task.attempts_from,
             };
             let (subtask, local) = SubTask::open(id, &self.shared, states.next(), topics, opening)?;
             for (i, part, next) in local {
@@ -332,6 +339,7 @@ impl Engine {
         self.factors
             .get(&partition)
             .copied()
+            .or(self.default_factor)
             .unwrap_or(self.shared.config.parallelising_factor)
     }
 

@@ -6,6 +6,7 @@ pub mod admin;
 pub(crate) mod backpressure;
 pub(crate) mod changelog_reader;
 pub(crate) mod committer;
+pub(crate) mod elastic;
 pub mod embedded;
 pub mod metadata;
 pub(crate) mod producer;

@@ -16,7 +16,7 @@
 //!
 //! All of it runs inside `poll`, on the source loop's thread, so the engine lock is free.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,14 +55,19 @@ pub struct SourceContext {
     pub restoring: Mutex<BTreeSet<TopicPartition>>,
     /// Readiness: assigned, and no task restoring.
     pub health: Arc<crate::health::Health>,
+    /// The last high watermark librdkafka's statistics gave per partition (for range lag).
+    /// Taken after `engine` when both are held.
+    pub high_watermarks: Mutex<HashMap<TopicPartition, u64>>,
 }
 
 impl ClientContext for SourceContext {
     /// librdkafka's statistics (every `statistics.interval.ms`, served by `poll` on the loop's
-    /// thread): sets `rill_consumer_lag_records` from each partition's `consumer_lag`, and
-    /// readiness from whether any broker connection is up (logged when that changes).
+    /// thread): sets `rill_consumer_lag_records` from each partition's `consumer_lag`, keeps
+    /// the high watermarks for `rill_range_lag_records`, and sets readiness from whether any
+    /// broker connection is up (logged when that changes).
     fn stats(&self, statistics: rdkafka::Statistics) {
-        crate::metrics::set_lag_from_statistics(&statistics);
+        let high = crate::metrics::set_lag_from_statistics(&statistics);
+        self.high_watermarks.lock().extend(high);
         let up = statistics.brokers.values().any(|b| b.state == "UP");
         if self.health.set_brokers_reachable(up) {
             if up {

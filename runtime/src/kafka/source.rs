@@ -13,13 +13,16 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::Receiver;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Headers as _, Message};
 use rill_topology::{Headers, RawRecord};
 
 use super::backpressure::{single, Backpressure};
+use super::elastic::LiveFactor;
 use super::rebalance::SourceContext;
+use crate::elastic::FactorRequest;
 use crate::engine::{EngineError, TopicPartition};
 
 /// How long a task may wait for the partitions of its other input topics before the source stops
@@ -79,8 +82,10 @@ pub fn run(
     consumer: &BaseConsumer<SourceContext>,
     stop: &AtomicBool,
     commit_interval: Duration,
+    factor_requests: Receiver<FactorRequest>,
 ) -> Result<(), SourceError> {
     let ctx = consumer.context().clone();
+    let mut live_factor = LiveFactor::new(factor_requests);
     let mut backpressure = Backpressure::new(ctx.held_limit);
     let mut last_commit = Instant::now();
     let mut last_wall_clock = Instant::now();
@@ -97,6 +102,9 @@ pub fn run(
             ctx.engine.lock().fence_all();
         }
         if let Err(e) = start_restored(consumer, &ctx) {
+            break Err(e);
+        }
+        if let Err(e) = live_factor.turn(consumer, &ctx) {
             break Err(e);
         }
         if let Err(e) = backpressure.retry(consumer, &ctx) {
@@ -156,7 +164,7 @@ pub fn run(
                     });
                 }
                 engine.request_commit();
-                engine.publish_metrics();
+                engine.publish_metrics(&ctx.high_watermarks.lock());
                 engine.collect_progress()
             };
             if let Err(e) = ctx.committer.commit(consumer, &progress, CommitMode::Async) {

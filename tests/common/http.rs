@@ -1,0 +1,45 @@
+//! A minimal HTTP/1.1 client for the service's endpoint (one request per connection, as the
+//! endpoint closes after each response).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+
+/// Status line and body of `method path` with `body`.
+pub fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write request");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read response");
+    let (head, body) = text.split_once("\r\n\r\n").expect("response head");
+    (
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    )
+}
+
+/// Status line and body of `GET path`.
+pub fn get(addr: SocketAddr, path: &str) -> (String, String) {
+    request(addr, "GET", path, "")
+}
+
+/// Sum of the samples of metric `name` whose labels contain every `label="value"` of `with`.
+pub fn sum(text: &str, name: &str, with: &[&str]) -> Option<f64> {
+    let mut found = None;
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (series, value) = line.rsplit_once(' ')?;
+        let metric = series.split('{').next().unwrap_or("");
+        if metric == name && with.iter().all(|l| series.contains(l)) {
+            *found.get_or_insert(0.0) += value.parse::<f64>().ok()?;
+        }
+    }
+    found
+}
