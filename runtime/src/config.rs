@@ -46,6 +46,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, IntoDeserializer, MapAccess
 use serde::Deserialize;
 
 use crate::engine::DeserializationHandler;
+pub use crate::kafka::producer::ProductionHandler;
 
 /// A configuration key or value that is not accepted.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
@@ -93,6 +94,15 @@ pub enum ProcessingGuarantee {
     AtLeastOnce,
 }
 
+/// What to do with a corrupt state database at start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CorruptionHandler {
+    /// Stop with an error naming the directory (the operator decides).
+    Fail,
+    /// Move the database aside (kept) and rebuild every store from its changelog.
+    Rebuild,
+}
+
 /// Where the HTTP endpoint listens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MetricsAddr {
@@ -131,6 +141,10 @@ pub struct Config {
     pub deserialization_handler: DeserializationHandler,
     /// Bound on the drain at shutdown.
     pub shutdown_timeout: Duration,
+    /// What to do with an output record the producer refuses.
+    pub production_handler: ProductionHandler,
+    /// What to do with a corrupt state database at start.
+    pub state_corruption_handler: CorruptionHandler,
     /// Whether the admin routes are served (`admin.enabled`).
     pub admin_enabled: bool,
     /// librdkafka settings (without the `kafka.` prefix).
@@ -221,6 +235,12 @@ settings! {
     "shutdown.timeout.ms" => shutdown_timeout_ms: Whole<1> = Whole(30_000),
         shown "30000",
         doc "bound on the drain at shutdown (milliseconds)";
+    "production.exception.handler" => production_handler: ProductionHandler = ProductionHandler::Fail,
+        shown "`fail`",
+        doc "an output record the producer refuses (larger than `kafka.message.max.bytes`): `fail` stops with an error naming the topic; `log_and_continue` drops it (sink topics only) and counts it";
+    "state.corruption.handler" => state_corruption_handler: CorruptionHandler = CorruptionHandler::Fail,
+        shown "`fail`",
+        doc "a corrupt state database at start (truncated MANIFEST or SST): `fail` stops with an error naming it; `rebuild` moves it aside and rebuilds the stores from their changelogs";
     "admin.enabled" => admin_enabled: bool = false,
         shown "`false`",
         doc "serve the admin routes on metrics.addr (`POST /admin/parallelising-factor`)";
@@ -448,6 +468,8 @@ impl ConfigBuilder {
             rocksdb_memory_bytes: s.rocksdb_memory_bytes.usize(),
             deserialization_handler: s.deserialization_handler,
             shutdown_timeout: Duration::from_millis(s.shutdown_timeout_ms.0),
+            production_handler: s.production_handler,
+            state_corruption_handler: s.state_corruption_handler,
             admin_enabled: s.admin_enabled,
             kafka,
         })
@@ -527,6 +549,20 @@ impl Config {
         put(
             "shutdown.timeout.ms",
             self.shutdown_timeout.as_millis().to_string(),
+        );
+        put(
+            "production.exception.handler",
+            match self.production_handler {
+                ProductionHandler::Fail => "fail".into(),
+                ProductionHandler::LogAndContinue => "log_and_continue".into(),
+            },
+        );
+        put(
+            "state.corruption.handler",
+            match self.state_corruption_handler {
+                CorruptionHandler::Fail => "fail".into(),
+                CorruptionHandler::Rebuild => "rebuild".into(),
+            },
         );
         put("admin.enabled", self.admin_enabled.to_string());
         for (k, v) in &self.kafka {
@@ -645,6 +681,26 @@ impl Setting for MetricsAddr {
         text.parse().map(MetricsAddr::On).map_err(|_| {
             "an IP address and port (127.0.0.1:9898, 0.0.0.0:9898, [::1]:9898; port 0 picks a free port) or `off`".into()
         })
+    }
+}
+
+impl Setting for ProductionHandler {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "fail" => Ok(ProductionHandler::Fail),
+            "log_and_continue" => Ok(ProductionHandler::LogAndContinue),
+            _ => Err("fail or log_and_continue".into()),
+        }
+    }
+}
+
+impl Setting for CorruptionHandler {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "fail" => Ok(CorruptionHandler::Fail),
+            "rebuild" => Ok(CorruptionHandler::Rebuild),
+            _ => Err("fail or rebuild".into()),
+        }
     }
 }
 

@@ -3,10 +3,14 @@
 //!
 //! - **live** (`/health`): the processing loop has not stopped on an error.
 //! - **ready** (`/ready`): live, the consumer has received its assignment, no store is restoring,
-//!   and no shutdown has begun. A load balancer or an orchestrator's rolling update waits for it.
+//!   the consumer reaches at least one broker, and no shutdown has begun. A load balancer or an
+//!   orchestrator's rolling update waits for it; a monitor sees a broker outage on it.
 //!
 //! The changelog restore calls [`Health::restore_started`] / [`Health::restore_finished`] around
 //! each store partition it rebuilds, so `/ready` holds back until every assigned task is restored.
+//! The consumer's librdkafka statistics (every second) call [`Health::set_brokers_reachable`]:
+//! while no broker connection is up, `/ready` answers 503 (processing resumes by itself when a
+//! broker is back; `/health` stays 200, as the process needs no restart).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -25,6 +29,8 @@ pub struct Health {
     restoring: AtomicUsize,
     /// Set when shutdown begins (a signal or `RunningRuntime::shutdown`).
     stopping: AtomicBool,
+    /// Set while the consumer has no broker connection up (from librdkafka's statistics).
+    brokers_unreachable: AtomicBool,
 }
 
 impl Health {
@@ -44,6 +50,12 @@ impl Health {
             && self.assigned.load(Ordering::SeqCst)
             && self.restoring.load(Ordering::SeqCst) == 0
             && !self.stopping.load(Ordering::SeqCst)
+            && !self.brokers_unreachable.load(Ordering::SeqCst)
+    }
+
+    /// Records whether any broker connection is up; returns whether that changed.
+    pub fn set_brokers_reachable(&self, reachable: bool) -> bool {
+        self.brokers_unreachable.swap(!reachable, Ordering::SeqCst) == reachable
     }
 
     /// Marks the loop as stopped on an error.
@@ -93,6 +105,12 @@ mod tests {
         h.restore_finished();
         h.restore_finished();
         assert!(h.is_ready(), "an extra finish does not wrap the count");
+        assert!(!h.set_brokers_reachable(true), "reachable from the start");
+        assert!(h.set_brokers_reachable(false));
+        assert!(!h.is_ready(), "no broker reachable");
+        assert!(h.is_live(), "a broker outage needs no restart");
+        assert!(h.set_brokers_reachable(true));
+        assert!(h.is_ready());
         h.set_stopping();
         assert!(!h.is_ready());
         assert!(h.is_live());

@@ -96,7 +96,12 @@ const COMMIT_LATENCY_BUCKETS: &[f64] = &[
     10.0, 30.0, 60.0,
 ];
 /// Reasons of [`DISCARDED_RECORDS`] rill itself uses.
-const DISCARD_REASONS: &[&str] = &["deserialization", "null_key", "invalid_timestamp"];
+const DISCARD_REASONS: &[&str] = &[
+    "deserialization",
+    "null_key",
+    "invalid_timestamp",
+    "record_too_large",
+];
 /// Codes of [`ERRORS`] rill itself uses (see [`engine_error_code`] and the Kafka source).
 const ERROR_CODES: &[&str] = &[
     "config",

@@ -33,7 +33,7 @@ use rdkafka::error::KafkaError;
 use rill_state::{StateConfig, StateDb};
 use rill_topology::{Topic, Topology};
 
-use crate::config::{Config, MetricsAddr};
+use crate::config::{Config, CorruptionHandler, MetricsAddr};
 use crate::control::ControlPlane;
 use crate::elastic::{self, ElasticError, FactorControl, FactorReport};
 use crate::engine::changelog::changelog_topic;
@@ -42,7 +42,7 @@ use crate::health::Health;
 use crate::http::{self, HttpError, HttpServer};
 use crate::kafka::admin::{
     client_config, cluster_id, create_topics, create_topics_with, is_transient, partition_counts,
-    topic_config,
+    partition_counts_checked, topic_config, AuthWatch,
 };
 use crate::kafka::changelog_reader::KafkaChangelogReader;
 use crate::kafka::embedded::EmbeddedCluster;
@@ -71,6 +71,14 @@ pub enum RuntimeError {
     /// Kafka failed.
     #[error("kafka: {0}")]
     Kafka(#[from] KafkaError),
+    /// The brokers refused the client's credentials or its TLS handshake failed.
+    #[error("cannot authenticate to Kafka at {bootstrap}: {detail}. Check kafka.security.protocol, kafka.sasl.mechanism, kafka.sasl.username, kafka.sasl.password and kafka.ssl.ca.location")]
+    Authentication {
+        /// `bootstrap.servers`.
+        bootstrap: String,
+        /// What librdkafka reported (it never contains the password).
+        detail: String,
+    },
     /// The engine failed.
     #[error(transparent)]
     Engine(#[from] EngineError),
@@ -166,6 +174,8 @@ impl Runtime {
     /// counts of every source and internal topic.
     fn prepare_topics(&self) -> Result<BTreeMap<String, u32>, RuntimeError> {
         let cfg = client_config(&self.bootstrap, &self.config.kafka);
+        // One client for the wait, so a refused login (reported through its context) ends it.
+        let probe: BaseConsumer<AuthWatch> = cfg.create_with_context(AuthWatch::default())?;
         let external: Vec<String> = self
             .topology
             .source_topics()
@@ -176,7 +186,14 @@ impl Runtime {
         let start = std::time::Instant::now();
         let mut backoff = Duration::from_millis(200);
         let counts = loop {
-            match partition_counts(&cfg, &external, REQUEST_TIMEOUT) {
+            let result = partition_counts_checked(&probe, &external, REQUEST_TIMEOUT);
+            if let Some(detail) = probe.context().failure() {
+                return Err(RuntimeError::Authentication {
+                    bootstrap: self.bootstrap.clone(),
+                    detail,
+                });
+            }
+            match result {
                 Ok(c) => break c,
                 Err(e) if is_transient(&e) && start.elapsed() < CONNECT_DEADLINE => {
                     tracing::warn!(bootstrap = %self.bootstrap, error = %e, retry_in = ?backoff, "Kafka is not reachable yet; retrying");
@@ -354,18 +371,32 @@ impl Runtime {
             .iter()
             .any(|s| s.is_stateful());
         let db = if stateful {
-            let db = StateDb::open(&StateConfig {
+            let state_config = StateConfig {
                 dir: state_dir,
                 memory_bytes: c.rocksdb_memory_bytes,
-            })?;
+            };
+            let db = match c.state_corruption_handler {
+                CorruptionHandler::Fail => StateDb::open(&state_config)?,
+                CorruptionHandler::Rebuild => StateDb::open_or_rebuild(&state_config)?,
+            };
             if !cluster.is_empty() {
                 db.bind_cluster(&cluster)?;
             }
+            let stores: Vec<&str> = self
+                .topology
+                .sub_topologies()
+                .iter()
+                .flat_map(|s| s.stores.iter().map(String::as_str))
+                .collect();
+            db.bind_application(&c.application_id, &stores)?;
             Some(db)
         } else {
             None
         };
-        let sink: Arc<dyn RecordSink> = Arc::new(KafkaSink::new(&self.bootstrap, &c.kafka)?);
+        let sink: Arc<dyn RecordSink> = Arc::new(
+            KafkaSink::new(&self.bootstrap, &c.kafka)?
+                .with_production_handler(c.production_handler, &c.application_id),
+        );
         let internal: HashMap<Topic, u32> = self
             .topology
             .internal_topics()

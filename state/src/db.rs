@@ -25,6 +25,8 @@ pub const FORMAT_VERSION: u32 = 2;
 pub const FORMAT_FILE: &str = "FORMAT";
 /// Name of the file in the state directory that records the Kafka cluster id.
 pub const CLUSTER_FILE: &str = "CLUSTER";
+/// Name of the file in the state directory that records the `application.id` that owns it.
+pub const APPLICATION_FILE: &str = "APPLICATION";
 /// Name of the RocksDB directory inside the state directory.
 pub const ROCKSDB_DIR: &str = "rocksdb";
 /// The smallest accepted memory budget (4 MiB).
@@ -237,6 +239,30 @@ impl StateDb {
         }))
     }
 
+    /// [`StateDb::open`], except that a corrupt database (a truncated MANIFEST or SST file,
+    /// a missing CURRENT: [`StateError::Corrupt`]) is moved aside to `rocksdb.corrupt-<unix
+    /// seconds>/` (kept for inspection, never deleted) and an empty one is opened in its place:
+    /// every store then rebuilds from its changelog. Any other error is returned as it is.
+    pub fn open_or_rebuild(cfg: &StateConfig) -> Result<Arc<StateDb>, StateError> {
+        match Self::open(cfg) {
+            Err(StateError::Corrupt { dir, detail }) => {
+                let stamp = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                let aside = dir.join(format!("{ROCKSDB_DIR}.corrupt-{stamp}"));
+                fs::rename(dir.join(ROCKSDB_DIR), &aside).map_err(|e| StateError::io(&aside, e))?;
+                tracing::warn!(
+                    dir = %dir.display(),
+                    moved_to = %aside.display(),
+                    corruption = %detail,
+                    "the state database is corrupt: moved it aside; stores rebuild from their changelogs"
+                );
+                Self::open(cfg)
+            }
+            other => other,
+        }
+    }
+
     /// The state directory.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -259,6 +285,51 @@ impl StateDb {
                     .map_err(|source| StateError::Io { path, source })
             }
             Err(source) => Err(StateError::Io { path, source }),
+        }
+    }
+
+    /// Binds the state to application `application_id` whose topology has the stores `stores`:
+    /// records the application on first use and refuses another application's directory later
+    /// ([`StateError::OtherApplication`]); refuses a directory holding stores the topology does
+    /// not have ([`StateError::OtherTopology`]), which another topology wrote. Stores the
+    /// directory lacks are fine: they are new, or rebuild from their changelogs.
+    pub fn bind_application(
+        &self,
+        application_id: &str,
+        stores: &[&str],
+    ) -> Result<(), StateError> {
+        let path = self.dir.join(APPLICATION_FILE);
+        match fs::read_to_string(&path) {
+            Ok(recorded) if recorded.trim() == application_id => {}
+            Ok(recorded) => {
+                return Err(StateError::OtherApplication {
+                    dir: self.dir.clone(),
+                    recorded: recorded.trim().to_string(),
+                    current: application_id.to_string(),
+                })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                fs::write(&path, format!("{application_id}\n"))
+                    .map_err(|source| StateError::Io { path, source })?;
+            }
+            Err(source) => return Err(StateError::Io { path, source }),
+        }
+        let unknown: BTreeSet<String> = self
+            .column_families()
+            .into_iter()
+            .map(|cf| cf.store)
+            .filter(|s| !stores.contains(&s.as_str()))
+            .collect();
+        if unknown.is_empty() {
+            Ok(())
+        } else {
+            let mut known: Vec<String> = stores.iter().map(|s| s.to_string()).collect();
+            known.sort();
+            Err(StateError::OtherTopology {
+                dir: self.dir.clone(),
+                unknown: unknown.into_iter().collect(),
+                known,
+            })
         }
     }
 

@@ -17,8 +17,9 @@ pub enum StateError {
     },
     /// RocksDB (or rill's own records in it) reports corruption.
     #[error(
-        "state directory {dir} is corrupt: {detail}. rill never wipes state: move the directory \
-         away and restart to rebuild from the changelog"
+        "state directory {dir} is corrupt: {detail}. rill never wipes state by itself: set \
+         state.corruption.handler=rebuild (the database is moved aside and the stores rebuild \
+         from their changelogs), or move the directory away and restart"
     )]
     Corrupt {
         /// The state directory.
@@ -58,6 +59,34 @@ pub enum StateError {
         recorded: String,
         /// The cluster id of the brokers now.
         current: String,
+    },
+    /// The state belongs to another `application.id`.
+    #[error(
+        "state directory {dir} belongs to application.id `{recorded}`, not `{current}`: \
+         applications must not share a state dir. Set state.dir to a directory of this \
+         application's own, or move this one away"
+    )]
+    OtherApplication {
+        /// The state directory.
+        dir: PathBuf,
+        /// The application id recorded in it.
+        recorded: String,
+        /// The application id configured now.
+        current: String,
+    },
+    /// The state holds stores the topology does not have: another topology wrote it.
+    #[error(
+        "state directory {dir} holds the stores {unknown:?}, which this topology does not have \
+         (its stores: {known:?}): another topology wrote it. Set state.dir to a directory of \
+         this topology's own, or move this one away (stores rebuild from their changelogs)"
+    )]
+    OtherTopology {
+        /// The state directory.
+        dir: PathBuf,
+        /// Stores in the directory that the topology lacks.
+        unknown: Vec<String>,
+        /// The topology's stores.
+        known: Vec<String>,
     },
     /// A store name that cannot be part of a column family name.
     #[error("invalid store name `{name}`: {reason}")]

@@ -789,6 +789,80 @@ fn state_is_bound_to_the_first_kafka_cluster_it_sees() {
     );
 }
 
+#[test]
+fn state_is_bound_to_its_application_and_refuses_another_topologys_stores() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = StateDb::open(&cfg(tmp.path())).unwrap();
+    db.bind_application("app-a", &["counts"]).unwrap();
+    let range = KeyRange::nth(0, 1);
+    drop(SubTaskState::open(db.clone(), &names(&["counts"]), 0, range).unwrap());
+    db.bind_application("app-a", &["counts", "new-store"])
+        .expect("a store the directory lacks is new: accepted");
+    let err = db.bind_application("app-b", &["counts"]).unwrap_err();
+    assert!(matches!(err, StateError::OtherApplication { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("app-a")
+            && text.contains("app-b")
+            && text.contains(&tmp.path().display().to_string()),
+        "{text}"
+    );
+    let err = db.bind_application("app-a", &["totals"]).unwrap_err();
+    assert!(
+        matches!(&err, StateError::OtherTopology { unknown, .. } if unknown == &["counts".to_string()]),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains(&tmp.path().display().to_string()),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_corrupt_database_is_refused_by_open_and_moved_aside_by_open_or_rebuild() {
+    let tmp = tempfile::tempdir().unwrap();
+    let range = KeyRange::nth(0, 1);
+    {
+        let db = StateDb::open(&cfg(tmp.path())).unwrap();
+        let mut st = SubTaskState::open(db.clone(), &names(&["s"]), 0, range).unwrap();
+        put(&mut st, "s", "k", "v");
+        st.commit(Progress::new(range, "t", 1)).unwrap();
+    }
+    let rocks = tmp.path().join(crate::db::ROCKSDB_DIR);
+    let manifest = std::fs::read_dir(&rocks)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("MANIFEST-")
+        })
+        .expect("a MANIFEST file");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&manifest)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let err = StateDb::open(&cfg(tmp.path())).unwrap_err();
+    assert!(matches!(err, StateError::Corrupt { .. }), "{err}");
+    assert!(rocks.join("CURRENT").exists(), "open never wipes state");
+
+    let db = StateDb::open_or_rebuild(&cfg(tmp.path())).unwrap();
+    assert!(db.column_families().is_empty(), "an empty database");
+    let aside: Vec<String> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("rocksdb.corrupt-"))
+        .collect();
+    assert_eq!(
+        aside.len(),
+        1,
+        "the corrupt database is kept aside: {aside:?}"
+    );
+}
+
 mod range_scans {
     use std::ops::Bound;
 

@@ -1,8 +1,10 @@
 //! Helpers for tests against the real Kafka broker that `scripts/test` starts.
 #![allow(dead_code)]
 
+pub mod broker;
 pub mod http;
 pub mod producer;
+pub mod proxy;
 pub mod service;
 
 use std::collections::{BTreeMap, HashMap};
@@ -39,14 +41,92 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
+/// A Kafka cluster the tests talk to: its bootstrap address and the librdkafka settings a client
+/// needs there (security, for a secure broker).
+#[derive(Clone, Debug)]
+pub struct Cluster {
+    /// `bootstrap.servers`.
+    pub bootstrap: String,
+    /// Further librdkafka settings of every client (empty for a plaintext broker).
+    pub kafka: BTreeMap<String, String>,
+}
+
+impl Cluster {
+    /// The broker `scripts/test` started ([`bootstrap`]).
+    pub fn test() -> Self {
+        Cluster {
+            bootstrap: bootstrap(),
+            kafka: BTreeMap::new(),
+        }
+    }
+
+    /// A client config for this cluster.
+    pub fn client(&self) -> ClientConfig {
+        client_config(&self.bootstrap, &self.kafka)
+    }
+
+    /// Creates `topic` with `partitions` partitions.
+    pub fn create_topic(&self, topic: &str, partitions: u32) {
+        create_topics(
+            &self.client(),
+            &[(topic.to_string(), partitions)],
+            Duration::from_secs(30),
+        )
+        .unwrap_or_else(|e| panic!("creating {topic}: {e}"));
+    }
+
+    /// The input producer ([`producer::input_producer`]) for this cluster.
+    pub fn producer(&self) -> producer::InputProducer {
+        let mut cfg = producer::input_producer_config(&self.bootstrap, 5);
+        for (k, v) in &self.kafka {
+            cfg.set(k, v);
+        }
+        cfg.create().expect("producer")
+    }
+
+    /// Produces (key, value) pairs to `topic` and waits until they are written.
+    pub fn produce(&self, topic: &str, records: &[Input]) {
+        let p = self.producer();
+        for (k, v) in records {
+            producer::send(&p, topic, k.as_deref(), v).expect("send");
+        }
+        producer::flush(&p).expect("flush");
+    }
+
+    /// Reads `topic` from the start until `done(latest value per key)` holds or `timeout`
+    /// passes; returns the latest value per key and every record read.
+    pub fn read_until(
+        &self,
+        topic: &str,
+        timeout: Duration,
+        mut done: impl FnMut(&Latest) -> bool,
+    ) -> (Latest, Read) {
+        let consumer: BaseConsumer = self
+            .client()
+            .set("group.id", unique("reader"))
+            .set("auto.offset.reset", "earliest")
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("consumer");
+        consumer.subscribe(&[topic]).expect("subscribe");
+        let mut latest = HashMap::new();
+        let mut all = Vec::new();
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline && !done(&latest) {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+                let k = m.key().unwrap_or_default().to_vec();
+                let v = m.payload().unwrap_or_default().to_vec();
+                latest.insert(k.clone(), v.clone());
+                all.push((k, v));
+            }
+        }
+        (latest, all)
+    }
+}
+
 /// Creates `topic` with `partitions` partitions on the test broker.
 pub fn create_topic(topic: &str, partitions: u32) {
-    create_topics(
-        &client_config(&bootstrap(), &BTreeMap::new()),
-        &[(topic.to_string(), partitions)],
-        Duration::from_secs(30),
-    )
-    .unwrap_or_else(|e| panic!("creating {topic}: {e}"));
+    Cluster::test().create_topic(topic, partitions)
 }
 
 /// A record to produce: optional key bytes and value bytes.
@@ -56,42 +136,19 @@ pub type Latest = HashMap<Vec<u8>, Vec<u8>>;
 /// Every (key, value) read, in order.
 pub type Read = Vec<(Vec<u8>, Vec<u8>)>;
 
-/// Produces (key, value) pairs to `topic` and waits until they are written.
+/// Produces (key, value) pairs to `topic` on the test broker and waits until they are written.
 pub fn produce(topic: &str, records: &[Input]) {
-    let p = producer::input_producer(&bootstrap(), 5).expect("producer");
-    for (k, v) in records {
-        producer::send(&p, topic, k.as_deref(), v).expect("send");
-    }
-    producer::flush(&p).expect("flush");
+    Cluster::test().produce(topic, records)
 }
 
-/// Reads `topic` from the start until `done(latest value per key)` holds or `timeout` passes;
-/// returns the latest value per key and every record read.
+/// Reads `topic` of the test broker from the start until `done(latest value per key)` holds or
+/// `timeout` passes; returns the latest value per key and every record read.
 pub fn read_until(
     topic: &str,
     timeout: Duration,
-    mut done: impl FnMut(&Latest) -> bool,
+    done: impl FnMut(&Latest) -> bool,
 ) -> (Latest, Read) {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("group.id", unique("reader"))
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
-    consumer.subscribe(&[topic]).expect("subscribe");
-    let mut latest = HashMap::new();
-    let mut all = Vec::new();
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline && !done(&latest) {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-            let k = m.key().unwrap_or_default().to_vec();
-            let v = m.payload().unwrap_or_default().to_vec();
-            latest.insert(k.clone(), v.clone());
-            all.push((k, v));
-        }
-    }
-    (latest, all)
+    Cluster::test().read_until(topic, timeout, done)
 }
 
 /// Decodes a big-endian i64 (Kafka's LongSerializer layout).

@@ -20,15 +20,21 @@ pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(60);
 /// An idempotent producer to `bootstrap` (no duplicates from retries, which would change exact
 /// counts) that batches for `linger_ms` with lz4 and queues up to a million records.
 pub fn input_producer(bootstrap: &str, linger_ms: u32) -> Result<InputProducer, KafkaError> {
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    input_producer_config(bootstrap, linger_ms).create()
+}
+
+/// The settings of [`input_producer`], for a caller that adds its own (security) before
+/// `create()`.
+pub fn input_producer_config(bootstrap: &str, linger_ms: u32) -> ClientConfig {
+    let mut cfg = ClientConfig::new();
+    cfg.set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")
         .set("linger.ms", linger_ms.to_string())
         .set("compression.type", "lz4")
         .set("queue.buffering.max.messages", "1000000")
         // Latency scenarios send one record at a time: do not wait for more to fill a packet.
-        .set("socket.nagle.disable", "true")
-        .create()
+        .set("socket.nagle.disable", "true");
+    cfg
 }
 
 /// Sends (key, value) to `topic`, waiting while librdkafka's queue is full.

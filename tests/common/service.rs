@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::{bootstrap, long, produce, read_until, Input};
+use super::{long, Cluster, Input};
 
 /// The wordcount example binary, built next to the tests by `cargo test`.
 pub fn wordcount_binary() -> PathBuf {
@@ -44,8 +44,20 @@ impl Service {
     /// An instance of application `app` reading `input` and writing `output`, with state and log
     /// under `dir`; `name` tells instances apart (static membership id, file names).
     pub fn new(app: &str, name: &str, input: &str, output: &str, dir: &Path) -> Self {
+        Self::on(&Cluster::test(), app, name, input, output, dir)
+    }
+
+    /// [`Service::new`] against `cluster`: its `kafka` settings become `RILL_KAFKA_*` variables.
+    pub fn on(
+        cluster: &Cluster,
+        app: &str,
+        name: &str,
+        input: &str,
+        output: &str,
+        dir: &Path,
+    ) -> Self {
         let state_dir = dir.join(format!("{name}-state"));
-        Service {
+        let mut service = Service {
             binary: wordcount_binary(),
             args: vec![
                 "--input".into(),
@@ -54,7 +66,7 @@ impl Service {
                 output.into(),
             ],
             env: [
-                ("RILL_BOOTSTRAP_SERVERS", bootstrap()),
+                ("RILL_BOOTSTRAP_SERVERS", cluster.bootstrap.clone()),
                 ("RILL_APPLICATION_ID", app.to_string()),
                 ("RILL_STATE_DIR", state_dir.display().to_string()),
                 ("RILL_PARALLELISING_FACTOR", "4".into()),
@@ -70,7 +82,29 @@ impl Service {
             .collect(),
             log: dir.join(format!("{name}.log")),
             state_dir,
+        };
+        for (k, v) in &cluster.kafka {
+            service.set(&format!("kafka.{k}"), v);
         }
+        service
+    }
+
+    /// Sets config `key` through its `RILL_*` variable (replacing an earlier value).
+    pub fn set(&mut self, key: &str, value: &str) {
+        let var = format!("RILL_{}", key.to_ascii_uppercase().replace('.', "_"));
+        self.env.retain(|(k, _)| *k != var);
+        self.env.push((var, value.to_string()));
+    }
+
+    /// Removes config `key`'s `RILL_*` variable.
+    pub fn unset(&mut self, key: &str) {
+        let var = format!("RILL_{}", key.to_ascii_uppercase().replace('.', "_"));
+        self.env.retain(|(k, _)| *k != var);
+    }
+
+    /// The whole log.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Starts the process.
@@ -168,25 +202,29 @@ impl Rng {
     }
 }
 
-/// Input lines in `batches` batches of `per_batch`, with the word counts they add up to.
-pub fn lines(batches: usize, per_batch: usize) -> (Vec<Vec<Input>>, HashMap<String, i64>) {
-    let words = [
+/// The words of input line `n` (1 to 4 of 20 words), the same on every call.
+pub fn line(n: usize) -> Vec<&'static str> {
+    const WORDS: [&str; 20] = [
         "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
         "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon",
     ];
+    (0..(n % 4 + 1))
+        .map(|j| WORDS[(n * 5 + j * 7) % WORDS.len()])
+        .collect()
+}
+
+/// Input lines in `batches` batches of `per_batch`, with the word counts they add up to.
+pub fn lines(batches: usize, per_batch: usize) -> (Vec<Vec<Input>>, HashMap<String, i64>) {
     let mut truth: HashMap<String, i64> = HashMap::new();
     let batches = (0..batches)
         .map(|b| {
             (0..per_batch)
                 .map(|i| {
-                    let n = b * per_batch + i;
-                    let line: Vec<&str> = (0..(n % 4 + 1))
-                        .map(|j| words[(n * 5 + j * 7) % words.len()])
-                        .collect();
-                    for w in &line {
+                    let words = line(b * per_batch + i);
+                    for w in &words {
                         *truth.entry(w.to_string()).or_default() += 1;
                     }
-                    (None, line.join(" ").into_bytes())
+                    (None, words.join(" ").into_bytes())
                 })
                 .collect()
         })
@@ -194,12 +232,22 @@ pub fn lines(batches: usize, per_batch: usize) -> (Vec<Vec<Input>>, HashMap<Stri
     (batches, truth)
 }
 
-/// Produces the batches to `topic`, `pause` apart, on a thread.
+/// Produces the batches to `topic` of the test broker, `pause` apart, on a thread.
 pub fn feed(topic: &str, batches: Vec<Vec<Input>>, pause: Duration) -> std::thread::JoinHandle<()> {
-    let topic = topic.to_string();
+    feed_to(&Cluster::test(), topic, batches, pause)
+}
+
+/// Produces the batches to `topic` of `cluster`, `pause` apart, on a thread.
+pub fn feed_to(
+    cluster: &Cluster,
+    topic: &str,
+    batches: Vec<Vec<Input>>,
+    pause: Duration,
+) -> std::thread::JoinHandle<()> {
+    let (cluster, topic) = (cluster.clone(), topic.to_string());
     std::thread::spawn(move || {
         for batch in batches {
-            produce(&topic, &batch);
+            cluster.produce(&topic, &batch);
             std::thread::sleep(pause);
         }
     })
@@ -212,14 +260,105 @@ pub fn final_counts(
     truth: &HashMap<String, i64>,
     timeout: Duration,
 ) -> HashMap<String, i64> {
+    final_counts_on(&Cluster::test(), output, truth, timeout)
+}
+
+/// [`final_counts`] on `cluster`.
+pub fn final_counts_on(
+    cluster: &Cluster,
+    output: &str,
+    truth: &HashMap<String, i64>,
+    timeout: Duration,
+) -> HashMap<String, i64> {
     let expected: HashMap<Vec<u8>, Vec<u8>> = truth
         .iter()
         .map(|(w, n)| (w.as_bytes().to_vec(), n.to_be_bytes().to_vec()))
         .collect();
     // Stop early only on the exact answer; an over-count never matches and times out.
-    let (latest, _) = read_until(output, timeout, |l| *l == expected);
+    let (latest, _) = cluster.read_until(output, timeout, |l| *l == expected);
     latest
         .iter()
         .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), long(v)))
         .collect()
+}
+
+/// A free local address for a child's `metrics.addr` (bound and released: a small race that
+/// only a concurrent bind of the same port would lose).
+pub fn free_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free local port")
+}
+
+/// The status code of `GET path` on `addr`, or `None` when no answer came within `timeout`.
+pub fn http_status(addr: std::net::SocketAddr, path: &str, timeout: Duration) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    s.set_write_timeout(Some(timeout)).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
+
+/// Polls `f` every 100 ms until it holds or `timeout` passes; returns whether it held.
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Input that keeps flowing through a fault: a thread sends a batch of lines every `pause` from
+/// one producer (librdkafka queues what it cannot send while the broker is away) until stopped.
+pub struct Feeder {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<HashMap<String, i64>>,
+}
+
+impl Feeder {
+    /// Starts sending `per_batch` lines to `topic` of `cluster` every `pause`.
+    pub fn start(cluster: &Cluster, topic: &str, per_batch: usize, pause: Duration) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (cluster, topic, stop2) = (cluster.clone(), topic.to_string(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let producer = cluster.producer();
+            let mut truth: HashMap<String, i64> = HashMap::new();
+            let mut n = 0;
+            while !stop2.load(std::sync::atomic::Ordering::SeqCst) {
+                for _ in 0..per_batch {
+                    let words = line(n);
+                    for w in &words {
+                        *truth.entry(w.to_string()).or_default() += 1;
+                    }
+                    let text = words.join(" ");
+                    super::producer::send(&producer, &topic, None, text.as_bytes()).expect("send");
+                    n += 1;
+                }
+                std::thread::sleep(pause);
+            }
+            // Up to a minute for what was queued while the broker was away.
+            super::producer::flush(&producer).expect("flush the fed input");
+            truth
+        });
+        Feeder { stop, thread }
+    }
+
+    /// Stops sending, waits until everything sent is acknowledged; returns the word counts of
+    /// everything sent.
+    pub fn finish(self) -> HashMap<String, i64> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.join().expect("feeder thread")
+    }
 }

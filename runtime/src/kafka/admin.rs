@@ -4,10 +4,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::client::{ClientContext, DefaultClientContext};
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 /// A librdkafka config for `bootstrap` with the user's `kafka.*` settings.
@@ -27,6 +28,48 @@ pub fn partition_counts(
     timeout: Duration,
 ) -> Result<BTreeMap<String, Option<u32>>, KafkaError> {
     let consumer: BaseConsumer = cfg.create()?;
+    partition_counts_of(&consumer, topics, timeout)
+}
+
+/// [`partition_counts`] through a client whose context watches for a refused login: asks in
+/// one-second attempts until `timeout`, and fails as soon as librdkafka reports an
+/// authentication or TLS failure (`KafkaError::Global(Authentication)`; the context's
+/// [`AuthWatch::failure`] says what librdkafka reported).
+pub fn partition_counts_checked(
+    consumer: &BaseConsumer<AuthWatch>,
+    topics: &[String],
+    timeout: Duration,
+) -> Result<BTreeMap<String, Option<u32>>, KafkaError> {
+    let start = std::time::Instant::now();
+    loop {
+        let attempt = timeout
+            .saturating_sub(start.elapsed())
+            .clamp(Duration::from_millis(100), Duration::from_secs(1));
+        let result = partition_counts_of(consumer, topics, attempt);
+        // Serves the client's log and error events, where a refused login shows.
+        for _ in 0..100 {
+            match consumer.poll(Duration::ZERO) {
+                None => break,
+                Some(Err(e)) if is_auth_failure(&e) => consumer.context().note(e.to_string()),
+                Some(_) => {}
+            }
+        }
+        if consumer.context().failure().is_some() {
+            return Err(KafkaError::Global(RDKafkaErrorCode::Authentication));
+        }
+        match result {
+            Err(e) if is_transient(&e) && start.elapsed() < timeout => continue,
+            other => return other,
+        }
+    }
+}
+
+/// [`partition_counts`] through an existing client.
+pub fn partition_counts_of<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topics: &[String],
+    timeout: Duration,
+) -> Result<BTreeMap<String, Option<u32>>, KafkaError> {
     let md = consumer.fetch_metadata(None, timeout)?;
     Ok(topics
         .iter()
@@ -63,6 +106,15 @@ pub fn create_topics_with(
     if topics.is_empty() {
         return Ok(());
     }
+    // An admin request to brokers that refuse the login never completes (nothing serves the
+    // admin client's error events): check the login through a consumer first.
+    let probe: BaseConsumer<AuthWatch> = cfg.create_with_context(AuthWatch::default())?;
+    if let Err(e) = partition_counts_checked(&probe, &[], timeout.min(Duration::from_secs(10))) {
+        if let Some(detail) = probe.context().failure() {
+            tracing::error!(failure = %detail, "the brokers refused the login");
+        }
+        return Err(e);
+    }
     let admin: AdminClient<DefaultClientContext> = cfg.create()?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
@@ -92,6 +144,65 @@ pub fn create_topics_with(
         }
     }
     Ok(())
+}
+
+/// A client context that remembers the last authentication or TLS failure librdkafka reported
+/// (a wrong SASL password, an untrusted certificate): such a failure does not go away by
+/// retrying, so the start-up probe stops on it instead of waiting for the brokers. rdkafka
+/// queues librdkafka's log and error events on the client's main queue: they reach this
+/// context only while something polls the client ([`partition_counts_checked`] does).
+#[derive(Debug, Default)]
+pub struct AuthWatch {
+    failure: Mutex<Option<String>>,
+}
+
+impl AuthWatch {
+    /// librdkafka's description of the last authentication or TLS failure, if any.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().clone()
+    }
+
+    /// Records a failure, unless a more detailed one (from the log) is already known.
+    fn note(&self, what: String) {
+        self.failure.lock().get_or_insert(what);
+    }
+}
+
+impl ClientContext for AuthWatch {
+    /// librdkafka's log, from its own threads: the only report of a refused login that reaches
+    /// an admin client (whose error events nothing polls).
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        if AUTH_FAILURE_MARKERS.iter().any(|m| log_message.contains(m)) {
+            *self.failure.lock() = Some(log_message.to_string());
+        }
+        DefaultClientContext.log(level, fac, log_message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if is_auth_failure(&error) {
+            self.note(reason.to_string());
+        }
+        tracing::warn!(error = %error, reason, "librdkafka reported an error");
+    }
+}
+
+impl ConsumerContext for AuthWatch {}
+
+/// How librdkafka's log lines describe a refused login or a failed TLS handshake.
+const AUTH_FAILURE_MARKERS: &[&str] = &["SASL authentication error", "SSL handshake failed"];
+
+/// Whether an error is an authentication or TLS failure (retrying does not help).
+pub fn is_auth_failure(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::Authentication
+                | RDKafkaErrorCode::SaslAuthenticationFailed
+                | RDKafkaErrorCode::SSL
+                | RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed
+        )
+    )
 }
 
 /// Whether an error means "the broker cannot be reached (yet)".

@@ -42,6 +42,22 @@ impl ProducerContext for DeliveryContext {
 /// The producer that writes sink, repartition and dead-letter records.
 pub struct KafkaSink {
     producer: ThreadedProducer<DeliveryContext>,
+    /// What to do with an output record librdkafka refuses before sending it.
+    handler: ProductionHandler,
+    /// Topics starting with this (`<application.id>-`) are rill's own: never skipped.
+    internal_prefix: String,
+}
+
+/// What the sink does with an output record that librdkafka refuses before sending it (larger
+/// than `message.max.bytes`): Kafka Streams' production exception handler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProductionHandler {
+    /// The sub-task fails, and the service stops with an error naming the topic.
+    Fail,
+    /// The record is dropped (logged, counted in `rill_discarded_records_total{reason=
+    /// "record_too_large"}`) and processing continues. Only for sink topics: a changelog or
+    /// repartition record is never dropped (state would no longer be exact).
+    LogAndContinue,
 }
 
 /// Why the producer could not be created.
@@ -115,8 +131,31 @@ impl KafkaSink {
         }
         Ok(KafkaSink {
             producer: cfg.create_with_context(DeliveryContext)?,
+            handler: ProductionHandler::Fail,
+            internal_prefix: String::new(),
         })
     }
+
+    /// Applies `handler` to records of sink topics; topics starting with `<application_id>-`
+    /// are rill's internal ones and always fail.
+    pub fn with_production_handler(
+        mut self,
+        handler: ProductionHandler,
+        application_id: &str,
+    ) -> Self {
+        self.handler = handler;
+        self.internal_prefix = format!("{application_id}-");
+        self
+    }
+}
+
+/// Whether librdkafka refuses a record itself for its size (nothing was sent, so dropping it
+/// leaves no gap in the idempotent producer's sequence).
+fn is_too_large(e: &KafkaError) -> bool {
+    matches!(
+        e,
+        KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)
+    )
 }
 
 impl RecordSink for KafkaSink {
@@ -154,11 +193,34 @@ impl RecordSink for KafkaSink {
                     r = back;
                     self.producer.poll(Duration::from_millis(10));
                 }
-                Err((e, _)) => {
+                Err((e, back))
+                    if is_too_large(&e)
+                        && self.handler == ProductionHandler::LogAndContinue
+                        && !topic.starts_with(&self.internal_prefix) =>
+                {
+                    let bytes =
+                        back.payload.map_or(0, <[u8]>::len) + back.key.map_or(0, <[u8]>::len);
+                    tracing::warn!(topic, bytes, error = %e, "output record refused by the producer: dropped (production.exception.handler=log_and_continue)");
+                    crate::metrics::record_discarded("record_too_large");
+                    back.delivery_opaque.delivered(Ok(0));
+                    return Ok(());
+                }
+                Err((e, back)) => {
+                    let bytes =
+                        back.payload.map_or(0, <[u8]>::len) + back.key.map_or(0, <[u8]>::len);
                     return Err(SinkError {
                         topic: topic.to_string(),
-                        message: e.to_string(),
-                    })
+                        message: if is_too_large(&e) {
+                            format!(
+                                "{e}: the record has {bytes} bytes of key and value, more than \
+                                 kafka.message.max.bytes allows. Raise it (and the topic's \
+                                 max.message.bytes), or set production.exception.handler=\
+                                 log_and_continue to drop such records"
+                            )
+                        } else {
+                            e.to_string()
+                        },
+                    });
                 }
             }
         }

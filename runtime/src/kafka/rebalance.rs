@@ -62,11 +62,25 @@ pub struct SourceContext {
 
 impl ClientContext for SourceContext {
     /// librdkafka's statistics (every `statistics.interval.ms`, served by `poll` on the loop's
-    /// thread): sets `rill_consumer_lag_records` from each partition's `consumer_lag` and keeps
-    /// the high watermarks for `rill_range_lag_records`.
+    /// thread): sets `rill_consumer_lag_records` from each partition's `consumer_lag`, keeps
+    /// the high watermarks for `rill_range_lag_records`, and sets readiness from whether any
+    /// broker connection is up (logged when that changes).
     fn stats(&self, statistics: rdkafka::Statistics) {
         let high = crate::metrics::set_lag_from_statistics(&statistics);
         self.high_watermarks.lock().extend(high);
+        let up = statistics.brokers.values().any(|b| b.state == "UP");
+        if self.health.set_brokers_reachable(up) {
+            if up {
+                tracing::info!("a broker connection is up again: ready");
+            } else {
+                let brokers: Vec<String> = statistics
+                    .brokers
+                    .values()
+                    .map(|b| format!("{} {}", b.name, b.state))
+                    .collect();
+                tracing::warn!(brokers = %brokers.join(", "), "no broker connection is up: not ready until one is (processing resumes by itself)");
+            }
+        }
     }
 }
 

@@ -1,0 +1,105 @@
+//! The broker restarts under a running service: the wordcount service keeps running through a
+//! clean 5 s restart and a 60 s SIGKILL outage of its broker while input keeps flowing, `/ready`
+//! reports each outage while it lasts, and the final counts equal the ground truth exactly.
+//!
+//! The broker is this binary's own (`scripts/kafka` on the shared broker's port + 2), so the
+//! other broker tests never see it go away.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::broker::{OwnBroker, Security};
+use common::service::{
+    eventually, final_counts_on, free_addr, http_status, terminate, Feeder, Service,
+};
+use common::unique;
+
+/// Slot of this binary's broker (port = shared port + 2 x slot).
+const SLOT: u16 = 1;
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test"]
+fn service_keeps_running_through_broker_restarts_and_counts_exactly() {
+    let broker = OwnBroker::start(SLOT, Security::Plaintext);
+    let cluster = broker.cluster.clone();
+    let (input, output, app) = (
+        unique("restart-in"),
+        unique("restart-out"),
+        unique("restart"),
+    );
+    cluster.create_topic(&input, 4);
+    cluster.create_topic(&output, 4);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut service = Service::on(&cluster, &app, "0", &input, &output, dir.path());
+    let addr = free_addr();
+    service.set("metrics.addr", &addr.to_string());
+    let mut child = service.spawn();
+    let ready = |within: Duration| {
+        eventually(within, || {
+            http_status(addr, "/ready", Duration::from_secs(1)) == Some(200)
+        })
+    };
+    assert!(
+        ready(Duration::from_secs(60)),
+        "the service never became ready; log:\n{}",
+        service.log_tail(40)
+    );
+    let feeder = Feeder::start(&cluster, &input, 100, Duration::from_millis(100));
+
+    for (kill, down) in [(false, 5), (true, 60)] {
+        std::thread::sleep(Duration::from_secs(3));
+        let started = Instant::now();
+        let saw_outage = {
+            let b = &broker;
+            std::thread::scope(|s| {
+                let restart = s.spawn(move || b.restart(kill, down));
+                // librdkafka's statistics (every second) show every broker connection down.
+                let saw_outage = eventually(Duration::from_secs(u64::from(down) + 10), || {
+                    http_status(addr, "/ready", Duration::from_secs(1)) == Some(503)
+                });
+                restart.join().expect("restart thread");
+                saw_outage
+            })
+        };
+        let outage = started.elapsed();
+        assert!(
+            saw_outage,
+            "/ready stayed 200 while the broker was down (kill={kill}, {down} s)"
+        );
+        assert!(
+            ready(Duration::from_secs(60)),
+            "/ready did not return to 200 after the broker came back (kill={kill}, {down} s); log:\n{}",
+            service.log_tail(40)
+        );
+        println!(
+            "broker restart kill={kill} down={down}s: back and ready {:.1} s after the stop",
+            outage.as_secs_f64()
+        );
+        assert!(
+            child.try_wait().expect("wait").is_none(),
+            "the service exited during the broker restart (kill={kill}, {down} s); log:\n{}",
+            service.log_tail(40)
+        );
+    }
+
+    std::thread::sleep(Duration::from_secs(2));
+    let truth = feeder.finish();
+    let started = Instant::now();
+    let got = final_counts_on(&cluster, &output, &truth, Duration::from_secs(180));
+    println!(
+        "final counts exact {:.1} s after the input ended",
+        started.elapsed().as_secs_f64()
+    );
+    let clean = terminate(&mut child);
+    assert_eq!(
+        got,
+        truth,
+        "counts differ from the ground truth after broker restarts; log tail:\n{}",
+        service.log_tail(40)
+    );
+    assert!(
+        clean,
+        "SIGTERM after the restarts must drain, commit and exit 0"
+    );
+}
