@@ -193,6 +193,11 @@ fn describe() {
         Unit::Count,
         "Records of an input partition not yet committed: high watermark minus committed offset."
     );
+    describe_gauge!(
+        RANGE_LAG,
+        Unit::Count,
+        "Records of a key range not yet committed: high watermark minus the range's committed offset."
+    );
     describe_counter!(
         COMMITS,
         Unit::Count,
