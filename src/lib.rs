@@ -41,6 +41,6 @@ pub mod prelude {
     pub use rill_runtime::driver::{
         TestDriver, TestInputTopic, TestOutputTopic, TestSessionStore, TestStore, TestWindowStore,
     };
-    pub use rill_runtime::DeserializationHandler;
+    pub use rill_runtime::RecordErrorHandler;
     pub use rill_topology::prelude::*;
 }

@@ -395,7 +395,7 @@ fn fail_handler_stops_with_topic_partition_and_offset() {
 #[test]
 fn log_and_continue_skips_and_counts() {
     let driver = TestDriver::builder(long_sum_topology())
-        .deserialization_handler(DeserializationHandler::LogAndContinue)
+        .deserialization_handler(RecordErrorHandler::LogAndContinue)
         .build()
         .unwrap();
     let input = driver.input_topic("in", StringSerde, I64Serde);
@@ -414,7 +414,7 @@ fn log_and_continue_skips_and_counts() {
 #[test]
 fn dead_letter_handler_forwards_the_raw_record_with_error_headers() {
     let driver = TestDriver::builder(long_sum_topology())
-        .deserialization_handler(DeserializationHandler::DeadLetter("dlq".into()))
+        .deserialization_handler(RecordErrorHandler::DeadLetter("dlq".into()))
         .build()
         .unwrap();
     driver.pipe_raw("in", None, bad_record()).unwrap();

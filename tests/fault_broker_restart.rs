@@ -10,9 +10,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::broker::{OwnBroker, Security};
-use common::service::{
-    eventually, final_counts_on, free_addr, http_status, terminate, Feeder, Service,
-};
+use common::http::status;
+use common::service::{eventually, final_counts_on, free_addr, terminate, Feeder, Service};
 use common::unique;
 
 /// Slot of this binary's broker (port = shared port + 2 x slot).
@@ -37,7 +36,7 @@ fn service_keeps_running_through_broker_restarts_and_counts_exactly() {
     let mut child = service.spawn();
     let ready = |within: Duration| {
         eventually(within, || {
-            http_status(addr, "/ready", Duration::from_secs(1)) == Some(200)
+            status(addr, "/ready", Duration::from_secs(1)) == Some(200)
         })
     };
     assert!(
@@ -56,7 +55,7 @@ fn service_keeps_running_through_broker_restarts_and_counts_exactly() {
                 let restart = s.spawn(move || b.restart(kill, down));
                 // librdkafka's statistics (every second) show every broker connection down.
                 let saw_outage = eventually(Duration::from_secs(u64::from(down) + 10), || {
-                    http_status(addr, "/ready", Duration::from_secs(1)) == Some(503)
+                    status(addr, "/ready", Duration::from_secs(1)) == Some(503)
                 });
                 restart.join().expect("restart thread");
                 saw_outage

@@ -8,7 +8,8 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::service::{eventually, free_addr, http_status, terminate, Service};
+use common::http::status;
+use common::service::{eventually, free_addr, terminate, Service};
 use common::{create_topic, unique};
 use rill::runtime::config::MetricsAddr;
 use rill::runtime::ConfigBuilder;
@@ -41,7 +42,7 @@ fn health_answers_within_a_second_under_a_flood_of_slow_clients() {
     let mut child = service.spawn();
     assert!(
         eventually(Duration::from_secs(60), || {
-            http_status(addr, "/ready", Duration::from_secs(1)) == Some(200)
+            status(addr, "/ready", Duration::from_secs(1)) == Some(200)
         }),
         "not ready; log:\n{}",
         service.log_tail(20)
@@ -65,10 +66,10 @@ fn health_answers_within_a_second_under_a_flood_of_slow_clients() {
         }
         for path in ["/health", "/ready"] {
             let t = Instant::now();
-            let status = http_status(addr, path, Duration::from_secs(1));
+            let code = status(addr, path, Duration::from_secs(1));
             let took = t.elapsed();
             assert_eq!(
-                status,
+                code,
                 Some(200),
                 "{path} under {SLOW_CLIENTS} slow clients: no answer within 1 s"
             );

@@ -10,10 +10,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::broker::{OwnBroker, Security};
+use common::http::status;
 use common::proxy::Proxy;
-use common::service::{
-    eventually, final_counts_on, free_addr, http_status, terminate, Feeder, Service,
-};
+use common::service::{eventually, final_counts_on, free_addr, terminate, Feeder, Service};
 use common::unique;
 
 /// Slot of this binary's broker (port = shared port + 2 x slot).
@@ -37,9 +36,9 @@ fn latency_resets_and_a_blackhole_lose_nothing_and_ready_reports_the_outage() {
     // down (the default, 60 s, would hide a shorter blackhole).
     service.set("kafka.socket.timeout.ms", "5000");
     let mut child = service.spawn();
-    let status = |path| http_status(addr, path, Duration::from_secs(1));
+    let code = |path| status(addr, path, Duration::from_secs(1));
     assert!(
-        eventually(Duration::from_secs(60), || status("/ready") == Some(200)),
+        eventually(Duration::from_secs(60), || code("/ready") == Some(200)),
         "not ready; log:\n{}",
         service.log_tail(30)
     );
@@ -68,9 +67,9 @@ fn latency_resets_and_a_blackhole_lose_nothing_and_ready_reports_the_outage() {
     // Longer than the session timeout (6 s) and the socket timeout (5 s).
     proxy.set_blackhole(true);
     let started = Instant::now();
-    let reported = eventually(Duration::from_secs(20), || status("/ready") == Some(503));
+    let reported = eventually(Duration::from_secs(20), || code("/ready") == Some(503));
     let reported_after = started.elapsed();
-    let health = status("/health");
+    let health = code("/health");
     std::thread::sleep(Duration::from_secs(20).saturating_sub(started.elapsed()));
     proxy.set_blackhole(false);
     assert!(reported, "/ready stayed 200 through a 20 s blackhole");
@@ -80,7 +79,7 @@ fn latency_resets_and_a_blackhole_lose_nothing_and_ready_reports_the_outage() {
         reported_after.as_secs_f64()
     );
     assert!(
-        eventually(Duration::from_secs(60), || status("/ready") == Some(200)),
+        eventually(Duration::from_secs(60), || code("/ready") == Some(200)),
         "/ready did not return to 200 after the blackhole; log:\n{}",
         service.log_tail(30)
     );

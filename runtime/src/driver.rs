@@ -46,7 +46,7 @@ use rill_topology::window::{Window, Windowed};
 use rill_topology::{key_hash, Headers, RawRecord, Topic, Topology};
 
 use crate::engine::{
-    DeserializationHandler, Dispatch, Engine, EngineConfig, EngineError, EngineStats, FactorChange,
+    Dispatch, Engine, EngineConfig, EngineError, EngineStats, FactorChange, RecordErrorHandler,
     Resume,
 };
 use crate::sink::{MemorySink, RecordSink};
@@ -116,8 +116,14 @@ impl TestDriverBuilder {
     }
 
     /// Handling of records that do not deserialize (default: fail).
-    pub fn deserialization_handler(mut self, h: DeserializationHandler) -> Self {
+    pub fn deserialization_handler(mut self, h: RecordErrorHandler) -> Self {
         self.config.deserialization_handler = h;
+        self
+    }
+
+    /// Handling of records whose processing fails (default: fail).
+    pub fn processing_handler(mut self, h: RecordErrorHandler) -> Self {
+        self.config.processing_handler = h;
         self
     }
 
@@ -566,14 +572,18 @@ pub struct TestOutputTopic<K, V> {
 }
 
 impl<K: 'static, V: 'static> TestOutputTopic<K, V> {
-    /// Removes and returns the next record, if any.
-    pub fn read_record(&self) -> Option<(Option<K>, V)> {
-        let raw = self
-            .inner
+    /// Removes and returns the next record as written: bytes, timestamp and headers.
+    pub fn read_raw_record(&self) -> Option<RawRecord> {
+        self.inner
             .lock()
             .outputs
             .get_mut(&self.topic)
-            .and_then(VecDeque::pop_front)?;
+            .and_then(VecDeque::pop_front)
+    }
+
+    /// Removes and returns the next record, if any.
+    pub fn read_record(&self) -> Option<(Option<K>, V)> {
+        let raw = self.read_raw_record()?;
         let key = raw.key.map(|k| {
             self.key_serde
                 .deserialize(&k)

@@ -32,7 +32,7 @@ pub use driver::{
     TestDriver, TestDriverBuilder, TestInputTopic, TestOutputTopic, TestSessionStore, TestStore,
     TestWindowStore,
 };
-pub use engine::{DeserializationHandler, EngineError};
+pub use engine::{EngineError, RecordErrorHandler};
 pub use health::Health;
 pub use http::HttpError;
 pub use kafka::producer::ProducerError;

@@ -98,6 +98,8 @@ const COMMIT_LATENCY_BUCKETS: &[f64] = &[
 /// Reasons of [`DISCARDED_RECORDS`] rill itself uses.
 const DISCARD_REASONS: &[&str] = &[
     "deserialization",
+    "processing_error",
+    "unmatched_join",
     "null_key",
     "invalid_timestamp",
     "record_too_large",
@@ -221,7 +223,7 @@ fn describe() {
     describe_counter!(
         DISCARDED_RECORDS,
         Unit::Count,
-        "Records dropped on purpose, by reason (deserialization, null_key, invalid_timestamp, ...)."
+        "Records dropped on purpose, by reason (deserialization, processing_error, null_key, ...)."
     );
     describe_counter!(
         LATE_RECORDS_DROPPED,

@@ -414,6 +414,7 @@ impl Runtime {
                 worker_threads: c.worker_threads,
                 mailbox_capacity: c.mailbox_capacity,
                 deserialization_handler: c.deserialization_handler.clone(),
+                processing_handler: c.processing_handler.clone(),
                 changelogs: true,
                 cluster_id: cluster,
             },

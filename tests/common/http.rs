@@ -3,6 +3,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
 
 /// Status line and body of `method path` with `body`.
 pub fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> (String, String) {
@@ -26,6 +27,22 @@ pub fn request(addr: SocketAddr, method: &str, path: &str, body: &str) -> (Strin
 /// Status line and body of `GET path`.
 pub fn get(addr: SocketAddr, path: &str) -> (String, String) {
     request(addr, "GET", path, "")
+}
+
+/// The status code of `GET path`, or `None` when no answer came within `timeout` (for
+/// endpoints that may be down or slow; [`get`] panics instead).
+pub fn status(addr: SocketAddr, path: &str, timeout: Duration) -> Option<u16> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    s.set_write_timeout(Some(timeout)).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
 }
 
 /// Sum of the samples of metric `name` whose labels contain every `label="value"` of `with`.

@@ -290,22 +290,6 @@ pub fn free_addr() -> std::net::SocketAddr {
         .expect("a free local port")
 }
 
-/// The status code of `GET path` on `addr`, or `None` when no answer came within `timeout`.
-pub fn http_status(addr: std::net::SocketAddr, path: &str, timeout: Duration) -> Option<u16> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
-    s.set_read_timeout(Some(timeout)).ok()?;
-    s.set_write_timeout(Some(timeout)).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut head = [0u8; 12];
-    s.read_exact(&mut head).ok()?;
-    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
-}
-
 /// Polls `f` every 100 ms until it holds or `timeout` passes; returns whether it held.
 pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = std::time::Instant::now() + timeout;

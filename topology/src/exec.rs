@@ -11,6 +11,7 @@
 //! after the record.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -294,11 +295,13 @@ impl TaskInstance {
         if advanced {
             self.stream_time = Some(ts);
         }
-        self.deliver_to_children(source, record, meta, env)?;
+        // A record that fails still advanced stream time: its punctuations fire, as they do in
+        // Kafka Streams, where a processing-error handler may skip the record and go on.
+        let delivered = self.deliver_to_children(source, record, meta, env);
         if advanced {
             self.punctuate(PunctuationType::StreamTime, ts, env)?;
         }
-        Ok(())
+        delivered
     }
 
     /// Fires every punctuation of `kind` that is due at `now`.
@@ -412,10 +415,13 @@ impl TaskInstance {
                 stream_time: self.stream_time,
                 expiry: &mut self.expiry,
             };
-            f(p.as_mut(), &mut host).map_err(|source| TaskError::Process {
-                node: n.name.clone(),
-                source,
-            })?;
+            // A panic in user code becomes this node's error, for the processing handler.
+            std::panic::catch_unwind(AssertUnwindSafe(|| f(p.as_mut(), &mut host)))
+                .unwrap_or_else(|payload| Err(ProcessError::Panicked(panic_message(&*payload))))
+                .map_err(|source| TaskError::Process {
+                    node: n.name.clone(),
+                    source,
+                })?;
             host.out
         };
         for out in outputs {
@@ -423,6 +429,15 @@ impl TaskInstance {
         }
         Ok(())
     }
+}
+
+/// The message of a panic payload (`panic!` gives a `&str` or a `String`).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// The smallest multiple of `interval_ms` above `t`.

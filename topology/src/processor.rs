@@ -88,6 +88,9 @@ pub enum ProcessError {
     /// or `"message".into()`).
     #[error("processor failed: {0}")]
     User(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The processor panicked; the panic was caught (the message is the panic's).
+    #[error("processor panicked: {0}")]
+    Panicked(String),
     /// A `suppress` buffer configured with `shutdown_when_full` is full (Kafka Streams stops the
     /// same way).
     #[error("suppression buffer `{store}` is full ({limit}); raise the limit, use BufferConfig::unbounded(), or emit_early_when_full()")]

@@ -1,18 +1,31 @@
-//! How the engine runs: its settings and the deserialization error handler.
+//! How the engine runs: its settings and the handler of input records that fail.
 
-/// What to do with a record whose key or value does not deserialize.
+/// What to do with an input record that fails: one that does not deserialize
+/// (`deserialization.error.handler`), or whose processing returns an error or panics
+/// (`processing.exception.handler`, Kafka Streams' KIP-1033).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum DeserializationHandler {
+pub enum RecordErrorHandler {
     /// Stop with an error naming topic, partition and offset; nothing is committed past it.
     #[default]
     Fail,
-    /// Skip it, log it and count it in `rill_discarded_records_total{reason="deserialization"}`.
+    /// Skip it, log it and count it in `rill_discarded_records_total{reason=..}`
+    /// (`deserialization` or `processing_error`).
     LogAndContinue,
-    /// Send the raw record with error headers to this topic, then continue.
+    /// Send the raw input record with error headers to this topic, count it as above, continue.
     DeadLetter(String),
 }
 
-impl std::str::FromStr for DeserializationHandler {
+impl std::fmt::Display for RecordErrorHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Fail => f.write_str("fail"),
+            Self::LogAndContinue => f.write_str("log_and_continue"),
+            Self::DeadLetter(t) => write!(f, "dead_letter:{t}"),
+        }
+    }
+}
+
+impl std::str::FromStr for RecordErrorHandler {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
@@ -40,7 +53,9 @@ pub struct EngineConfig {
     /// Records a sub-task may hold before its partition is paused.
     pub mailbox_capacity: usize,
     /// Handling of records that do not deserialize.
-    pub deserialization_handler: DeserializationHandler,
+    pub deserialization_handler: RecordErrorHandler,
+    /// Handling of records whose processing fails (an error or a panic in a processor).
+    pub processing_handler: RecordErrorHandler,
     /// Whether range commits write store changelogs (see the engine's `changelog` module).
     pub changelogs: bool,
     /// Id of the Kafka cluster the offsets refer to, recorded in every commit (empty: none).
@@ -54,7 +69,8 @@ impl Default for EngineConfig {
             parallelising_factor: 1,
             worker_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             mailbox_capacity: 1000,
-            deserialization_handler: DeserializationHandler::Fail,
+            deserialization_handler: RecordErrorHandler::Fail,
+            processing_handler: RecordErrorHandler::Fail,
             changelogs: false,
             cluster_id: String::new(),
         }

@@ -40,7 +40,7 @@ use rill_topology::{Topic, Topology};
 
 pub use changelog::ChangelogReader;
 pub use commit::PartitionProgress;
-pub use config::{DeserializationHandler, EngineConfig};
+pub use config::{EngineConfig, RecordErrorHandler};
 pub use dispatch::Dispatch;
 pub use error::EngineError;
 pub use factor::{FactorChange, FactorDrain};
@@ -379,8 +379,12 @@ fn output_topics(topology: &Topology, config: &EngineConfig) -> Vec<String> {
         .iter()
         .flat_map(|s| s.sinks.iter().map(|t| t.resolve(&config.application_id)))
         .collect();
-    if let DeserializationHandler::DeadLetter(t) = &config.deserialization_handler {
-        out.push(t.clone());
+    for handler in [&config.deserialization_handler, &config.processing_handler] {
+        if let RecordErrorHandler::DeadLetter(t) = handler {
+            if !out.contains(t) {
+                out.push(t.clone());
+            }
+        }
     }
     if config.changelogs {
         for s in topology.sub_topologies() {

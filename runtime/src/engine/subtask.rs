@@ -21,7 +21,7 @@ use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 use rill_state::SubTaskState;
 use rill_topology::exec::{TaskEnv, TaskError, TaskInstance};
-use rill_topology::processor::{PunctuationType, RecordMeta};
+use rill_topology::processor::{ProcessError, PunctuationType, RecordMeta};
 use rill_topology::store::{Entries, KeyValueBytes, StoreError, StoreKind, TimedStore};
 use rill_topology::{key_hash, KeyRange, RawRecord, Topic};
 
@@ -41,7 +41,7 @@ use super::origin::{
     is_duplicate, record_applied, topic_id, Origin, OriginEntry, OriginKey, ORIGIN_HEADER,
 };
 use super::task::Fence;
-use super::{DeserializationHandler, EngineError, Shared, Source};
+use super::{EngineConfig, EngineError, RecordErrorHandler, Shared, Source};
 use crate::sink::Deliveries;
 
 /// (source topic index, next offset) pairs.
@@ -327,10 +327,18 @@ impl Core {
                     .instance
                     .punctuate(PunctuationType::WallClockTime, now, &mut env);
                 env.finish()?;
-                r.map_err(|e| EngineError::Task {
-                    what: format!("wall-clock punctuation of {id:?}"),
-                    source: e,
-                })
+                match r {
+                    Err(e) if record_error_node(&e, &shared.config).is_some() => {
+                        // No input record to send anywhere: logged and counted only.
+                        tracing::warn!(?id, error = %e, "a wall-clock punctuation failed; going on ({})", shared.config.processing_handler);
+                        shared.stats.count_discarded("processing_error");
+                        Ok(())
+                    }
+                    r => r.map_err(|e| EngineError::Task {
+                        what: format!("wall-clock punctuation of {id:?}"),
+                        source: e,
+                    }),
+                }
             }
         }
     }
@@ -367,8 +375,16 @@ impl Core {
         let record = match self.instance.decode(&source.topic, &raw) {
             Ok(r) => Some(r),
             Err(TaskError::Deserialize(e)) => {
+                let failed = Failed {
+                    raw: &raw,
+                    topic: resolved,
+                    partition: id.partition,
+                    offset: input.offset,
+                    error: &e.to_string(),
+                    node: None,
+                };
                 match &shared.config.deserialization_handler {
-                    DeserializationHandler::Fail => {
+                    RecordErrorHandler::Fail => {
                         return Err(EngineError::Deserialization {
                             topic: resolved.to_string(),
                             partition: id.partition,
@@ -376,20 +392,12 @@ impl Core {
                             message: e.to_string(),
                         })
                     }
-                    DeserializationHandler::LogAndContinue => {
+                    RecordErrorHandler::LogAndContinue => {
                         tracing::warn!(topic = %resolved, partition = id.partition, offset = input.offset, error = %e, "skipping a record that does not deserialize (log_and_continue)");
                     }
-                    DeserializationHandler::DeadLetter(topic) => {
+                    RecordErrorHandler::DeadLetter(topic) => {
                         tracing::warn!(topic = %resolved, partition = id.partition, offset = input.offset, error = %e, dead_letter = %topic, "sending a record that does not deserialize to the dead-letter topic");
-                        let mut dead = raw.clone();
-                        dead.headers
-                            .add("rill.error", e.to_string())
-                            .add("rill.source.topic", &**resolved)
-                            .add("rill.source.partition", id.partition.to_string())
-                            .add("rill.source.offset", input.offset.to_string());
-                        shared
-                            .sink
-                            .send(topic, None, dead, self.deliveries.ticket())?;
+                        self.dead_letter(topic, &failed, shared)?;
                     }
                 }
                 shared.stats.count_discarded("deserialization");
@@ -414,17 +422,75 @@ impl Core {
                 .instance
                 .process(&source.topic, record, &meta, &mut env);
             env.finish()?;
-            r.map_err(|e| EngineError::Task {
-                what: format!("{resolved}-{} offset {}", id.partition, input.offset),
-                source: e,
-            })?;
-            shared.stats.count_processed();
-            if let Some(started) = started {
-                shared.metrics.process_latency.record(started.elapsed());
+            match r {
+                Ok(()) => {
+                    shared.stats.count_processed();
+                    if let Some(started) = started {
+                        shared.metrics.process_latency.record(started.elapsed());
+                    }
+                    self.processed_total[source.index].increment(1);
+                }
+                Err(e) => {
+                    let what = format!("{resolved}-{} offset {}", id.partition, input.offset);
+                    let Some(node) = record_error_node(&e, &shared.config) else {
+                        return Err(EngineError::Task { what, source: e });
+                    };
+                    let failed = Failed {
+                        raw: &raw,
+                        topic: resolved,
+                        partition: id.partition,
+                        offset: input.offset,
+                        error: &e.to_string(),
+                        node: Some(node),
+                    };
+                    self.skip_failed(&failed, shared)?;
+                }
             }
-            self.processed_total[source.index].increment(1);
         }
         self.processed[source.index] = Some(input.offset + 1);
+        Ok(())
+    }
+
+    /// Skips an input record whose processing failed, as `processing.exception.handler` says
+    /// (not `fail`: [`record_error_node`] returned its node). What the record did before it
+    /// failed stays, as in Kafka Streams: state writes and outputs of the nodes before the
+    /// failing one (a replay repeats them the same way).
+    fn skip_failed(&self, failed: &Failed<'_>, shared: &Shared) -> Result<(), EngineError> {
+        let (topic, partition, offset) = (failed.topic, failed.partition, failed.offset);
+        let (node, error) = (failed.node.unwrap_or_default(), failed.error);
+        match &shared.config.processing_handler {
+            RecordErrorHandler::DeadLetter(dlq) => {
+                tracing::warn!(%topic, partition, offset, node, error, dead_letter = %dlq, "sending a record whose processing failed to the dead-letter topic");
+                self.dead_letter(dlq, failed, shared)?;
+            }
+            _ => {
+                tracing::warn!(%topic, partition, offset, node, error, "skipping a record whose processing failed (log_and_continue)");
+            }
+        }
+        shared.stats.count_discarded("processing_error");
+        Ok(())
+    }
+
+    /// Sends the raw input record to the dead-letter topic with headers saying what failed
+    /// where; it is an output of the range, acknowledged before the range commits past it.
+    fn dead_letter(
+        &self,
+        dlq: &str,
+        failed: &Failed<'_>,
+        shared: &Shared,
+    ) -> Result<(), EngineError> {
+        let mut dead = failed.raw.clone();
+        dead.headers
+            .add("rill.error", failed.error)
+            .add("rill.source.topic", failed.topic)
+            .add("rill.source.partition", failed.partition.to_string())
+            .add("rill.source.offset", failed.offset.to_string());
+        if let Some(node) = failed.node {
+            dead.headers.add("rill.error.node", node);
+        }
+        shared
+            .sink
+            .send(dlq, None, dead, self.deliveries.ticket())?;
         Ok(())
     }
 
@@ -463,6 +529,33 @@ impl Core {
             Some(s) => s.get(key),
             None => Ok(None),
         }
+    }
+}
+
+/// An input record that failed, and where.
+struct Failed<'a> {
+    raw: &'a RawRecord,
+    topic: &'a str,
+    partition: u32,
+    offset: u64,
+    error: &'a str,
+    /// The node that failed (`None`: the record did not deserialize).
+    node: Option<&'a str>,
+}
+
+/// The failing node of `e` when `processing.exception.handler` skips it rather than stopping:
+/// errors of user code (returned, panicked, or a serde inside the topology). Store and buffer
+/// errors and rill's own always stop, as Kafka Streams' framework errors do.
+fn record_error_node<'e>(e: &'e TaskError, config: &EngineConfig) -> Option<&'e str> {
+    if config.processing_handler == RecordErrorHandler::Fail {
+        return None;
+    }
+    match e {
+        TaskError::Process {
+            node,
+            source: ProcessError::User(_) | ProcessError::Panicked(_) | ProcessError::Serde(_),
+        } => Some(node),
+        _ => None,
     }
 }
 

@@ -8,9 +8,13 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{decoder, Consumed, Draft, GraphBuilder, KStream, TopologyError};
-use crate::graph::{Extractor, Node, NodeKind, SubTopology, Topic, Topology};
-use crate::processor::{Datum, ErasedRecord};
+use super::table::TableSource;
+use super::{
+    decoder, table_decoder, Consumed, Draft, GraphBuilder, KStream, KTable, Materialized,
+    TopologyError,
+};
+use crate::graph::{Extractor, Node, NodeKind, SubTopology, Supplier, Topic, Topology};
+use crate::processor::{Datum, ErasedRecord, Typed};
 use crate::serdes::Serde;
 use crate::store::{SessionStoreSpec, StoreKind, WindowStoreSpec};
 use crate::time::millis;
@@ -89,6 +93,108 @@ impl StreamsBuilder {
             key_serde: Some(key_serde),
             value_serde: Some(value_serde),
             key_changed: false,
+        }
+    }
+
+    /// A table of the latest value of each key of `topic` (the short form of
+    /// [`StreamsBuilder::table_with`]), kept in the store `materialized` names.
+    pub fn table<K, V>(
+        &self,
+        topic: &str,
+        key_serde: impl Serde<K>,
+        value_serde: impl Serde<V>,
+        materialized: impl Into<Materialized<K, V>>,
+    ) -> KTable<K, V>
+    where
+        K: Datum + Clone,
+        V: Datum + Clone,
+    {
+        self.table_with(topic, Consumed::with(key_serde, value_serde), materialized)
+    }
+
+    /// A table of the latest value of each key of `topic`, read as `consumed` says (Kafka
+    /// Streams' `table(topic, Consumed, Materialized)`): each record upserts its key in the
+    /// store `materialized` names, a record with a null value (a tombstone) deletes it, a record
+    /// without a key is dropped and counted (`null_key`). The store restores from its own
+    /// changelog (`<application.id>-<store>-changelog`), not from `topic`. The table's
+    /// `to_stream` carries the upserts; deletions are not forwarded yet.
+    pub fn table_with<K, V>(
+        &self,
+        topic: &str,
+        consumed: Consumed<K, V>,
+        materialized: impl Into<Materialized<K, V>>,
+    ) -> KTable<K, V>
+    where
+        K: Datum + Clone,
+        V: Datum + Clone,
+    {
+        let Consumed {
+            name,
+            key_serde,
+            value_serde,
+            extractor,
+            on_invalid,
+        } = consumed;
+        let materialized = materialized.into();
+        // Read with `consumed`'s serdes; store (and join) with `materialized`'s when it has any.
+        let decode = table_decoder(key_serde.clone(), value_serde.clone());
+        let key_serde = materialized.key_serde.clone().unwrap_or(key_serde);
+        let value_serde = materialized.value_serde.clone().unwrap_or(value_serde);
+        let extract = extractor.map(|f| -> Extractor {
+            Arc::new(move |r: &ErasedRecord| {
+                let key = r
+                    .key
+                    .as_ref()
+                    .and_then(|k| (**k).as_any().downcast_ref::<K>());
+                match (*r.value).as_any().downcast_ref::<Option<V>>() {
+                    Some(Some(value)) => f(key, value, r.timestamp),
+                    _ => r.timestamp,
+                }
+            })
+        });
+        let (ks, vs) = (key_serde.clone(), value_serde.clone());
+        let mut g = self.inner.borrow_mut();
+        let store = g.name_or_generated(materialized.name.as_deref(), "table-store");
+        let source_name = g.name_or_generated(name.as_deref(), "table-source");
+        let source = g.add(
+            source_name,
+            NodeKind::Source {
+                topic: Topic::External(topic.to_string()),
+                decode,
+                extract,
+                on_invalid,
+            },
+            vec![],
+        );
+        let st = store.clone();
+        let supplier: Supplier = Arc::new(move || {
+            Box::new(Typed::<_, K, Option<V>, K, V>::new(TableSource {
+                store: st.clone(),
+                key_serde: ks.clone(),
+                value_serde: vs.clone(),
+            }))
+        });
+        g.add_store(&store, StoreKind::KeyValue);
+        let name = g.generated_name("table");
+        let node = g.add(
+            name,
+            NodeKind::Processor {
+                supplier,
+                stores: vec![store.clone()],
+            },
+            vec![source],
+        );
+        drop(g);
+        KTable {
+            stream: KStream {
+                builder: self.clone(),
+                node,
+                key_serde: Some(key_serde),
+                value_serde: Some(value_serde),
+                key_changed: false,
+            },
+            store,
+            window: None,
         }
     }
 

@@ -31,8 +31,8 @@
 //! record of a key meets the same store.
 //!
 //! Files: [`builder`] (the builder and the split into sub-topologies), [`stream`] (`KStream`,
-//! `Split`), [`grouped`] (`KGroupedStream` and the aggregations), [`table`] (`KTable`),
-//! [`options`] (the option objects).
+//! `Split`), [`grouped`] (`KGroupedStream` and the aggregations), [`table`] (`KTable` and tables
+//! read from topics), [`join`] (stream-table joins), [`options`] (the option objects).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -48,6 +48,7 @@ use crate::window::WindowError;
 
 pub mod builder;
 pub mod grouped;
+pub mod join;
 pub mod options;
 pub mod stream;
 pub mod table;
@@ -218,6 +219,27 @@ fn decoder<K: Datum, V: Datum>(key: Arc<dyn Serde<K>>, value: Arc<dyn Serde<V>>)
                 ))
             }
         };
+        Ok(erase(Record {
+            key: k,
+            value: v,
+            timestamp: raw.timestamp,
+            headers: raw.headers.clone(),
+        }))
+    })
+}
+
+/// Decodes the records of a table's topic: a null value (a tombstone) is `None`, a deletion.
+fn table_decoder<K: Datum, V: Datum + Clone>(
+    key: Arc<dyn Serde<K>>,
+    value: Arc<dyn Serde<V>>,
+) -> Decoder {
+    Arc::new(move |raw: &RawRecord| {
+        let k = raw.key.as_ref().map(|b| key.deserialize(b)).transpose()?;
+        let v = raw
+            .value
+            .as_ref()
+            .map(|b| value.deserialize(b))
+            .transpose()?;
         Ok(erase(Record {
             key: k,
             value: v,

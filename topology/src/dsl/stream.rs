@@ -74,7 +74,7 @@ where
 
     /// Adds a processor node below `parents` (named `name`, or `<op>-<n>`) and returns its
     /// output stream, whose serdes are not known yet.
-    fn add_processor<K2, V2>(
+    pub(super) fn add_processor<K2, V2>(
         &self,
         name: Option<&str>,
         op: &str,

@@ -1,10 +1,12 @@
-//! [`KTable`]: the changelog of an aggregation, and `suppress`.
+//! [`KTable`]: the changelog of an aggregation or of a topic read as a table, and `suppress`.
 
 use std::sync::Arc;
 
 use super::{KStream, TopologyError};
 use crate::graph::{NodeKind, Supplier};
-use crate::processor::{Datum, Typed};
+use crate::processor::{Datum, ProcessError, Processor, ProcessorContext, Typed};
+use crate::record::Record;
+use crate::serdes::Serde;
 use crate::store::StoreKind;
 use crate::window::suppress::{SuppressProcessor, Suppressed, TimeOf, Until};
 
@@ -29,7 +31,43 @@ impl<K> Clone for WindowedTable<K> {
     }
 }
 
-/// The changelog of an aggregation, keyed like its store; the counterpart of `KTable`.
+/// Materializes a topic as a table (`StreamsBuilder::table`): upserts and tombstones.
+pub(super) struct TableSource<K, V> {
+    pub store: String,
+    pub key_serde: Arc<dyn Serde<K>>,
+    pub value_serde: Arc<dyn Serde<V>>,
+}
+
+impl<K: Datum + Clone, V: Datum + Clone> Processor<K, Option<V>, K, V> for TableSource<K, V> {
+    fn process(
+        &mut self,
+        record: Record<K, Option<V>>,
+        ctx: &mut ProcessorContext<'_, K, V>,
+    ) -> Result<(), ProcessError> {
+        let Some(key) = record.key else {
+            ctx.record_dropped("null_key");
+            return Ok(());
+        };
+        let kb = self.key_serde.serialize(&key)?;
+        match record.value {
+            None => ctx.store(&self.store)?.delete(&kb)?,
+            Some(value) => {
+                let vb = self.value_serde.serialize(&value)?;
+                ctx.store(&self.store)?.put(&kb, &vb)?;
+                ctx.forward(Record {
+                    key: Some(key),
+                    value,
+                    timestamp: record.timestamp,
+                    headers: record.headers,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A table: the changelog of an aggregation, or a topic read as a table, keyed like its store;
+/// the counterpart of `KTable`.
 pub struct KTable<K, V> {
     pub(super) stream: KStream<K, V>,
     pub(super) store: String,
@@ -109,6 +147,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
                 time_of: time_of.clone(),
                 due_after,
                 buffer,
+                floor: None,
             }))
         });
         let node = {

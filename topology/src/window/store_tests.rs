@@ -143,7 +143,7 @@ fn sessions_are_found_by_key_and_overlap_and_expire_by_end() {
         "end 5 expired"
     );
     assert_eq!(s.expire().unwrap(), 2, "[0,5] of k and [22,24] of j");
-    drop(s);
+    // `s` borrows `kv` until its last use above.
     assert_eq!(kv.len(), 2, "k's [50,50] and its index entry");
 }
 

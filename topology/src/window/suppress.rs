@@ -180,6 +180,11 @@ pub(crate) struct SuppressProcessor<K, V> {
     /// An update held at `time` is due once `time + due_after <= stream time`.
     pub due_after: i64,
     pub buffer: BufferConfig,
+    /// No update is held at a time below this (`None`: not known yet), so a record whose
+    /// release bound does not pass it needs no scan, and a scan starts here, past the
+    /// tombstones of released updates. Sound because this processor is its buffer store's only
+    /// writer and lives exactly as long as its sub-task's state (created after restore).
+    pub floor: Option<i64>,
 }
 
 const HELD: u8 = b'b';
@@ -231,7 +236,7 @@ impl<K: Datum + Clone, V: Datum + Clone> SuppressProcessor<K, V> {
 
     /// Holds `value` for `kb` (keeping the time of the key's first held update).
     fn hold(
-        &self,
+        &mut self,
         store: &mut dyn KeyValueBytes,
         key: &K,
         kb: &[u8],
@@ -256,6 +261,7 @@ impl<K: Datum + Clone, V: Datum + Clone> SuppressProcessor<K, V> {
         let mut value = record.0.to_be_bytes().to_vec();
         value.extend_from_slice(&record.1);
         store.put(&held_key(time, kb), &value)?;
+        self.floor = self.floor.map(|f| f.min(time));
         store.put(&index_key(kb), &time_bytes(time))?;
         if bounded {
             write_size(store, (size.0 + 1, size.1 + entry_bytes(kb, &value)))?;
@@ -327,10 +333,19 @@ impl<K: Datum + Clone, V: Datum + Clone> Processor<K, V, K, V> for SuppressProce
             }
             // Everything held at a time up to `now - due_after` is due, oldest first.
             let upper = now.saturating_sub(self.due_after).checked_add(1);
-            let to = upper.map_or(vec![HELD + 1], |u| held_key(u, &[]));
-            let lo = [HELD];
-            let entries = store.range(Bound::Included(&lo[..]), Bound::Excluded(&to))?;
-            let mut due = self.release(store, entries)?;
+            let lo = self.floor.map_or(vec![HELD], |f| held_key(f, &[]));
+            let mut due = match (upper, self.floor) {
+                (Some(u), Some(f)) if u <= f => Vec::new(),
+                _ => {
+                    let to = upper.map_or(vec![HELD + 1], |u| held_key(u, &[]));
+                    let entries = store.range(Bound::Included(&lo[..]), Bound::Excluded(&to))?;
+                    self.release(store, entries)?
+                }
+            };
+            // Whatever is left is held at `upper` or later.
+            if let Some(u) = upper {
+                self.floor = Some(self.floor.map_or(u, |f| f.max(u)));
+            }
             if !self.buffer.is_unbounded() {
                 let mut size = read_size(store)?;
                 while self.over(size) {

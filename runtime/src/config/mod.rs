@@ -37,15 +37,21 @@
 //! key or a bad value is an error that names the key and what it takes.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::de::{self, DeserializeSeed, Deserializer, IntoDeserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use crate::engine::DeserializationHandler;
+mod setting;
+mod source;
+#[cfg(test)]
+mod tests;
+
+use setting::{parse, AppId, Whole};
+use source::{parse_toml, DeError, Flat};
+
+use crate::engine::RecordErrorHandler;
 pub use crate::kafka::producer::ProductionHandler;
 
 /// A configuration key or value that is not accepted.
@@ -138,7 +144,9 @@ pub struct Config {
     /// Memory budget of RocksDB (block cache and memtables).
     pub rocksdb_memory_bytes: usize,
     /// Handling of records that do not deserialize.
-    pub deserialization_handler: DeserializationHandler,
+    pub deserialization_handler: RecordErrorHandler,
+    /// Handling of records whose processing fails.
+    pub processing_handler: RecordErrorHandler,
     /// Bound on the drain at shutdown.
     pub shutdown_timeout: Duration,
     /// What to do with an output record the producer refuses.
@@ -229,9 +237,12 @@ settings! {
     "rocksdb.memory.bytes" => rocksdb_memory_bytes: Whole<MIB> = Whole(256 * MIB),
         shown "268435456",
         doc "one budget for RocksDB's block cache and memtables, in bytes (at least 1 MiB)";
-    "deserialization.error.handler" => deserialization_handler: DeserializationHandler = DeserializationHandler::Fail,
+    "deserialization.error.handler" => deserialization_handler: RecordErrorHandler = RecordErrorHandler::Fail,
         shown "`fail`",
         doc "`fail`, `log_and_continue` or `dead_letter:<topic>`";
+    "processing.exception.handler" => processing_handler: RecordErrorHandler = RecordErrorHandler::Fail,
+        shown "`fail`",
+        doc "an input record whose processing returns an error or panics: `fail` stops with an error naming the record and the node; `log_and_continue` skips it; `dead_letter:<topic>` sends the raw input record with error headers to `<topic>`; both count it";
     "shutdown.timeout.ms" => shutdown_timeout_ms: Whole<1> = Whole(30_000),
         shown "30000",
         doc "bound on the drain at shutdown (milliseconds)";
@@ -467,6 +478,7 @@ impl ConfigBuilder {
             metrics_addr: s.metrics_addr,
             rocksdb_memory_bytes: s.rocksdb_memory_bytes.usize(),
             deserialization_handler: s.deserialization_handler,
+            processing_handler: s.processing_handler,
             shutdown_timeout: Duration::from_millis(s.shutdown_timeout_ms.0),
             production_handler: s.production_handler,
             state_corruption_handler: s.state_corruption_handler,
@@ -540,11 +552,11 @@ impl Config {
         );
         put(
             "deserialization.error.handler",
-            match &self.deserialization_handler {
-                DeserializationHandler::Fail => "fail".into(),
-                DeserializationHandler::LogAndContinue => "log_and_continue".into(),
-                DeserializationHandler::DeadLetter(t) => format!("dead_letter:{t}"),
-            },
+            self.deserialization_handler.to_string(),
+        );
+        put(
+            "processing.exception.handler",
+            self.processing_handler.to_string(),
         );
         put(
             "shutdown.timeout.ms",
@@ -578,623 +590,5 @@ fn redact(key: &str, value: &str) -> String {
         "[redacted]".into()
     } else {
         value.to_string()
-    }
-}
-
-/// A value type of a key: parsed from the text every source gives (TOML values are flattened to
-/// text first, so `8` and `"8"` mean the same).
-trait Setting: Sized {
-    /// The value of `text`, or what the key takes (for the error).
-    fn parse(text: &str) -> Result<Self, String>;
-}
-
-/// The `deserialize_with` of every key: text through [`Setting::parse`].
-fn parse<'de, D: Deserializer<'de>, T: Setting>(d: D) -> Result<Option<T>, D::Error> {
-    let text = String::deserialize(d)?;
-    T::parse(&text).map(Some).map_err(de::Error::custom)
-}
-
-/// `application.id`: a name of letters, digits, `.`, `_` and `-` (it prefixes topic names).
-#[derive(Debug)]
-struct AppId(String);
-
-impl Setting for AppId {
-    fn parse(text: &str) -> Result<Self, String> {
-        let ok = !text.is_empty()
-            && text
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
-        if ok {
-            Ok(AppId(text.to_string()))
-        } else {
-            Err("a non-empty name of letters, digits, `.`, `_` and `-`".into())
-        }
-    }
-}
-
-/// A whole number of at least `MIN`.
-#[derive(Debug)]
-struct Whole<const MIN: u64>(u64);
-
-impl<const MIN: u64> Whole<MIN> {
-    fn usize(&self) -> usize {
-        usize::try_from(self.0).unwrap_or(usize::MAX)
-    }
-}
-
-impl<const MIN: u64> Setting for Whole<MIN> {
-    fn parse(text: &str) -> Result<Self, String> {
-        match text.trim().parse::<u64>() {
-            Ok(n) if n >= MIN => Ok(Whole(n)),
-            _ if MIN == 0 => Err("a whole number".into()),
-            _ if MIN >= MIB && MIN % MIB == 0 => Err(format!(
-                "a whole number of at least {MIN} ({} MiB)",
-                MIN / MIB
-            )),
-            _ => Err(format!("a whole number of at least {MIN}")),
-        }
-    }
-}
-
-impl Setting for String {
-    fn parse(text: &str) -> Result<Self, String> {
-        Ok(text.to_string())
-    }
-}
-
-impl Setting for bool {
-    fn parse(text: &str) -> Result<Self, String> {
-        match text.trim() {
-            "true" => Ok(true),
-            "false" => Ok(false),
-            _ => Err("true or false".into()),
-        }
-    }
-}
-
-impl Setting for PathBuf {
-    fn parse(text: &str) -> Result<Self, String> {
-        Ok(PathBuf::from(text))
-    }
-}
-
-impl<T: Setting> Setting for Option<T> {
-    fn parse(text: &str) -> Result<Self, String> {
-        T::parse(text).map(Some)
-    }
-}
-
-impl Setting for ProcessingGuarantee {
-    fn parse(text: &str) -> Result<Self, String> {
-        match text {
-            "at_least_once" => Ok(ProcessingGuarantee::AtLeastOnce),
-            _ => Err("at_least_once (exactly_once_v2 is not implemented yet)".into()),
-        }
-    }
-}
-
-impl Setting for MetricsAddr {
-    fn parse(text: &str) -> Result<Self, String> {
-        if text == "off" {
-            return Ok(MetricsAddr::Off);
-        }
-        text.parse().map(MetricsAddr::On).map_err(|_| {
-            "an IP address and port (127.0.0.1:9898, 0.0.0.0:9898, [::1]:9898; port 0 picks a free port) or `off`".into()
-        })
-    }
-}
-
-impl Setting for ProductionHandler {
-    fn parse(text: &str) -> Result<Self, String> {
-        match text {
-            "fail" => Ok(ProductionHandler::Fail),
-            "log_and_continue" => Ok(ProductionHandler::LogAndContinue),
-            _ => Err("fail or log_and_continue".into()),
-        }
-    }
-}
-
-impl Setting for CorruptionHandler {
-    fn parse(text: &str) -> Result<Self, String> {
-        match text {
-            "fail" => Ok(CorruptionHandler::Fail),
-            "rebuild" => Ok(CorruptionHandler::Rebuild),
-            _ => Err("fail or rebuild".into()),
-        }
-    }
-}
-
-impl Setting for DeserializationHandler {
-    fn parse(text: &str) -> Result<Self, String> {
-        text.parse()
-            .map_err(|_| "fail, log_and_continue or dead_letter:<topic>".into())
-    }
-}
-
-/// Errors while deserializing [`Settings`] from the flat key map.
-#[derive(Debug)]
-enum DeError {
-    /// A key the struct does not have.
-    Unknown(String),
-    /// A value did not parse; carries what the key takes until the key is known.
-    Value(String),
-    /// A value error with its key.
-    Config(ConfigError),
-}
-
-impl DeError {
-    fn into_config_error(self) -> ConfigError {
-        match self {
-            DeError::Unknown(key) => ConfigError::UnknownKey(key),
-            DeError::Config(e) => e,
-            // Values are only read through `Flat`, which names the key; kept for completeness.
-            DeError::Value(expected) => ConfigError::BadValue {
-                key: String::new(),
-                value: String::new(),
-                expected,
-            },
-        }
-    }
-}
-
-impl fmt::Display for DeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DeError::Unknown(key) => write!(f, "unknown key `{key}`"),
-            DeError::Value(expected) => write!(f, "expected {expected}"),
-            DeError::Config(e) => e.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for DeError {}
-
-impl de::Error for DeError {
-    fn custom<T: fmt::Display>(msg: T) -> Self {
-        DeError::Value(msg.to_string())
-    }
-    fn unknown_field(field: &str, _expected: &'static [&'static str]) -> Self {
-        DeError::Unknown(field.to_string())
-    }
-}
-
-/// The flat `key -> text` map as a serde map, naming the key in every value error.
-struct Flat<'a> {
-    entries: std::collections::btree_map::Iter<'a, String, String>,
-    current: Option<(&'a String, &'a String)>,
-}
-
-impl<'a> Flat<'a> {
-    fn new(values: &'a BTreeMap<String, String>) -> Self {
-        Flat {
-            entries: values.iter(),
-            current: None,
-        }
-    }
-}
-
-impl<'de> MapAccess<'de> for Flat<'_> {
-    type Error = DeError;
-
-    fn next_key_seed<S: DeserializeSeed<'de>>(
-        &mut self,
-        seed: S,
-    ) -> Result<Option<S::Value>, DeError> {
-        self.current = self.entries.next();
-        match self.current {
-            Some((key, _)) => seed.deserialize(key.as_str().into_deserializer()).map(Some),
-            None => Ok(None),
-        }
-    }
-
-    fn next_value_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<S::Value, DeError> {
-        let Some((key, value)) = self.current else {
-            return Err(DeError::Value("a key before its value".into()));
-        };
-        seed.deserialize(value.clone().into_deserializer())
-            .map_err(|e| match e {
-                DeError::Value(expected) => DeError::Config(ConfigError::BadValue {
-                    key: key.clone(),
-                    value: value.clone(),
-                    expected,
-                }),
-                other => other,
-            })
-    }
-}
-
-impl<'de> Deserializer<'de> for Flat<'_> {
-    type Error = DeError;
-
-    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
-        visitor.visit_map(self)
-    }
-
-    serde::forward_to_deserialize_any! {
-        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
-        option unit unit_struct newtype_struct seq tuple tuple_struct map struct enum identifier
-        ignored_any
-    }
-}
-
-/// Flattens a TOML document into dotted keys with string values.
-fn parse_toml(path: &str, text: &str) -> Result<Vec<(String, String)>, ConfigError> {
-    let table: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| ConfigError::File {
-            path: path.to_string(),
-            message: format!("not valid TOML: {}", e.to_string().trim_end()),
-        })?;
-    let mut out = Vec::new();
-    flatten(path, "", &table, &mut out)?;
-    Ok(out)
-}
-
-fn flatten(
-    path: &str,
-    prefix: &str,
-    table: &toml::Table,
-    out: &mut Vec<(String, String)>,
-) -> Result<(), ConfigError> {
-    for (k, v) in table {
-        let key = if prefix.is_empty() {
-            k.clone()
-        } else {
-            format!("{prefix}.{k}")
-        };
-        let text = match v {
-            toml::Value::Table(t) => {
-                flatten(path, &key, t, out)?;
-                continue;
-            }
-            toml::Value::String(s) => s.clone(),
-            toml::Value::Integer(n) => n.to_string(),
-            toml::Value::Float(f) => f.to_string(),
-            toml::Value::Boolean(b) => b.to_string(),
-            toml::Value::Datetime(_) | toml::Value::Array(_) => {
-                return Err(ConfigError::File {
-                    path: path.to_string(),
-                    message: format!(
-                        "key `{key}` holds a {}: expected a string, number or boolean",
-                        v.type_str()
-                    ),
-                })
-            }
-        };
-        out.push((key, text));
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(a, b)| (a.to_string(), b.to_string()))
-            .collect()
-    }
-
-    #[test]
-    fn environment_variables_map_to_keys() {
-        let c = ConfigBuilder::new()
-            .with_env_vars(env(&[
-                ("RILL_APPLICATION_ID", "wc"),
-                ("RILL_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
-                ("RILL_PARALLELISING_FACTOR", "8"),
-                ("RILL_KAFKA_SECURITY_PROTOCOL", "plaintext"),
-                ("RILL_TEST_BOOTSTRAP", "ignored"),
-                ("RILL_BROKER_PORT", "9092"),
-                ("RILL_BENCH_LINES", "1000"),
-                ("PATH", "/bin"),
-            ]))
-            .build()
-            .unwrap();
-        assert_eq!(c.application_id, "wc");
-        assert_eq!(c.bootstrap_servers.as_deref(), Some("127.0.0.1:9092"));
-        assert_eq!(c.parallelising_factor, 8);
-        assert_eq!(
-            c.kafka.get("security.protocol").map(String::as_str),
-            Some("plaintext")
-        );
-    }
-
-    #[test]
-    fn bad_values_name_the_key() {
-        let base = ConfigBuilder::new().set("application.id", "a");
-        let err = base
-            .clone()
-            .set("parallelising.factor", 0)
-            .build()
-            .unwrap_err();
-        assert!(err.to_string().contains("parallelising.factor"), "{err}");
-        let err = base
-            .clone()
-            .set("commit.interval.ms", "soon")
-            .build()
-            .unwrap_err();
-        assert!(err.to_string().contains("commit.interval.ms"), "{err}");
-        let err = base
-            .clone()
-            .set("metrics.addr", "nowhere")
-            .build()
-            .unwrap_err();
-        assert!(err.to_string().contains("metrics.addr"), "{err}");
-        let err = base
-            .clone()
-            .set("paralellising.factor", 2)
-            .build()
-            .unwrap_err();
-        assert_eq!(err, ConfigError::UnknownKey("paralellising.factor".into()));
-        let err = base
-            .clone()
-            .set("deserialization.error.handler", "dead_letter:")
-            .build()
-            .unwrap_err();
-        assert!(
-            err.to_string().contains("deserialization.error.handler"),
-            "{err}"
-        );
-        assert_eq!(
-            ConfigBuilder::new().build().unwrap_err(),
-            ConfigError::Missing("application.id")
-        );
-    }
-
-    fn file(text: &str) -> tempfile::NamedTempFile {
-        let mut f = tempfile::NamedTempFile::new().expect("temp file");
-        std::io::Write::write_all(&mut f, text.as_bytes()).expect("write");
-        f
-    }
-
-    #[test]
-    fn toml_file_sets_keys_with_dotted_keys_and_tables() {
-        let f = file(
-            "application.id = \"orders\"\nparallelising.factor = 16\nmetrics.addr = \"off\"\n\
-             [kafka]\n\"security.protocol\" = \"plaintext\"\nsocket.timeout.ms = 5000\n",
-        );
-        let c = ConfigBuilder::new()
-            .with_config_file(f.path())
-            .build()
-            .unwrap();
-        assert_eq!(c.application_id, "orders");
-        assert_eq!(c.parallelising_factor, 16);
-        assert_eq!(c.metrics_addr, MetricsAddr::Off);
-        assert_eq!(c.kafka["security.protocol"], "plaintext");
-        assert_eq!(c.kafka["socket.timeout.ms"], "5000");
-    }
-
-    #[test]
-    fn toml_file_errors_name_the_file_or_the_key() {
-        let broken = file("application.id = \n");
-        let err = ConfigBuilder::new()
-            .with_config_file(broken.path())
-            .build()
-            .unwrap_err();
-        assert!(
-            matches!(&err, ConfigError::File { path, .. } if *path == broken.path().display().to_string()),
-            "{err}"
-        );
-        let err = ConfigBuilder::new()
-            .with_config_file("/nonexistent/rill.toml")
-            .build()
-            .unwrap_err();
-        assert!(err.to_string().contains("/nonexistent/rill.toml"), "{err}");
-        let unknown = file("application.id = \"a\"\nparallelism = 4\n");
-        assert_eq!(
-            ConfigBuilder::new()
-                .with_config_file(unknown.path())
-                .build()
-                .unwrap_err(),
-            ConfigError::UnknownKey("parallelism".into())
-        );
-        let zero = file("application.id = \"a\"\nparallelising.factor = 0\n");
-        let err = ConfigBuilder::new()
-            .with_config_file(zero.path())
-            .build()
-            .unwrap_err();
-        assert!(
-            matches!(&err, ConfigError::BadValue { key, .. } if key == "parallelising.factor"),
-            "{err}"
-        );
-        let array = file("application.id = \"a\"\nbootstrap.servers = [\"x:1\"]\n");
-        let err = ConfigBuilder::new()
-            .with_config_file(array.path())
-            .build()
-            .unwrap_err();
-        assert!(err.to_string().contains("bootstrap.servers"), "{err}");
-    }
-
-    #[test]
-    fn precedence_is_code_then_file_then_environment() {
-        let f = file("parallelising.factor = 4\ncommit.interval.ms = 250\n");
-        let c = ConfigBuilder::new()
-            .set("application.id", "code")
-            .set("parallelising.factor", 2)
-            .set("commit.interval.ms", 50)
-            .set("mailbox.capacity", 7)
-            .with_config_file_and_env_from(
-                Some(f.path()),
-                env(&[("RILL_COMMIT_INTERVAL_MS", "500")]),
-            )
-            .build()
-            .unwrap();
-        assert_eq!(
-            c.application_id, "code",
-            "code value kept when nothing overrides"
-        );
-        assert_eq!(c.mailbox_capacity, 7);
-        assert_eq!(c.parallelising_factor, 4, "the file overrides code");
-        assert_eq!(
-            c.commit_interval,
-            Duration::from_millis(500),
-            "env overrides the file"
-        );
-    }
-
-    #[test]
-    fn the_file_comes_from_the_argument_else_rill_config() {
-        let a = file("application.id = \"from-arg\"\n");
-        let b = file("application.id = \"from-env\"\n");
-        let vars = env(&[("RILL_CONFIG", &b.path().display().to_string())]);
-        let id = |arg: Option<&Path>| {
-            ConfigBuilder::new()
-                .with_config_file_and_env_from(arg, vars.clone())
-                .build()
-                .map(|c| c.application_id)
-        };
-        assert_eq!(id(Some(a.path())).unwrap(), "from-arg");
-        assert_eq!(id(None).unwrap(), "from-env");
-        assert!(matches!(
-            id(Some(Path::new("/nonexistent/rill.toml"))),
-            Err(ConfigError::File { .. })
-        ));
-    }
-
-    #[test]
-    fn effective_config_lists_defaults_and_redacts_secrets() {
-        let c = ConfigBuilder::new()
-            .set("application.id", "a")
-            .set("kafka.sasl.password", "hunter2")
-            .set("kafka.ssl.key.location", "/k.pem")
-            .set("kafka.sasl.jaas.config", "x")
-            .set("kafka.client.secret", "s")
-            .build()
-            .unwrap();
-        let r = c.redacted();
-        assert_eq!(r["metrics.addr"], "127.0.0.1:9898");
-        assert_eq!(r["shutdown.timeout.ms"], "30000");
-        assert_eq!(r["parallelising.factor"], "1");
-        for k in [
-            "kafka.sasl.password",
-            "kafka.ssl.key.location",
-            "kafka.sasl.jaas.config",
-            "kafka.client.secret",
-        ] {
-            assert_eq!(r[k], "[redacted]", "{k}");
-        }
-        assert!(!format!("{r:?}").contains("hunter2"));
-    }
-
-    #[test]
-    fn secrets_are_redacted() {
-        let b = ConfigBuilder::new()
-            .set("kafka.sasl.password", "hunter2")
-            .set("application.id", "a");
-        assert_eq!(b.redacted()["kafka.sasl.password"], "[redacted]");
-        assert_eq!(b.redacted()["application.id"], "a");
-    }
-
-    #[test]
-    fn rocksdb_memory_says_the_minimum_it_requires() {
-        let err = ConfigBuilder::new()
-            .set("application.id", "a")
-            .set("rocksdb.memory.bytes", 1000)
-            .build()
-            .unwrap_err();
-        assert_eq!(
-            err,
-            ConfigError::BadValue {
-                key: "rocksdb.memory.bytes".into(),
-                value: "1000".into(),
-                expected: "a whole number of at least 1048576 (1 MiB)".into(),
-            }
-        );
-        let c = ConfigBuilder::new()
-            .set("application.id", "a")
-            .set("rocksdb.memory.bytes", 1 << 20)
-            .build()
-            .unwrap();
-        assert_eq!(c.rocksdb_memory_bytes, 1 << 20);
-    }
-
-    #[test]
-    fn kafka_settings_that_break_the_idempotent_producer_are_refused() {
-        let with = |k: &str, v: &str| {
-            ConfigBuilder::new()
-                .set("application.id", "a")
-                .set(k, v)
-                .build()
-        };
-        for (k, v) in [
-            ("kafka.enable.idempotence", "false"),
-            ("kafka.enable.idempotence", "0"),
-            ("kafka.acks", "1"),
-            ("kafka.acks", "0"),
-            ("kafka.request.required.acks", "1"),
-            ("kafka.max.in.flight.requests.per.connection", "6"),
-            ("kafka.max.in.flight", "100"),
-            ("kafka.enable.gapless.guarantee", "false"),
-        ] {
-            match with(k, v) {
-                Err(ConfigError::Refused { key, value, why }) => {
-                    assert_eq!((key.as_str(), value.as_str()), (k, v));
-                    assert!(!why.is_empty());
-                    let text = with(k, v).unwrap_err().to_string();
-                    assert!(text.contains(k) && text.contains("refused"), "{text}");
-                }
-                other => panic!("{k}={v}: {other:?}"),
-            }
-        }
-        for (k, v) in [
-            ("kafka.enable.idempotence", "true"),
-            ("kafka.acks", "all"),
-            ("kafka.acks", "-1"),
-            ("kafka.max.in.flight.requests.per.connection", "5"),
-            ("kafka.enable.gapless.guarantee", "true"),
-            ("kafka.linger.ms", "0"),
-        ] {
-            let c = with(k, v).unwrap_or_else(|e| panic!("{k}={v}: {e}"));
-            assert_eq!(c.kafka[&k["kafka.".len()..]], v);
-        }
-    }
-
-    /// The README shows each default as the effective config does (machine-dependent ones aside).
-    #[test]
-    fn shown_defaults_match_the_effective_defaults() {
-        let c = ConfigBuilder::new()
-            .set("application.id", "a")
-            .build()
-            .unwrap();
-        let r = c.redacted();
-        for k in KEYS {
-            let effective = &r[k.name];
-            match k.name {
-                "application.id" => assert_eq!(k.default, "(required)"),
-                "bootstrap.servers" => assert_eq!(effective, "(embedded cluster)"),
-                "worker.threads" => assert_eq!(*effective, cores().to_string()),
-                "state.dir" => assert!(effective.ends_with("/rill/a"), "{effective}"),
-                _ => assert_eq!(k.default.trim_matches('`'), effective, "{}", k.name),
-            }
-        }
-        let mut logged: Vec<&str> = r.keys().map(String::as_str).collect();
-        logged.sort_unstable();
-        let mut keys: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
-        keys.sort_unstable();
-        assert_eq!(logged, keys, "the effective config logs every key");
-    }
-
-    #[test]
-    fn every_key_is_settable_from_the_environment() {
-        for k in KEYS {
-            let var = format!("RILL_{}", k.name.to_ascii_uppercase().replace('.', "_"));
-            let b = ConfigBuilder::new().with_env_vars(env(&[(&var, "x")]));
-            assert_eq!(b.values.get(k.name).map(String::as_str), Some("x"), "{var}");
-        }
-    }
-
-    #[test]
-    fn the_key_table_lists_every_key_with_its_default() {
-        let table = key_table();
-        for k in KEYS {
-            assert!(
-                table.contains(&format!("| `{}` | {} |", k.name, k.default)),
-                "{}",
-                k.name
-            );
-        }
-        assert!(table.contains("| `kafka.*` |"));
     }
 }

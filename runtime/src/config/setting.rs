@@ -1,0 +1,139 @@
+//! The value types of the keys and how each parses from text.
+
+use std::path::PathBuf;
+
+use serde::de::{self, Deserializer};
+use serde::Deserialize;
+
+use super::{CorruptionHandler, MetricsAddr, ProcessingGuarantee, ProductionHandler, MIB};
+use crate::engine::RecordErrorHandler;
+
+/// A value type of a key: parsed from the text every source gives (TOML values are flattened to
+/// text first, so `8` and `"8"` mean the same).
+pub(super) trait Setting: Sized {
+    /// The value of `text`, or what the key takes (for the error).
+    fn parse(text: &str) -> Result<Self, String>;
+}
+
+/// The `deserialize_with` of every key: text through [`Setting::parse`].
+pub(super) fn parse<'de, D: Deserializer<'de>, T: Setting>(d: D) -> Result<Option<T>, D::Error> {
+    let text = String::deserialize(d)?;
+    T::parse(&text).map(Some).map_err(de::Error::custom)
+}
+
+/// `application.id`: a name of letters, digits, `.`, `_` and `-` (it prefixes topic names).
+#[derive(Debug)]
+pub(super) struct AppId(pub(super) String);
+
+impl Setting for AppId {
+    fn parse(text: &str) -> Result<Self, String> {
+        let ok = !text.is_empty()
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+        if ok {
+            Ok(AppId(text.to_string()))
+        } else {
+            Err("a non-empty name of letters, digits, `.`, `_` and `-`".into())
+        }
+    }
+}
+
+/// A whole number of at least `MIN`.
+#[derive(Debug)]
+pub(super) struct Whole<const MIN: u64>(pub(super) u64);
+
+impl<const MIN: u64> Whole<MIN> {
+    pub(super) fn usize(&self) -> usize {
+        usize::try_from(self.0).unwrap_or(usize::MAX)
+    }
+}
+
+impl<const MIN: u64> Setting for Whole<MIN> {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text.trim().parse::<u64>() {
+            Ok(n) if n >= MIN => Ok(Whole(n)),
+            _ if MIN == 0 => Err("a whole number".into()),
+            _ if MIN >= MIB && MIN % MIB == 0 => Err(format!(
+                "a whole number of at least {MIN} ({} MiB)",
+                MIN / MIB
+            )),
+            _ => Err(format!("a whole number of at least {MIN}")),
+        }
+    }
+}
+
+impl Setting for String {
+    fn parse(text: &str) -> Result<Self, String> {
+        Ok(text.to_string())
+    }
+}
+
+impl Setting for bool {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            _ => Err("true or false".into()),
+        }
+    }
+}
+
+impl Setting for PathBuf {
+    fn parse(text: &str) -> Result<Self, String> {
+        Ok(PathBuf::from(text))
+    }
+}
+
+impl<T: Setting> Setting for Option<T> {
+    fn parse(text: &str) -> Result<Self, String> {
+        T::parse(text).map(Some)
+    }
+}
+
+impl Setting for ProcessingGuarantee {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "at_least_once" => Ok(ProcessingGuarantee::AtLeastOnce),
+            _ => Err("at_least_once (exactly_once_v2 is not implemented yet)".into()),
+        }
+    }
+}
+
+impl Setting for MetricsAddr {
+    fn parse(text: &str) -> Result<Self, String> {
+        if text == "off" {
+            return Ok(MetricsAddr::Off);
+        }
+        text.parse().map(MetricsAddr::On).map_err(|_| {
+            "an IP address and port (127.0.0.1:9898, 0.0.0.0:9898, [::1]:9898; port 0 picks a free port) or `off`".into()
+        })
+    }
+}
+
+impl Setting for ProductionHandler {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "fail" => Ok(ProductionHandler::Fail),
+            "log_and_continue" => Ok(ProductionHandler::LogAndContinue),
+            _ => Err("fail or log_and_continue".into()),
+        }
+    }
+}
+
+impl Setting for CorruptionHandler {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "fail" => Ok(CorruptionHandler::Fail),
+            "rebuild" => Ok(CorruptionHandler::Rebuild),
+            _ => Err("fail or rebuild".into()),
+        }
+    }
+}
+
+impl Setting for RecordErrorHandler {
+    fn parse(text: &str) -> Result<Self, String> {
+        text.parse()
+            .map_err(|_| "fail, log_and_continue or dead_letter:<topic>".into())
+    }
+}

@@ -1,0 +1,328 @@
+//! Tests of the configuration: sources, precedence, values, the README key table.
+
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
+}
+
+#[test]
+fn environment_variables_map_to_keys() {
+    let c = ConfigBuilder::new()
+        .with_env_vars(env(&[
+            ("RILL_APPLICATION_ID", "wc"),
+            ("RILL_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
+            ("RILL_PARALLELISING_FACTOR", "8"),
+            ("RILL_KAFKA_SECURITY_PROTOCOL", "plaintext"),
+            ("RILL_TEST_BOOTSTRAP", "ignored"),
+            ("RILL_BROKER_PORT", "9092"),
+            ("RILL_BENCH_LINES", "1000"),
+            ("PATH", "/bin"),
+        ]))
+        .build()
+        .unwrap();
+    assert_eq!(c.application_id, "wc");
+    assert_eq!(c.bootstrap_servers.as_deref(), Some("127.0.0.1:9092"));
+    assert_eq!(c.parallelising_factor, 8);
+    assert_eq!(
+        c.kafka.get("security.protocol").map(String::as_str),
+        Some("plaintext")
+    );
+}
+
+#[test]
+fn bad_values_name_the_key() {
+    let base = ConfigBuilder::new().set("application.id", "a");
+    let err = base
+        .clone()
+        .set("parallelising.factor", 0)
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("parallelising.factor"), "{err}");
+    let err = base
+        .clone()
+        .set("commit.interval.ms", "soon")
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("commit.interval.ms"), "{err}");
+    let err = base
+        .clone()
+        .set("metrics.addr", "nowhere")
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("metrics.addr"), "{err}");
+    let err = base
+        .clone()
+        .set("paralellising.factor", 2)
+        .build()
+        .unwrap_err();
+    assert_eq!(err, ConfigError::UnknownKey("paralellising.factor".into()));
+    let err = base
+        .clone()
+        .set("deserialization.error.handler", "dead_letter:")
+        .build()
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("deserialization.error.handler"),
+        "{err}"
+    );
+    assert_eq!(
+        ConfigBuilder::new().build().unwrap_err(),
+        ConfigError::Missing("application.id")
+    );
+}
+
+fn file(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::NamedTempFile::new().expect("temp file");
+    std::io::Write::write_all(&mut f, text.as_bytes()).expect("write");
+    f
+}
+
+#[test]
+fn toml_file_sets_keys_with_dotted_keys_and_tables() {
+    let f = file(
+        "application.id = \"orders\"\nparallelising.factor = 16\nmetrics.addr = \"off\"\n\
+         [kafka]\n\"security.protocol\" = \"plaintext\"\nsocket.timeout.ms = 5000\n",
+    );
+    let c = ConfigBuilder::new()
+        .with_config_file(f.path())
+        .build()
+        .unwrap();
+    assert_eq!(c.application_id, "orders");
+    assert_eq!(c.parallelising_factor, 16);
+    assert_eq!(c.metrics_addr, MetricsAddr::Off);
+    assert_eq!(c.kafka["security.protocol"], "plaintext");
+    assert_eq!(c.kafka["socket.timeout.ms"], "5000");
+}
+
+#[test]
+fn toml_file_errors_name_the_file_or_the_key() {
+    let broken = file("application.id = \n");
+    let err = ConfigBuilder::new()
+        .with_config_file(broken.path())
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::File { path, .. } if *path == broken.path().display().to_string()),
+        "{err}"
+    );
+    let err = ConfigBuilder::new()
+        .with_config_file("/nonexistent/rill.toml")
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/rill.toml"), "{err}");
+    let unknown = file("application.id = \"a\"\nparallelism = 4\n");
+    assert_eq!(
+        ConfigBuilder::new()
+            .with_config_file(unknown.path())
+            .build()
+            .unwrap_err(),
+        ConfigError::UnknownKey("parallelism".into())
+    );
+    let zero = file("application.id = \"a\"\nparallelising.factor = 0\n");
+    let err = ConfigBuilder::new()
+        .with_config_file(zero.path())
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::BadValue { key, .. } if key == "parallelising.factor"),
+        "{err}"
+    );
+    let array = file("application.id = \"a\"\nbootstrap.servers = [\"x:1\"]\n");
+    let err = ConfigBuilder::new()
+        .with_config_file(array.path())
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("bootstrap.servers"), "{err}");
+}
+
+#[test]
+fn precedence_is_code_then_file_then_environment() {
+    let f = file("parallelising.factor = 4\ncommit.interval.ms = 250\n");
+    let c = ConfigBuilder::new()
+        .set("application.id", "code")
+        .set("parallelising.factor", 2)
+        .set("commit.interval.ms", 50)
+        .set("mailbox.capacity", 7)
+        .with_config_file_and_env_from(Some(f.path()), env(&[("RILL_COMMIT_INTERVAL_MS", "500")]))
+        .build()
+        .unwrap();
+    assert_eq!(
+        c.application_id, "code",
+        "code value kept when nothing overrides"
+    );
+    assert_eq!(c.mailbox_capacity, 7);
+    assert_eq!(c.parallelising_factor, 4, "the file overrides code");
+    assert_eq!(
+        c.commit_interval,
+        Duration::from_millis(500),
+        "env overrides the file"
+    );
+}
+
+#[test]
+fn the_file_comes_from_the_argument_else_rill_config() {
+    let a = file("application.id = \"from-arg\"\n");
+    let b = file("application.id = \"from-env\"\n");
+    let vars = env(&[("RILL_CONFIG", &b.path().display().to_string())]);
+    let id = |arg: Option<&Path>| {
+        ConfigBuilder::new()
+            .with_config_file_and_env_from(arg, vars.clone())
+            .build()
+            .map(|c| c.application_id)
+    };
+    assert_eq!(id(Some(a.path())).unwrap(), "from-arg");
+    assert_eq!(id(None).unwrap(), "from-env");
+    assert!(matches!(
+        id(Some(Path::new("/nonexistent/rill.toml"))),
+        Err(ConfigError::File { .. })
+    ));
+}
+
+#[test]
+fn effective_config_lists_defaults_and_redacts_secrets() {
+    let c = ConfigBuilder::new()
+        .set("application.id", "a")
+        .set("kafka.sasl.password", "hunter2")
+        .set("kafka.ssl.key.location", "/k.pem")
+        .set("kafka.sasl.jaas.config", "x")
+        .set("kafka.client.secret", "s")
+        .build()
+        .unwrap();
+    let r = c.redacted();
+    assert_eq!(r["metrics.addr"], "127.0.0.1:9898");
+    assert_eq!(r["shutdown.timeout.ms"], "30000");
+    assert_eq!(r["parallelising.factor"], "1");
+    for k in [
+        "kafka.sasl.password",
+        "kafka.ssl.key.location",
+        "kafka.sasl.jaas.config",
+        "kafka.client.secret",
+    ] {
+        assert_eq!(r[k], "[redacted]", "{k}");
+    }
+    assert!(!format!("{r:?}").contains("hunter2"));
+}
+
+#[test]
+fn secrets_are_redacted() {
+    let b = ConfigBuilder::new()
+        .set("kafka.sasl.password", "hunter2")
+        .set("application.id", "a");
+    assert_eq!(b.redacted()["kafka.sasl.password"], "[redacted]");
+    assert_eq!(b.redacted()["application.id"], "a");
+}
+
+#[test]
+fn rocksdb_memory_says_the_minimum_it_requires() {
+    let err = ConfigBuilder::new()
+        .set("application.id", "a")
+        .set("rocksdb.memory.bytes", 1000)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ConfigError::BadValue {
+            key: "rocksdb.memory.bytes".into(),
+            value: "1000".into(),
+            expected: "a whole number of at least 1048576 (1 MiB)".into(),
+        }
+    );
+    let c = ConfigBuilder::new()
+        .set("application.id", "a")
+        .set("rocksdb.memory.bytes", 1 << 20)
+        .build()
+        .unwrap();
+    assert_eq!(c.rocksdb_memory_bytes, 1 << 20);
+}
+
+#[test]
+fn kafka_settings_that_break_the_idempotent_producer_are_refused() {
+    let with = |k: &str, v: &str| {
+        ConfigBuilder::new()
+            .set("application.id", "a")
+            .set(k, v)
+            .build()
+    };
+    for (k, v) in [
+        ("kafka.enable.idempotence", "false"),
+        ("kafka.enable.idempotence", "0"),
+        ("kafka.acks", "1"),
+        ("kafka.acks", "0"),
+        ("kafka.request.required.acks", "1"),
+        ("kafka.max.in.flight.requests.per.connection", "6"),
+        ("kafka.max.in.flight", "100"),
+        ("kafka.enable.gapless.guarantee", "false"),
+    ] {
+        match with(k, v) {
+            Err(ConfigError::Refused { key, value, why }) => {
+                assert_eq!((key.as_str(), value.as_str()), (k, v));
+                assert!(!why.is_empty());
+                let text = with(k, v).unwrap_err().to_string();
+                assert!(text.contains(k) && text.contains("refused"), "{text}");
+            }
+            other => panic!("{k}={v}: {other:?}"),
+        }
+    }
+    for (k, v) in [
+        ("kafka.enable.idempotence", "true"),
+        ("kafka.acks", "all"),
+        ("kafka.acks", "-1"),
+        ("kafka.max.in.flight.requests.per.connection", "5"),
+        ("kafka.enable.gapless.guarantee", "true"),
+        ("kafka.linger.ms", "0"),
+    ] {
+        let c = with(k, v).unwrap_or_else(|e| panic!("{k}={v}: {e}"));
+        assert_eq!(c.kafka[&k["kafka.".len()..]], v);
+    }
+}
+
+/// The README shows each default as the effective config does (machine-dependent ones aside).
+#[test]
+fn shown_defaults_match_the_effective_defaults() {
+    let c = ConfigBuilder::new()
+        .set("application.id", "a")
+        .build()
+        .unwrap();
+    let r = c.redacted();
+    for k in KEYS {
+        let effective = &r[k.name];
+        match k.name {
+            "application.id" => assert_eq!(k.default, "(required)"),
+            "bootstrap.servers" => assert_eq!(effective, "(embedded cluster)"),
+            "worker.threads" => assert_eq!(*effective, cores().to_string()),
+            "state.dir" => assert!(effective.ends_with("/rill/a"), "{effective}"),
+            _ => assert_eq!(k.default.trim_matches('`'), effective, "{}", k.name),
+        }
+    }
+    let mut logged: Vec<&str> = r.keys().map(String::as_str).collect();
+    logged.sort_unstable();
+    let mut keys: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+    keys.sort_unstable();
+    assert_eq!(logged, keys, "the effective config logs every key");
+}
+
+#[test]
+fn every_key_is_settable_from_the_environment() {
+    for k in KEYS {
+        let var = format!("RILL_{}", k.name.to_ascii_uppercase().replace('.', "_"));
+        let b = ConfigBuilder::new().with_env_vars(env(&[(&var, "x")]));
+        assert_eq!(b.values.get(k.name).map(String::as_str), Some("x"), "{var}");
+    }
+}
+
+#[test]
+fn the_key_table_lists_every_key_with_its_default() {
+    let table = key_table();
+    for k in KEYS {
+        assert!(
+            table.contains(&format!("| `{}` | {} |", k.name, k.default)),
+            "{}",
+            k.name
+        );
+    }
+    assert!(table.contains("| `kafka.*` |"));
+}

@@ -1,0 +1,157 @@
+//! Stream-table joins: [`KStream::join`] and [`KStream::left_join`] with a [`KTable`] (Kafka
+//! Streams' `KStreamKTableJoin`).
+//!
+//! Each stream record looks up its key in the table's store as it is when the record is
+//! processed; table updates produce nothing (only the stream side triggers). The join node uses
+//! the table's store, so it lands in the table's sub-topology: the stream's topic and the table's
+//! topic are read by the same tasks (co-partitioned: startup refuses different partition counts)
+//! and split by the same key ranges, so a join never leaves its range. A stream whose key
+//! changed upstream is repartitioned first, as in Kafka Streams.
+//!
+//! Not yet as in Kafka Streams: records of the two topics are processed in arrival order, not
+//! by timestamp (`max.task.idle.ms`), so with both topics already populated an order may be
+//! joined with a table version newer or older than the one current at its timestamp.
+
+use std::sync::Arc;
+
+use super::{KStream, KTable, Repartitioned};
+use crate::graph::Supplier;
+use crate::processor::{Datum, ProcessError, Processor, ProcessorContext, Typed};
+use crate::record::Record;
+use crate::serdes::Serde;
+
+/// A joiner over the table's value when there is one; `None` drops the record.
+type JoinFn<V, VT, VR> = Arc<dyn Fn(V, Option<VT>) -> Option<VR> + Send + Sync>;
+
+/// Looks each stream record up in the table's store.
+struct StreamTableJoin<K, V, VT, VR> {
+    store: String,
+    key_serde: Arc<dyn Serde<K>>,
+    table_serde: Arc<dyn Serde<VT>>,
+    joiner: JoinFn<V, VT, VR>,
+    /// A left join: records without a key or a match still produce a result.
+    left: bool,
+}
+
+impl<K, V, VT, VR> Processor<K, V, K, VR> for StreamTableJoin<K, V, VT, VR>
+where
+    K: Datum + Clone,
+    V: Datum + Clone,
+    VT: Datum + Clone,
+    VR: Datum + Clone,
+{
+    fn process(
+        &mut self,
+        record: Record<K, V>,
+        ctx: &mut ProcessorContext<'_, K, VR>,
+    ) -> Result<(), ProcessError> {
+        let table = match &record.key {
+            Some(key) => {
+                let kb = self.key_serde.serialize(key)?;
+                match ctx.store(&self.store)?.get(&kb)? {
+                    Some(bytes) => Some(self.table_serde.deserialize(&bytes)?),
+                    None => None,
+                }
+            }
+            // A left join passes a record without a key through with no table value (KIP-962);
+            // an inner join drops it.
+            None if self.left => None,
+            None => {
+                ctx.record_dropped("null_key");
+                return Ok(());
+            }
+        };
+        match (self.joiner)(record.value, table) {
+            Some(value) => ctx.forward(Record {
+                key: record.key,
+                value,
+                timestamp: record.timestamp,
+                headers: record.headers,
+            }),
+            None => ctx.record_dropped("unmatched_join"),
+        }
+        Ok(())
+    }
+}
+
+impl<K: Datum + Clone, V: Datum + Clone> KStream<K, V> {
+    /// Joins each record with the table's current value for its key (Kafka Streams'
+    /// `join(KTable, ValueJoiner)`): `joiner(value, table_value)` becomes the value, key and
+    /// timestamp stay the record's. A record whose key is absent from the table produces
+    /// nothing and is counted (`rill_discarded_records_total{reason="unmatched_join"}`); one
+    /// without a key is dropped (`null_key`). See [`crate::dsl::join`].
+    pub fn join<VT, VR>(
+        &self,
+        table: &KTable<K, VT>,
+        joiner: impl Fn(V, VT) -> VR + Send + Sync + 'static,
+    ) -> KStream<K, VR>
+    where
+        VT: Datum + Clone,
+        VR: Datum + Clone,
+    {
+        let joiner: JoinFn<V, VT, VR> = Arc::new(move |v, t| t.map(|t| joiner(v, t)));
+        self.join_table(table, "join", joiner, false)
+    }
+
+    /// Like [`KStream::join`], but every record produces a result: `joiner(value, None)` when
+    /// the table has no value for its key or it has no key (Kafka Streams' `leftJoin`).
+    pub fn left_join<VT, VR>(
+        &self,
+        table: &KTable<K, VT>,
+        joiner: impl Fn(V, Option<VT>) -> VR + Send + Sync + 'static,
+    ) -> KStream<K, VR>
+    where
+        VT: Datum + Clone,
+        VR: Datum + Clone,
+    {
+        let joiner: JoinFn<V, VT, VR> = Arc::new(move |v, t| Some(joiner(v, t)));
+        self.join_table(table, "left-join", joiner, true)
+    }
+
+    fn join_table<VT, VR>(
+        &self,
+        table: &KTable<K, VT>,
+        op: &str,
+        joiner: JoinFn<V, VT, VR>,
+        left: bool,
+    ) -> KStream<K, VR>
+    where
+        VT: Datum + Clone,
+        VR: Datum + Clone,
+    {
+        // Every record of a key must meet the table's range of that key. The keys have the
+        // table's type: without a key serde of its own, the stream takes the table's.
+        let stream = if self.key_changed {
+            let by = Repartitioned {
+                key_serde: self
+                    .key_serde
+                    .clone()
+                    .or_else(|| table.stream.key_serde.clone()),
+                ..Repartitioned::default()
+            };
+            self.repartition(by)
+        } else {
+            self.clone()
+        };
+        let hint = "Materialized::with on the table";
+        let Some((key_serde, table_serde)) = table.stream.serdes_or_error(None, None, hint) else {
+            // The error is recorded; `build` reports it.
+            return stream.stateless(op, false, |_, _| {});
+        };
+        let store = table.store.clone();
+        let st = store.clone();
+        let supplier: Supplier = Arc::new(move || {
+            Box::new(Typed::<_, K, V, K, VR>::new(StreamTableJoin {
+                store: st.clone(),
+                key_serde: key_serde.clone(),
+                table_serde: table_serde.clone(),
+                joiner: joiner.clone(),
+                left,
+            }))
+        });
+        let mut joined: KStream<K, VR> =
+            stream.add_processor(None, op, supplier, vec![store], vec![stream.node], false);
+        joined.key_serde = stream.key_serde.clone();
+        joined
+    }
+}
