@@ -146,6 +146,37 @@ fn a_rekeyed_stream_is_repartitioned_before_the_join() {
     );
 }
 
+#[test]
+fn the_table_store_answers_range_and_prefix_scans_across_ranges() {
+    let driver = driver(enrich(false), 3);
+    let customers = driver.input_topic("customers", StringSerde, StringSerde);
+    for (c, tier) in [
+        ("a1", "x"),
+        ("b1", "y"),
+        ("b2", "z"),
+        ("b3", "w"),
+        ("c1", "v"),
+    ] {
+        customers.pipe_input(c.into(), tier.into());
+    }
+    let store = driver.key_value_store("customers-store", StringSerde, StringSerde);
+    let keys = |entries: Vec<(String, String)>| -> Vec<String> {
+        entries.into_iter().map(|(k, _)| k).collect()
+    };
+    assert_eq!(
+        keys(store.range(&"b1".into(), &"b3".into())),
+        ["b1", "b2", "b3"]
+    );
+    assert_eq!(
+        keys(store.reverse_range(&"a0".into(), &"b2".into())),
+        ["b2", "b1", "a1"]
+    );
+    assert_eq!(
+        keys(store.prefix_scan(&"b".to_string(), StringSerde)),
+        ["b1", "b2", "b3"]
+    );
+}
+
 /// One input record of the property test.
 #[derive(Clone, Debug)]
 enum Op {

@@ -647,12 +647,48 @@ impl<K: Ord + 'static, V: 'static> TestStore<K, V> {
 
     /// Every entry, sorted by key.
     pub fn all(&self) -> BTreeMap<K, V> {
-        let entries = self
+        self.scan(|_| true).into_iter().collect()
+    }
+
+    /// The entries with keys from `from` to `to` (both included) of every key range, in the
+    /// order of the serialized keys (the processor-side `KeyValueStore::range`, store-wide).
+    pub fn range(&self, from: &K, to: &K) -> Vec<(K, V)> {
+        let (f, t) = (self.serialize(from), self.serialize(to));
+        self.scan(|k| f.as_slice() <= k && k <= t.as_slice())
+    }
+
+    /// [`TestStore::range`] in descending order (`reverseRange`).
+    pub fn reverse_range(&self, from: &K, to: &K) -> Vec<(K, V)> {
+        let mut entries = self.range(from, to);
+        entries.reverse();
+        entries
+    }
+
+    /// The entries whose serialized key starts with `prefix` serialized by `prefix_serde`
+    /// (`prefixScan`), in the order of the serialized keys.
+    pub fn prefix_scan<P>(&self, prefix: &P, prefix_serde: impl Serde<P>) -> Vec<(K, V)> {
+        let p = prefix_serde
+            .serialize(prefix)
+            .unwrap_or_else(|e| panic!("store `{}` prefix: {e}", self.store));
+        self.scan(|k| k.starts_with(&p))
+    }
+
+    fn serialize(&self, key: &K) -> Vec<u8> {
+        self.key_serde
+            .serialize(key)
+            .unwrap_or_else(|e| panic!("store `{}` key: {e}", self.store))
+    }
+
+    /// The entries of every key range whose serialized key passes `keep`, in key-byte order.
+    fn scan(&self, keep: impl Fn(&[u8]) -> bool) -> Vec<(K, V)> {
+        let mut entries = self
             .inner
             .lock()
             .engine
             .store_entries(&self.store)
             .unwrap_or_else(|e| panic!("reading store `{}`: {e}", self.store));
+        entries.retain(|(k, _)| keep(k));
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
         entries
             .into_iter()
             .map(|(k, v)| {
