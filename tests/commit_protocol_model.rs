@@ -176,10 +176,11 @@ impl Cluster {
         self.dirs[i] = (dir, db);
     }
 
-    /// Starts a member on dir `i` in a new generation, assigned partition 0 of both inputs.
-    /// Where a member starting on dir `i` reads each changelog from: the oldest local position,
-    /// or the start when a range has none or the group's lineage does not own the state (the
-    /// rule of `engine::restore`), after the re-split to the configured factor.
+    /// From where a member starting on dir `i` reads *every* record of each changelog: the
+    /// newest local position of any range, or the start when none has one or the group's lineage
+    /// does not own the state (the rule of `engine::restore`), after the re-split to the
+    /// configured factor. Below it the restore skips the data records of ranges whose own
+    /// position is past them, so it repairs none of those.
     fn restore_from(&self, i: usize) -> HashMap<String, u64> {
         let db = &self.dirs[i].1;
         let mut from = HashMap::new();
@@ -207,7 +208,7 @@ impl Cluster {
                                 .and_then(|p| p.changelog_position(&t))
                                 .unwrap_or(0)
                         })
-                        .min()
+                        .max()
                         .unwrap_or(0)
                 } else {
                     0
@@ -218,6 +219,7 @@ impl Cluster {
         from
     }
 
+    /// Starts a member on dir `i` in a new generation, assigned partition 0 of both inputs.
     fn start(&mut self, i: usize) -> Member {
         let from = self.restore_from(i);
         self.generation += 1;
@@ -812,4 +814,46 @@ fn regression_recent_records_do_not_shadow_compacted_ones() {
         },
     ];
     run(1, ops).unwrap();
+}
+
+/// Found by the model (in the model itself): after a factor change the ranges' changelog
+/// positions differ, and a restore skips the zombie's data records below each range's own
+/// position; the cleaner may only reach what every range read.
+#[test]
+fn regression_zombie_commit_after_a_factor_change() {
+    let ops = vec![
+        Op::Handover {
+            dir: 0,
+            wipe: false,
+            zombie: true,
+        },
+        produce(&[(3, 0), (0, 0)]),
+        Op::Process {
+            n: 2,
+            zombie: false,
+        },
+        Op::Process { n: 9, zombie: true },
+        Op::ChangeFactor {
+            factor: 2,
+            keep: false,
+        },
+        produce(&[(1, 0)]),
+        Op::Commit {
+            durable: true,
+            zombie: true,
+        },
+        Op::Process {
+            n: 1,
+            zombie: false,
+        },
+        Op::Commit {
+            durable: false,
+            zombie: false,
+        },
+        Op::Crash {
+            after: 0,
+            ghost: false,
+        },
+    ];
+    run(3, ops).unwrap();
 }
