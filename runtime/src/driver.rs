@@ -127,6 +127,14 @@ impl TestDriverBuilder {
         self
     }
 
+    /// Handling of output records to user topics that do not serialize (default: fail; the
+    /// service's `production.exception.handler`).
+    pub fn production_handler(mut self, h: crate::config::ProductionHandler) -> Self {
+        self.config.drop_unserializable_outputs =
+            h == crate::config::ProductionHandler::LogAndContinue;
+        self
+    }
+
     /// Application id (prefix of internal topics; default `rill`).
     pub fn application_id(mut self, id: &str) -> Self {
         self.config.application_id = id.to_string();

@@ -103,6 +103,7 @@ const DISCARD_REASONS: &[&str] = &[
     "null_key",
     "invalid_timestamp",
     "record_too_large",
+    "serialization_error",
 ];
 /// Codes of [`ERRORS`] rill itself uses (see [`engine_error_code`] and the Kafka source).
 const ERROR_CODES: &[&str] = &[

@@ -33,7 +33,7 @@ use rdkafka::error::KafkaError;
 use rill_state::{StateConfig, StateDb};
 use rill_topology::{Topic, Topology};
 
-use crate::config::{Config, CorruptionHandler, MetricsAddr};
+use crate::config::{Config, CorruptionHandler, MetricsAddr, ProductionHandler};
 use crate::control::ControlPlane;
 use crate::elastic::{self, ElasticError, FactorControl, FactorReport};
 use crate::engine::changelog::changelog_topic;
@@ -415,6 +415,8 @@ impl Runtime {
                 mailbox_capacity: c.mailbox_capacity,
                 deserialization_handler: c.deserialization_handler.clone(),
                 processing_handler: c.processing_handler.clone(),
+                drop_unserializable_outputs: c.production_handler
+                    == ProductionHandler::LogAndContinue,
                 changelogs: true,
                 cluster_id: cluster,
             },

@@ -32,6 +32,11 @@ pub fn input_producer_config(bootstrap: &str, linger_ms: u32) -> ClientConfig {
         .set("linger.ms", linger_ms.to_string())
         .set("compression.type", "lz4")
         .set("queue.buffering.max.messages", "1000000")
+        // As the runtime's clients: bootstrap again soon after a broker list went empty.
+        .set(
+            "metadata.recovery.rebootstrap.trigger.ms",
+            rill::runtime::kafka::admin::REBOOTSTRAP_TRIGGER_MS.to_string(),
+        )
         // Latency scenarios send one record at a time: do not wait for more to fill a packet.
         .set("socket.nagle.disable", "true");
     cfg

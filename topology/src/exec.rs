@@ -34,6 +34,11 @@ pub trait TaskEnv {
     fn dropped(&mut self, reason: &'static str);
     /// Counts a record a windowed operation on `store` dropped as late.
     fn late_dropped(&mut self, _store: &str) {}
+    /// Whether an output to user topic `topic` that did not serialize is dropped (counted by
+    /// the env) rather than failing the record; `false` unless the env's handler says so.
+    fn drop_unserializable(&mut self, _topic: &Topic, _error: &SerdeError) -> bool {
+        false
+    }
 }
 
 /// Why a sub-task could not process an input record.
@@ -372,11 +377,17 @@ impl TaskInstance {
         let topology = Arc::clone(&self.topology);
         match &topology.nodes[node].kind {
             NodeKind::Sink { topic, encode } => {
-                let raw = encode(&record).map_err(|source| TaskError::Serialize {
-                    topic: topic.clone(),
-                    source,
-                })?;
-                env.emit(topic, raw);
+                match encode(&record) {
+                    Ok(raw) => env.emit(topic, raw),
+                    // Internal topics carry state (repartition): never dropped.
+                    Err(e) if !topic.is_internal() && env.drop_unserializable(topic, &e) => {}
+                    Err(source) => {
+                        return Err(TaskError::Serialize {
+                            topic: topic.clone(),
+                            source,
+                        })
+                    }
+                }
                 Ok(())
             }
             NodeKind::Processor { .. } => {

@@ -56,6 +56,9 @@ pub struct EngineConfig {
     pub deserialization_handler: RecordErrorHandler,
     /// Handling of records whose processing fails (an error or a panic in a processor).
     pub processing_handler: RecordErrorHandler,
+    /// Whether an output to a user topic that does not serialize is dropped and counted
+    /// (`production.exception.handler=log_and_continue`) rather than stopping the sub-task.
+    pub drop_unserializable_outputs: bool,
     /// Whether range commits write store changelogs (see the engine's `changelog` module).
     pub changelogs: bool,
     /// Id of the Kafka cluster the offsets refer to, recorded in every commit (empty: none).
@@ -71,6 +74,7 @@ impl Default for EngineConfig {
             mailbox_capacity: 1000,
             deserialization_handler: RecordErrorHandler::Fail,
             processing_handler: RecordErrorHandler::Fail,
+            drop_unserializable_outputs: false,
             changelogs: false,
             cluster_id: String::new(),
         }

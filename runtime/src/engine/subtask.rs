@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 use rill_state::SubTaskState;
 use rill_topology::exec::{TaskEnv, TaskError, TaskInstance};
 use rill_topology::processor::{ProcessError, PunctuationType, RecordMeta};
+use rill_topology::serdes::SerdeError;
 use rill_topology::store::{Entries, KeyValueBytes, StoreError, StoreKind, TimedStore};
 use rill_topology::{key_hash, KeyRange, RawRecord, Topic};
 
@@ -644,5 +645,15 @@ impl TaskEnv for Env<'_> {
 
     fn late_dropped(&mut self, store: &str) {
         self.shared.stats.count_late(store);
+    }
+
+    fn drop_unserializable(&mut self, topic: &Topic, error: &SerdeError) -> bool {
+        if !self.shared.config.drop_unserializable_outputs {
+            return false;
+        }
+        let resolved = self.shared.output_name(topic);
+        tracing::warn!(topic = %resolved, partition = self.id.partition, range = ?self.id.range, %error, "an output record does not serialize: dropped (production.exception.handler=log_and_continue)");
+        self.shared.stats.count_discarded("serialization_error");
+        true
     }
 }

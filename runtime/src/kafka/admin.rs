@@ -11,10 +11,21 @@ use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
+/// How long a client without any broker waits before bootstrapping again (`kafka.*` overrides).
+pub const REBOOTSTRAP_TRIGGER_MS: u64 = 15_000;
+
 /// A librdkafka config for `bootstrap` with the user's `kafka.*` settings.
 pub fn client_config(bootstrap: &str, extra: &BTreeMap<String, String>) -> ClientConfig {
     let mut cfg = ClientConfig::new();
     cfg.set("bootstrap.servers", bootstrap);
+    // A broker that comes back from a long pause is fenced by its controller for a moment, and
+    // a metadata answer from that moment lists no brokers: librdkafka then forgets every broker
+    // and waits for this trigger (default 5 minutes) before it bootstraps again. Measured in
+    // tests/kafka_outage.rs: the consumer stayed out of its group for the whole 2-minute wait.
+    cfg.set(
+        "metadata.recovery.rebootstrap.trigger.ms",
+        REBOOTSTRAP_TRIGGER_MS.to_string(),
+    );
     for (k, v) in extra {
         cfg.set(k, v);
     }

@@ -8,6 +8,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
+use super::admin::is_transient;
 use super::source::raw_record;
 use crate::engine::changelog::{cancelled, ChangelogReader};
 use crate::engine::EngineError;
@@ -43,7 +44,7 @@ impl KafkaChangelogReader {
         visit: &mut dyn FnMut(u64, RawRecord) -> Result<(), EngineError>,
     ) -> Result<u64, ReadError> {
         let consumer: BaseConsumer = self.config.create()?;
-        let (low, high) = consumer.fetch_watermarks(topic, partition as i32, READ_TIMEOUT)?;
+        let (low, high) = watermarks(&consumer, topic, partition, cancel)?;
         let start = (from as i64).max(low);
         if start >= high {
             return Ok(0);
@@ -66,6 +67,10 @@ impl KafkaChangelogReader {
                     last_progress = Instant::now();
                     visit(m.offset() as u64, raw_record(&m))?;
                 }
+                // The stall timeout below bounds a broker that stays away.
+                Some(Err(e)) if is_restore_transient(&e) => {
+                    tracing::debug!(topic, partition, error = %e, "changelog read retries");
+                }
                 Some(Err(e)) => return Err(e.into()),
                 None => {
                     let position = consumer
@@ -86,6 +91,47 @@ impl KafkaChangelogReader {
         }
         Ok(seen)
     }
+}
+
+/// The low and high watermarks of a changelog partition, retried while the broker is away or
+/// its partition has no leader yet (a broker that just came back re-registers its partitions).
+fn watermarks(
+    consumer: &BaseConsumer,
+    topic: &str,
+    partition: u32,
+    cancel: &AtomicBool,
+) -> Result<(i64, i64), ReadError> {
+    let start = Instant::now();
+    loop {
+        match consumer.fetch_watermarks(topic, partition as i32, Duration::from_secs(5)) {
+            Ok(w) => return Ok(w),
+            Err(e) if is_restore_transient(&e) && start.elapsed() < READ_TIMEOUT => {
+                if cancel.load(Ordering::SeqCst) {
+                    return Err(cancelled(topic, partition).into());
+                }
+                tracing::debug!(topic, partition, error = %e, "changelog watermarks retry");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Whether a restore read may succeed when retried: the broker is away, or a partition's
+/// leadership is not known yet. Changelog topics exist before restore starts, so an unknown
+/// partition is one whose metadata the broker has not served yet.
+fn is_restore_transient(e: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    is_transient(e)
+        || matches!(
+            e.rdkafka_error_code(),
+            Some(
+                Code::UnknownPartition
+                    | Code::UnknownTopicOrPartition
+                    | Code::LeaderNotAvailable
+                    | Code::NotLeaderForPartition
+            )
+        )
 }
 
 /// Why a changelog partition could not be read.
