@@ -77,10 +77,15 @@
 //! A zombie cannot make its own lineage win: it has no claim after the new owner's, and its
 //! generation is older. What a zombie writes before it learns that it lost the partition is
 //! ignored by every restore, and repaired like a leftover by the next restore that reads it.
+//! In the deciding (last) store that holds even below its range's local checkpoint: a restore
+//! reads that store from its oldest range checkpoint, and a range's checkpoint can pass a
+//! zombie's write of a key through a commit of other keys (after a factor change, for one).
+//! The other stores skip data below each range's checkpoint, as they cannot tell a zombie's
+//! attempt there from a confirmed one.
 //!
 //! **The residual case**, closed only by transactions (`processing.guarantee=exactly_once_v2`):
-//! a zombie's data record that no restore reads (every later restore starts from a local
-//! checkpoint past it) stays unrepaired; once it is older than `min.compaction.lag.ms`, the
+//! a zombie's data record that no restore reads (every later restore starts from local
+//! checkpoints past it; in a store other than the last, its own range's) stays unrepaired; once it is older than `min.compaction.lag.ms`, the
 //! cleaner may drop the confirmed value it shadows, and a later restore from scratch would miss
 //! that key. It takes a member paused past its session timeout in the middle of a commit, and
 //! then no restore from scratch of that partition for longer than the lag. (A fix short of

@@ -475,11 +475,13 @@ pub fn restore(
                 }
                 Entry::Data { id, write } => {
                     let r = targets.of(write.hash);
-                    if checkpoints[r].is_some_and(|c| offset < c) {
-                        return Ok(());
-                    }
                     if accepted.is_some_and(|l| l != id.lineage) {
+                        // A zombie's write: repaired even below its range's checkpoint (the
+                        // read passes it anyway), or it could shadow the confirmed value there
+                        // once compacted.
                         targets.orphan([(offset, write)]);
+                    } else if checkpoints[r].is_some_and(|c| offset < c) {
+                        // Already in the local state.
                     } else {
                         pending
                             .entry(id.range)

@@ -584,3 +584,79 @@ fn a_lost_partition_commits_nothing() {
         "nothing written after the loss"
     );
 }
+
+/// A zombie's write that lies below its range's local checkpoint (the range committed another
+/// key since) is still repaired by the next restore that passes it, so compaction cannot let it
+/// shadow the confirmed value.
+#[test]
+fn a_zombies_write_below_a_ranges_checkpoint_is_repaired() {
+    let topology = counting();
+    let log = Arc::new(MemoryChangelog::default());
+    // Two keys of range 0 and one of range 1, at P = 2.
+    let in_range = |r: usize| {
+        (0..)
+            .map(|i| format!("key{i}"))
+            .filter(move |k| range_of(key_hash(k.as_bytes()), 2) == r)
+    };
+    let mut zero = in_range(0);
+    let (k, m) = (zero.next().unwrap(), zero.next().unwrap());
+    let j = in_range(1).next().unwrap();
+    let (z_dir, n_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut zombie = engine(
+        &topology,
+        2,
+        z_dir.path(),
+        &log,
+        log.clone(),
+        PriorClaim::None,
+        1,
+    );
+    feed(&mut zombie, 0, &[(&k, "v"), (&j, "v")]);
+    let z_lineage = zombie.collect_progress()[0].lineage.unwrap();
+    let mut next = engine(
+        &topology,
+        2,
+        n_dir.path(),
+        &log,
+        log.clone(),
+        PriorClaim::Lineage(z_lineage),
+        2,
+    );
+    // The zombie writes k again after N's claim; then N commits range 0 (another key), so range
+    // 0's checkpoint passes the zombie's write while range 1's stays before it.
+    feed(&mut zombie, 2, &[(&k, "v")]);
+    feed(&mut next, 2, &[(&m, "v")]);
+    let n_lineage = next.collect_progress()[0].lineage.unwrap();
+    drop(next);
+    // N restarts on its dir: its restore reads from range 1's checkpoint, past the zombie's k.
+    let mut again = engine(
+        &topology,
+        2,
+        n_dir.path(),
+        &log,
+        log.clone(),
+        PriorClaim::Lineage(n_lineage),
+        3,
+    );
+    assert_eq!(count(&again, &k), Some(1));
+    feed(&mut again, 3, &[(&m, "v")]);
+    let a_lineage = again.collect_progress()[0].lineage.unwrap();
+    drop(again);
+    drop(zombie);
+    // The cleaner reaches everything: k's newest record must be the repair, not the zombie's.
+    log.compact(&changelog_topic("app", "counts"), 0, u64::MAX, true);
+    let fresh = tempfile::tempdir().unwrap();
+    let e = engine(
+        &topology,
+        2,
+        fresh.path(),
+        &log,
+        log.clone(),
+        PriorClaim::Lineage(a_lineage),
+        4,
+    );
+    assert_eq!(
+        (count(&e, &k), count(&e, &m), count(&e, &j)),
+        (Some(1), Some(2), Some(1))
+    );
+}
