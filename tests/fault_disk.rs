@@ -195,7 +195,9 @@ fn a_full_state_filesystem_stops_the_service_and_a_restart_after_freeing_space_i
     let dir = tempfile::tempdir().expect("tempdir");
     let service = Service::new(&app, "0", &input, &output, dir.path());
     let _fs = Tmpfs::mount(&service.state_dir, "32m", false);
-    let (mut batches, truth) = lines(20, 200);
+    // Input keeps coming for 15 s after the disk fills, so commits keep writing until one fails
+    // (the WAL's last page takes a few before that).
+    let (mut batches, truth) = lines(80, 200);
     let later = batches.split_off(5);
     for b in &batches {
         common::produce(&input, b);
@@ -217,13 +219,13 @@ fn a_full_state_filesystem_stops_the_service_and_a_restart_after_freeing_space_i
         .output()
         .expect("run dd");
     let producer = feed(&input, later, Duration::from_millis(200));
-    let status = exit_within(&mut child, Duration::from_secs(90));
+    let status = exit_within(&mut child, Duration::from_secs(120));
     producer.join().expect("producer");
     let log = service.log_text();
     assert!(
         status.is_some_and(|s| !s.success()),
         "the service must stop with a non-zero status when its disk is full ({status:?}); log:\n{}",
-        service.log_tail(20)
+        service.log_tail(60)
     );
     assert!(
         log.contains("No space left on device")
