@@ -149,7 +149,7 @@ pub struct Config {
     pub processing_handler: RecordErrorHandler,
     /// Bound on the drain at shutdown.
     pub shutdown_timeout: Duration,
-    /// What to do with an output record the producer refuses.
+    /// What to do with an output record the producer refuses or the sink cannot serialize.
     pub production_handler: ProductionHandler,
     /// What to do with a corrupt state database at start.
     pub state_corruption_handler: CorruptionHandler,
@@ -248,7 +248,7 @@ settings! {
         doc "bound on the drain at shutdown (milliseconds)";
     "production.exception.handler" => production_handler: ProductionHandler = ProductionHandler::Fail,
         shown "`fail`",
-        doc "an output record the producer refuses (larger than `kafka.message.max.bytes`): `fail` stops with an error naming the topic; `log_and_continue` drops it (sink topics only) and counts it";
+        doc "an output record the producer refuses (larger than `kafka.message.max.bytes`) or whose key or value does not serialize at the sink: `fail` stops with an error naming the topic; `log_and_continue` drops that output (sink topics only; the record's other outputs are written) and counts it";
     "state.corruption.handler" => state_corruption_handler: CorruptionHandler = CorruptionHandler::Fail,
         shown "`fail`",
         doc "a corrupt state database at start (truncated MANIFEST or SST): `fail` stops with an error naming it; `rebuild` moves it aside and rebuilds the stores from their changelogs";
@@ -261,7 +261,7 @@ settings! {
 const MIB: u64 = 1 << 20;
 
 /// The meaning of the `kafka.*` row of the key table.
-const KAFKA_DOC: &str = "passed to librdkafka without the prefix (settings that break the idempotent producer are refused)";
+const KAFKA_DOC: &str = "passed to librdkafka without the prefix (settings that break the idempotent producer are refused); rill's one default of its own is `metadata.recovery.rebootstrap.trigger.ms=15000` (librdkafka: 300000), because a single broker that comes back from a long pause can answer metadata with no brokers for a moment, after which librdkafka forgets every broker until this trigger";
 
 /// The key table as the README shows it (Markdown), `kafka.*` last.
 pub fn key_table() -> String {
