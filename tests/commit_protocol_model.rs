@@ -861,3 +861,44 @@ fn regression_zombie_commit_after_a_factor_change() {
     ];
     run(3, ops).unwrap();
 }
+
+/// Found by the model (CI, case 1155): a crash whose last record is written but never
+/// acknowledged, a restart, a live factor change 1 -> 2 and two more crashes; a member restored
+/// from scratch lacked a key.
+#[test]
+fn regression_ghost_crashes_around_a_factor_change() {
+    let ops = vec![
+        produce(&[(1, 0)]),
+        produce(&[(3, 0), (0, 0), (2, 0)]),
+        Op::Process {
+            n: 4,
+            zombie: false,
+        },
+        Op::Crash {
+            after: 2,
+            ghost: true,
+        },
+        Op::Crash {
+            after: 1,
+            ghost: false,
+        },
+        Op::Process {
+            n: 3,
+            zombie: false,
+        },
+        produce(&[(1, 0)]),
+        Op::ChangeFactor {
+            factor: 2,
+            keep: true,
+        },
+        Op::Crash {
+            after: 0,
+            ghost: false,
+        },
+        Op::Crash {
+            after: 0,
+            ghost: true,
+        },
+    ];
+    run(1, ops).unwrap();
+}

@@ -424,6 +424,16 @@ impl SubTaskState {
         Ok(())
     }
 
+    /// Whether `store` has a committed entry for `key`.
+    pub fn holds_committed(&self, store: &str, key: &[u8]) -> Result<bool, StateError> {
+        let Some(s) = self.stores.iter().find(|s| s.name == store) else {
+            return Ok(false);
+        };
+        s.get_stored(key)
+            .map(|v| v.is_some())
+            .map_err(|e| StateError::backend("read", e))
+    }
+
     /// Every committed entry of `store` with its routing hash, in key order (for moving entries
     /// between ranges).
     pub fn committed_entries(&self, store: &str) -> Result<StoreEntries, StateError> {

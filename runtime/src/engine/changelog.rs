@@ -47,8 +47,8 @@
 //! lineage confirms, per range, the waiting data of the commit it continues from (attempts up to
 //! the base's) and drops every other older lineage's data. Data and markers of a lineage that is
 //! not the accepted one when they appear are dropped. Everything dropped, and data still waiting
-//! at the end, has its keys **repaired**: the range's first commit after the restore rewrites their
-//! current value. Every other store then applies exactly the data of the commits the last store
+//! at the end, has its keys **repaired**: the first commit after the restore of the range that
+//! holds the key (by the restored state, not the record's hash) rewrites its current value. Every other store then applies exactly the data of the commits the last store
 //! confirmed. Each
 //! range resumes from the changelog positions in its local progress, so an intact state dir
 //! restores only the tail, and a missing (or untrusted) one restores from the start.

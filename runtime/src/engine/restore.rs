@@ -358,13 +358,30 @@ impl Targets<'_> {
         }
     }
 
-    /// The keys to repair per range, leaving none behind.
-    fn take_orphans(&mut self) -> Vec<BTreeSet<Vec<u8>>> {
+    /// The keys of `store` to repair per range, leaving none behind. A key goes to the ranges
+    /// whose restored state holds it, else to the range of its record's hash: the hash of a
+    /// repair of an absent key is its writer's range start, which after a factor change need
+    /// not be the range that holds the key, and a tombstone written there would shadow the
+    /// holder's value under compaction.
+    fn take_orphans(&mut self, store: &str) -> Result<Vec<BTreeSet<Vec<u8>>>, EngineError> {
         let n = self.ranges.len();
-        std::mem::replace(&mut self.orphans, vec![BTreeMap::new(); n])
-            .into_iter()
-            .map(|o| o.into_keys().collect())
-            .collect()
+        let orphans = std::mem::replace(&mut self.orphans, vec![BTreeMap::new(); n]);
+        let mut out = vec![BTreeSet::new(); n];
+        for (r, keys) in orphans.into_iter().enumerate() {
+            for key in keys.into_keys() {
+                let mut held = false;
+                for (h, state) in self.states.iter().enumerate() {
+                    if state.holds_committed(store, &key)? {
+                        out[h].insert(key.clone());
+                        held = true;
+                    }
+                }
+                if !held {
+                    out[r].insert(key);
+                }
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -526,7 +543,7 @@ pub fn restore(
         for waiting in pending.into_values() {
             targets.orphan(waiting.entries.into_iter().map(|(_, _, at, w)| (at, w)));
         }
-        for (r, o) in targets.take_orphans().into_iter().enumerate() {
+        for (r, o) in targets.take_orphans(last)?.into_iter().enumerate() {
             if !o.is_empty() {
                 summary.repairs[r].push((last.clone(), o));
             }
@@ -566,7 +583,7 @@ pub fn restore(
         })?;
         targets.apply(store, batch)?;
         summary.records.push((store.clone(), count));
-        for (r, o) in targets.take_orphans().into_iter().enumerate() {
+        for (r, o) in targets.take_orphans(store)?.into_iter().enumerate() {
             if !o.is_empty() {
                 summary.repairs[r].push((store.clone(), o));
             }
