@@ -2,16 +2,20 @@
 //! factor across restarts (4 -> 16) and while it runs (16 -> 3, then 3 -> 5 on two partitions,
 //! through `POST /admin/parallelising-factor`), is SIGKILLed right after a live change, loses its
 //! state dir and comes back with yet another factor (2). The final counts must equal the ground
-//! truth exactly: nothing lost, nothing counted twice.
+//! truth exactly: nothing lost, nothing counted twice. And `parallelising.auto` splits a slow
+//! partition by itself, counts still exact.
 
 mod common;
 
+use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 use common::http::{get, request, sum};
-use common::service::{feed, final_counts, kill, lines, terminate, Service};
-use common::{create_topic, unique};
+use common::service::{eventually, feed, final_counts, kill, lines, terminate, Service};
+use common::{bootstrap, create_topic, long, produce, read_until, unique};
+use rill::prelude::*;
+use rill::runtime::{ConfigBuilder, Runtime};
 
 /// A port free right now, for `metrics.addr`.
 fn free_addr() -> SocketAddr {
@@ -135,4 +139,77 @@ fn counts_stay_exact_across_restarts_and_live_changes_of_the_factor() {
         service.log_tail(60)
     );
     assert!(clean, "SIGTERM must drain, commit and exit 0");
+}
+
+/// Counts per key behind a 2 ms call per record (a slow lookup standing in for I/O).
+fn slow_count(input: &str, output: &str) -> Topology {
+    let builder = StreamsBuilder::new();
+    builder
+        .stream(input, StringSerde, StringSerde)
+        .map_values(|v: String| {
+            std::thread::sleep(Duration::from_millis(2));
+            v
+        })
+        .group_by_key()
+        .count("slow-counts")
+        .to_stream()
+        .to(output);
+    builder.build().expect("topology")
+}
+
+/// Issue 13, item 3: with `parallelising.auto=true` a partition whose one range cannot keep up
+/// is split live (1 -> 2, at most `parallelising.factor.max` = 4) and the counts stay exact.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test"]
+fn parallelising_auto_splits_a_slow_partition_and_counts_stay_exact() {
+    let (input, output, app) = (unique("auto-in"), unique("auto-out"), unique("auto"));
+    create_topic(&input, 1);
+    create_topic(&output, 1);
+    let keys = 40;
+    let records: Vec<common::Input> = (0..12_000)
+        .map(|i| (Some(format!("k{}", i % keys).into_bytes()), b"v".to_vec()))
+        .collect();
+    produce(&input, &records);
+    let state = tempfile::tempdir().expect("tempdir");
+    let config = ConfigBuilder::new()
+        .set("application.id", &app)
+        .set("bootstrap.servers", bootstrap())
+        .set("state.dir", state.path().display())
+        .set("metrics.addr", "off")
+        .set("parallelising.auto", true)
+        .set("parallelising.factor.max", 4)
+        .set("parallelising.auto.queue.time.ms", 200)
+        // Sleeping threads use no CPU: enough of them that ranges, not threads, are the limit.
+        .set("worker.threads", 8)
+        // A short queue keeps the drain of a change short (2 ms per queued record).
+        .set("mailbox.capacity", 500)
+        .build()
+        .expect("config");
+    let running = Runtime::new(slow_count(&input, &output), config)
+        .expect("runtime")
+        .start()
+        .expect("start");
+    let factor = || running.parallelising_factors().get(&(0, 0)).copied();
+    let split = eventually(Duration::from_secs(60), || factor().is_some_and(|f| f > 1));
+    let mut highest = factor().unwrap_or(0);
+    let (latest, _) = read_until(&output, Duration::from_secs(120), |l| {
+        highest = highest.max(factor().unwrap_or(0));
+        l.len() == keys && l.values().all(|v| long(v) == 12_000 / keys as i64)
+    });
+    let last = factor();
+    running.shutdown().expect("clean shutdown");
+    assert!(split, "partition 0 still runs factor {last:?} after 60 s");
+    assert!(
+        (2..=4).contains(&highest),
+        "highest factor {highest}: not within 2..=4"
+    );
+    eprintln!("highest factor reached: {highest}");
+    let got: HashMap<String, i64> = latest
+        .iter()
+        .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), long(v)))
+        .collect();
+    let truth: HashMap<String, i64> = (0..keys)
+        .map(|k| (format!("k{k}"), 12_000 / keys as i64))
+        .collect();
+    assert_eq!(got, truth, "counts after live splits");
 }

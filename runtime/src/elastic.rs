@@ -15,6 +15,8 @@
 //! restart without `parallelising.factor` changed) start with the factor the last change set,
 //! until the process restarts: make it permanent by setting `parallelising.factor`.
 //!
+//! With `parallelising.auto=true` the source loop asks for changes itself (`crate::auto_factor`).
+//!
 //! The route has no authentication: it is off by default, and `metrics.addr` binds to 127.0.0.1
 //! unless configured otherwise.
 
@@ -112,7 +114,7 @@ impl FactorControl {
     }
 
     /// Sends a request; the receiver yields the outcome.
-    fn send(
+    pub(crate) fn send(
         &self,
         factor: usize,
         partitions: Option<Vec<u32>>,

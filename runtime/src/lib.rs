@@ -3,7 +3,8 @@
 //! - [`service`]: the long-lived [`Runtime`], configured by [`config`], observed through
 //!   [`metrics`] and [`health`];
 //! - `driver` (feature `test-util`): the broker-free `TestDriver` for unit tests of topologies;
-//! - [`elastic`]: live changes of the parallelising factor of a running service;
+//! - [`elastic`]: live changes of the parallelising factor of a running service (by hand, or
+//!   following the load with `parallelising.auto`);
 //! - [`kafka`]: what the Kafka edge offers besides the runtime: the commit metadata codec, topic
 //!   administration and the embedded cluster.
 //!
@@ -13,6 +14,7 @@
 
 #![warn(missing_docs)]
 
+pub(crate) mod auto_factor;
 pub mod config;
 pub(crate) mod control;
 #[cfg(feature = "test-util")]

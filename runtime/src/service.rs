@@ -33,6 +33,7 @@ use rdkafka::error::KafkaError;
 use rill_state::{StateConfig, StateDb};
 use rill_topology::{Topic, Topology};
 
+use crate::auto_factor::{AutoFactor, AutoPolicy};
 use crate::config::{Config, CorruptionHandler, MetricsAddr, ProductionHandler};
 use crate::control::ControlPlane;
 use crate::elastic::{self, ElasticError, FactorControl, FactorReport};
@@ -492,11 +493,21 @@ impl Runtime {
         let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
         consumer.subscribe(&refs)?;
         let stop = Arc::new(AtomicBool::new(false));
+        let auto_factor = c.parallelising_auto.then(|| {
+            AutoFactor::new(
+                AutoPolicy {
+                    base: c.parallelising_factor,
+                    max: c.parallelising_factor_max,
+                    queue_time: c.parallelising_auto_queue_time,
+                },
+                factor_control.clone(),
+            )
+        });
         let (stop2, interval, health2) = (stop.clone(), c.commit_interval, health.clone());
         let thread = std::thread::Builder::new()
             .name("rill-source".into())
             .spawn(move || {
-                let r = source::run(&consumer, &stop2, interval, factor_requests);
+                let r = source::run(&consumer, &stop2, interval, factor_requests, auto_factor);
                 if let Err(e) = &r {
                     tracing::error!(error = %e, "processing stopped on an error");
                     health2.set_failed();
@@ -581,6 +592,17 @@ impl RunningRuntime {
     ) -> Result<FactorReport, ElasticError> {
         self.factor_control
             .set_blocking(factor, partitions, timeout)
+    }
+
+    /// The parallelising factor of each task this member runs, by (sub-topology, partition):
+    /// what live changes and `parallelising.auto` set.
+    pub fn parallelising_factors(&self) -> BTreeMap<(usize, u32), usize> {
+        self.engine
+            .lock()
+            .factors()
+            .into_iter()
+            .map(|(id, f)| ((id.sub_topology, id.partition), f))
+            .collect()
     }
 
     /// Liveness and readiness (the changelog restore holds readiness back through it).

@@ -127,6 +127,12 @@ pub struct Config {
     pub bootstrap_servers: Option<String>,
     /// Key-range sub-tasks per input partition.
     pub parallelising_factor: usize,
+    /// Whether the factor follows the load (`parallelising.auto`).
+    pub parallelising_auto: bool,
+    /// The largest factor `parallelising.auto` sets.
+    pub parallelising_factor_max: usize,
+    /// The queue time above which `parallelising.auto` splits.
+    pub parallelising_auto_queue_time: Duration,
     /// Worker pool threads.
     pub worker_threads: usize,
     /// State directory.
@@ -216,6 +222,15 @@ settings! {
     "parallelising.factor" => parallelising_factor: Whole<1> = Whole(1),
         shown "1",
         doc "key-range sub-tasks per input partition";
+    "parallelising.auto" => parallelising_auto: bool = false,
+        shown "`false`",
+        doc "let the factor follow the load, live: a partition whose busiest range's queue time stays above `parallelising.auto.queue.time.ms` for 5 s doubles its factor (up to `parallelising.factor.max`); one with nothing queued for 60 s halves it (not below `parallelising.factor`)";
+    "parallelising.factor.max" => parallelising_factor_max: Option<Whole<1>> = None,
+        shown "4 x `parallelising.factor`",
+        doc "the largest factor `parallelising.auto` sets";
+    "parallelising.auto.queue.time.ms" => parallelising_auto_queue_time_ms: Whole<1> = Whole(1000),
+        shown "1000",
+        doc "a range's queue time (records queued / records handled per second) above which `parallelising.auto` splits (milliseconds)";
     "worker.threads" => worker_threads: Whole<1> = Whole(cores()),
         shown "cores",
         doc "threads of the worker pool";
@@ -463,6 +478,20 @@ impl ConfigBuilder {
             .bootstrap_servers
             .map(|b| b.trim().to_string())
             .filter(|b| !b.is_empty());
+        let factor = s.parallelising_factor.usize();
+        let parallelising_factor_max = match &s.parallelising_factor_max {
+            None => factor.saturating_mul(4),
+            Some(max) if max.usize() >= factor => max.usize(),
+            Some(max) => {
+                return Err(ConfigError::BadValue {
+                    key: "parallelising.factor.max".into(),
+                    value: max.0.to_string(),
+                    expected: format!(
+                        "a whole number of at least `parallelising.factor` ({factor})"
+                    ),
+                })
+            }
+        };
         Ok(Config {
             state_dir_configured: s.state_dir.is_some(),
             state_dir: s
@@ -471,6 +500,11 @@ impl ConfigBuilder {
             application_id,
             bootstrap_servers,
             parallelising_factor: s.parallelising_factor.usize(),
+            parallelising_auto: s.parallelising_auto,
+            parallelising_factor_max,
+            parallelising_auto_queue_time: Duration::from_millis(
+                s.parallelising_auto_queue_time_ms.0,
+            ),
             worker_threads: s.worker_threads.usize(),
             commit_interval: Duration::from_millis(s.commit_interval_ms.0),
             mailbox_capacity: s.mailbox_capacity.usize(),
@@ -530,6 +564,15 @@ impl Config {
         put(
             "parallelising.factor",
             self.parallelising_factor.to_string(),
+        );
+        put("parallelising.auto", self.parallelising_auto.to_string());
+        put(
+            "parallelising.factor.max",
+            self.parallelising_factor_max.to_string(),
+        );
+        put(
+            "parallelising.auto.queue.time.ms",
+            self.parallelising_auto_queue_time.as_millis().to_string(),
         );
         put("worker.threads", self.worker_threads.to_string());
         put("state.dir", self.state_dir.display().to_string());

@@ -294,6 +294,7 @@ fn shown_defaults_match_the_effective_defaults() {
             "application.id" => assert_eq!(k.default, "(required)"),
             "bootstrap.servers" => assert_eq!(effective, "(embedded cluster)"),
             "worker.threads" => assert_eq!(*effective, cores().to_string()),
+            "parallelising.factor.max" => assert_eq!(effective, "4", "4 x the default factor 1"),
             "state.dir" => assert!(effective.ends_with("/rill/a"), "{effective}"),
             _ => assert_eq!(k.default.trim_matches('`'), effective, "{}", k.name),
         }
@@ -325,4 +326,35 @@ fn the_key_table_lists_every_key_with_its_default() {
         );
     }
     assert!(table.contains("| `kafka.*` |"));
+}
+
+#[test]
+fn the_auto_factor_bound_defaults_to_four_times_the_factor_and_is_never_below_it() {
+    let base = || ConfigBuilder::new().set("application.id", "a");
+    let c = base().set("parallelising.factor", 3).build().unwrap();
+    assert_eq!(c.parallelising_factor_max, 12);
+    assert!(!c.parallelising_auto, "off by default");
+    let c = base()
+        .set("parallelising.auto", true)
+        .set("parallelising.factor.max", 3)
+        .set("parallelising.auto.queue.time.ms", 250)
+        .build()
+        .unwrap();
+    assert!(c.parallelising_auto);
+    assert_eq!(c.parallelising_factor_max, 3);
+    assert_eq!(c.parallelising_auto_queue_time, Duration::from_millis(250));
+    let err = base()
+        .set("parallelising.factor", 8)
+        .set("parallelising.factor.max", 4)
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::BadValue { key, .. } if key == "parallelising.factor.max"),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("at least `parallelising.factor` (8)"),
+        "{err}"
+    );
 }

@@ -21,7 +21,8 @@
 //! attempts continue above every attempt of the old ones, so no commit id (range, lineage,
 //! attempt) is used twice in a lineage even when a range comes back (P = 2 -> 4 -> 2).
 
-use std::sync::atomic::AtomicBool;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -325,6 +326,45 @@ impl Engine {
             ));
         }
         Ok(change)
+    }
+}
+
+/// One open sub-task's load, as `parallelising.auto` samples it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RangeLoad {
+    /// The sub-task's task.
+    pub task: TaskId,
+    /// Index of its key range.
+    pub range: usize,
+    /// The task's factor (its number of ranges).
+    pub factor: usize,
+    /// Records queued or in process.
+    pub depth: usize,
+    /// Records handled since the sub-task opened.
+    pub done: u64,
+}
+
+impl Engine {
+    /// The load of every open sub-task (a task that restores or re-splits has none).
+    pub fn range_load(&self) -> Vec<RangeLoad> {
+        let mut out = Vec::new();
+        for (id, task) in &self.tasks {
+            for (range, s) in task.subtasks.iter().enumerate() {
+                out.push(RangeLoad {
+                    task: *id,
+                    range,
+                    factor: task.factor,
+                    depth: s.depth.load(Ordering::Relaxed),
+                    done: s.done.load(Ordering::Relaxed),
+                });
+            }
+        }
+        out
+    }
+
+    /// The parallelising factor of every assigned task.
+    pub fn factors(&self) -> BTreeMap<TaskId, usize> {
+        self.tasks.iter().map(|(id, t)| (*id, t.factor)).collect()
     }
 }
 

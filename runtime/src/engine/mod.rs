@@ -43,7 +43,7 @@ pub use commit::PartitionProgress;
 pub use config::{EngineConfig, RecordErrorHandler};
 pub use dispatch::Dispatch;
 pub use error::EngineError;
-pub use factor::{FactorChange, FactorDrain};
+pub use factor::{FactorChange, FactorDrain, RangeLoad};
 pub use ids::{TaskId, TopicPartition};
 pub use origin::topic_id;
 pub use progress::ProgressTracker;

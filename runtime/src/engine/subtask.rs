@@ -14,7 +14,7 @@
 //! steps are in [`super::commit`]).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crossbeam_channel::Sender;
@@ -125,6 +125,8 @@ pub(crate) struct SubTask {
     mailbox: Mutex<VecDeque<Work>>,
     /// Records in the mailbox or being processed; the dispatcher pauses at the capacity.
     pub depth: AtomicUsize,
+    /// Records taken out of the mailbox and handled, ever (for `parallelising.auto`'s rate).
+    pub done: AtomicU64,
     /// True from the spawn of a job until that job has seen an empty mailbox (see module doc).
     scheduled: AtomicBool,
     /// Held by the running job, or by readers (store queries) while the engine is idle.
@@ -227,6 +229,7 @@ impl SubTask {
                 id,
                 mailbox: Mutex::new(VecDeque::new()),
                 depth: AtomicUsize::new(0),
+                done: AtomicU64::new(0),
                 scheduled: AtomicBool::new(false),
                 core: Mutex::new(core),
             }),
@@ -306,6 +309,7 @@ impl SubTask {
             }
         }
         self.depth.fetch_sub(records, Ordering::SeqCst);
+        self.done.fetch_add(records as u64, Ordering::Relaxed);
         shared.work_done(n);
         // Yield the worker between batches; the next job finds the mailbox empty or not.
         self.spawn(&shared);

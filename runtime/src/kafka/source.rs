@@ -22,6 +22,7 @@ use rill_topology::{Headers, RawRecord};
 use super::backpressure::{single, Backpressure};
 use super::elastic::LiveFactor;
 use super::rebalance::SourceContext;
+use crate::auto_factor::AutoFactor;
 use crate::elastic::FactorRequest;
 use crate::engine::{EngineError, TopicPartition};
 
@@ -83,6 +84,7 @@ pub fn run(
     stop: &AtomicBool,
     commit_interval: Duration,
     factor_requests: Receiver<FactorRequest>,
+    mut auto_factor: Option<AutoFactor>,
 ) -> Result<(), SourceError> {
     let ctx = consumer.context().clone();
     let mut live_factor = LiveFactor::new(factor_requests);
@@ -106,6 +108,9 @@ pub fn run(
         }
         if let Err(e) = live_factor.turn(consumer, &ctx) {
             break Err(e);
+        }
+        if let Some(auto) = &mut auto_factor {
+            auto.turn(&ctx.engine.lock());
         }
         if let Err(e) = backpressure.retry(consumer, &ctx) {
             break Err(e.into());
