@@ -20,11 +20,10 @@ use std::sync::Arc;
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 use rill_state::SubTaskState;
-use rill_topology::exec::{TaskEnv, TaskError, TaskInstance};
+use rill_topology::exec::{TaskError, TaskInstance};
 use rill_topology::processor::{ProcessError, PunctuationType, RecordMeta};
-use rill_topology::serdes::SerdeError;
-use rill_topology::store::{Entries, KeyValueBytes, StoreError, StoreKind, TimedStore};
-use rill_topology::{key_hash, KeyRange, RawRecord, Topic};
+use rill_topology::store::{Entries, StoreError, StoreKind, TimedStore};
+use rill_topology::{KeyRange, RawRecord};
 
 /// Who owns a task now: what every commit of its ranges is attributed to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,6 +37,7 @@ pub struct Lineage {
 }
 
 use super::commit::Sealed;
+use super::env::Env;
 use super::origin::{
     is_duplicate, record_applied, topic_id, Origin, OriginEntry, OriginKey, ORIGIN_HEADER,
 };
@@ -561,103 +561,5 @@ fn record_error_node<'e>(e: &'e TaskError, config: &EngineConfig) -> Option<&'e 
             source: ProcessError::User(_) | ProcessError::Panicked(_) | ProcessError::Serde(_),
         } => Some(node),
         _ => None,
-    }
-}
-
-/// The [`TaskEnv`] of one sub-task while it processes one item.
-struct Env<'a> {
-    shared: &'a Shared,
-    id: &'a SubTaskId,
-    state: Option<&'a mut SubTaskState>,
-    deliveries: &'a Arc<Deliveries>,
-    /// (input topic id, input offset) of the record being processed; `None` outside of one
-    /// (wall-clock punctuation, init), whose repartition outputs carry no origin.
-    origin: Option<(u64, u64, u64)>,
-    seq: u32,
-    error: Option<EngineError>,
-}
-
-impl<'a> Env<'a> {
-    fn new(
-        shared: &'a Shared,
-        id: &'a SubTaskId,
-        state: Option<&'a mut SubTaskState>,
-        deliveries: &'a Arc<Deliveries>,
-    ) -> Self {
-        Env {
-            shared,
-            id,
-            state,
-            deliveries,
-            origin: None,
-            seq: 0,
-            error: None,
-        }
-    }
-
-    fn finish(self) -> Result<(), EngineError> {
-        self.error.map_or(Ok(()), Err)
-    }
-}
-
-impl TaskEnv for Env<'_> {
-    fn store(&mut self, name: &str) -> Result<&mut dyn KeyValueBytes, StoreError> {
-        self.state
-            .as_mut()
-            .and_then(|s| s.store(name))
-            .ok_or_else(|| StoreError::UnknownStore(name.to_string()))
-    }
-
-    fn emit(&mut self, topic: &Topic, mut record: RawRecord) {
-        if self.error.is_some() {
-            return;
-        }
-        let resolved = self.shared.output_name(topic);
-        let partition = if topic.is_internal() {
-            if let Some((topic, offset, hash)) = self.origin {
-                let origin = Origin {
-                    topic,
-                    partition: self.id.partition,
-                    range: self.id.range,
-                    hash,
-                    offset,
-                    seq: self.seq,
-                };
-                self.seq += 1;
-                record.headers.add(ORIGIN_HEADER, origin.encode());
-            }
-            let n = self.shared.partitions_of(topic).max(1);
-            // Not range_of: partitions and ranges must split the hash space independently, or
-            // each partition's records would fall into a few of its ranges.
-            let hash = record.key.as_deref().map_or(0, key_hash);
-            Some((hash % n as u64) as u32)
-        } else {
-            None
-        };
-        let ticket = self.deliveries.ticket();
-        if let Err(e) = self.shared.sink.send(&resolved, partition, record, ticket) {
-            self.error = Some(e.into());
-        } else {
-            self.shared.stats.count_produced();
-            self.shared.metrics.produced(&resolved);
-        }
-    }
-
-    fn dropped(&mut self, reason: &'static str) {
-        self.shared.stats.count_discarded(reason);
-    }
-
-    fn late_dropped(&mut self, store: &str) {
-        self.shared.stats.count_late(store);
-    }
-
-    fn drop_unserializable(&mut self, topic: &Topic, error: &SerdeError) -> bool {
-        if !self.shared.config.drop_unserializable_outputs {
-            return false;
-        }
-        let resolved = self.shared.output_name(topic);
-        tracing::warn!(topic = %resolved, partition = self.id.partition, range = ?self.id.range, %error, "an output record does not serialize: dropped (production.exception.handler=log_and_continue)");
-        self.shared.stats.count_discarded("serialization_error");
-        true
     }
 }

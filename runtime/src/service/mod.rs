@@ -21,10 +21,9 @@
 //! A second signal during 2-4 exits at once with status 130, without draining: state stays
 //! consistent (range commits are atomic), and the records after the last commit are replayed.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -36,21 +35,22 @@ use rill_topology::{Topic, Topology};
 use crate::auto_factor::{AutoFactor, AutoPolicy};
 use crate::config::{Config, CorruptionHandler, MetricsAddr, ProductionHandler};
 use crate::control::ControlPlane;
-use crate::elastic::{self, ElasticError, FactorControl, FactorReport};
-use crate::engine::changelog::changelog_topic;
+use crate::elastic::{self, FactorControl};
 use crate::engine::{Engine, EngineConfig, EngineError};
 use crate::health::Health;
 use crate::http::{self, HttpError, HttpServer};
-use crate::kafka::admin::{
-    client_config, cluster_id, create_topics, create_topics_with, is_transient, partition_counts,
-    partition_counts_checked, topic_config, AuthWatch,
-};
+use crate::kafka::admin::{client_config, cluster_id};
 use crate::kafka::changelog_reader::KafkaChangelogReader;
 use crate::kafka::embedded::EmbeddedCluster;
 use crate::kafka::producer::KafkaSink;
 use crate::kafka::rebalance::SourceContext;
 use crate::kafka::source::{self, SourceError};
 use crate::sink::RecordSink;
+
+mod running;
+mod topics;
+
+pub use running::{exit_code, init_logging, RunningRuntime};
 
 /// How long to wait for brokers at start before giving up.
 const CONNECT_DEADLINE: Duration = Duration::from_secs(300);
@@ -169,154 +169,6 @@ impl Runtime {
 
     fn resolve(&self, t: &Topic) -> String {
         t.resolve(&self.config.application_id)
-    }
-
-    /// Waits for the brokers, checks source topics, creates internal topics; returns partition
-    /// counts of every source and internal topic.
-    fn prepare_topics(&self) -> Result<BTreeMap<String, u32>, RuntimeError> {
-        let cfg = client_config(&self.bootstrap, &self.config.kafka);
-        // One client for the wait, so a refused login (reported through its context) ends it.
-        let probe: BaseConsumer<AuthWatch> = cfg.create_with_context(AuthWatch::default())?;
-        let external: Vec<String> = self
-            .topology
-            .source_topics()
-            .iter()
-            .filter(|t| !t.is_internal())
-            .map(|t| self.resolve(t))
-            .collect();
-        let start = std::time::Instant::now();
-        let mut backoff = Duration::from_millis(200);
-        let counts = loop {
-            let result = partition_counts_checked(&probe, &external, REQUEST_TIMEOUT);
-            if let Some(detail) = probe.context().failure() {
-                return Err(RuntimeError::Authentication {
-                    bootstrap: self.bootstrap.clone(),
-                    detail,
-                });
-            }
-            match result {
-                Ok(c) => break c,
-                Err(e) if is_transient(&e) && start.elapsed() < CONNECT_DEADLINE => {
-                    tracing::warn!(bootstrap = %self.bootstrap, error = %e, retry_in = ?backoff, "Kafka is not reachable yet; retrying");
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        };
-        let mut partitions = BTreeMap::new();
-        for (t, n) in counts {
-            let n = n.ok_or_else(|| RuntimeError::MissingSourceTopic(t.clone()))?;
-            partitions.insert(t, n);
-        }
-        // Internal topics take the partition count of the inputs of the sub-topology writing
-        // them; one may feed another, so resolve until nothing changes.
-        let internal = self.topology.internal_topics();
-        for _ in 0..=internal.len() {
-            for (t, writer) in &internal {
-                let n = self.topology.sub_topologies()[*writer]
-                    .sources
-                    .iter()
-                    .filter_map(|(s, _)| partitions.get(&self.resolve(s)).copied())
-                    .max()
-                    .unwrap_or(1);
-                partitions.insert(self.resolve(t), n);
-            }
-        }
-        for st in self.topology.sub_topologies() {
-            let topics: Vec<String> = st.sources.iter().map(|(t, _)| self.resolve(t)).collect();
-            let counts: Vec<u32> = topics
-                .iter()
-                .map(|t| partitions.get(t).copied().unwrap_or(1))
-                .collect();
-            if counts.windows(2).any(|w| w[0] != w[1]) {
-                return Err(RuntimeError::NotCoPartitioned { topics, counts });
-            }
-        }
-        let to_create: Vec<(String, u32)> = internal
-            .keys()
-            .map(|t| {
-                let name = self.resolve(t);
-                let n = partitions.get(&name).copied().unwrap_or(1);
-                (name, n)
-            })
-            .collect();
-        // One compacted changelog per store, partitioned like its sub-topology's input.
-        let mut changelogs = Vec::new();
-        for st in self.topology.sub_topologies() {
-            let n = st
-                .sources
-                .iter()
-                .filter_map(|(s, _)| partitions.get(&self.resolve(s)).copied())
-                .max()
-                .unwrap_or(1);
-            for store in &st.stores {
-                changelogs.push((changelog_topic(&self.config.application_id, store), n));
-            }
-        }
-        // Internal topics that exist already must match what rill would create.
-        let names: Vec<String> = to_create
-            .iter()
-            .chain(&changelogs)
-            .map(|(n, _)| n.clone())
-            .collect();
-        let existing = partition_counts(&cfg, &names, REQUEST_TIMEOUT)?;
-        for (name, want) in to_create.iter().chain(&changelogs) {
-            if let Some(Some(have)) = existing.get(name) {
-                if have != want {
-                    return Err(RuntimeError::InternalTopic {
-                        topic: name.clone(),
-                        problem: format!(
-                            "has {have} partitions, but its input has {want}: records would reach \
-                             the wrong tasks"
-                        ),
-                    });
-                }
-            }
-        }
-        match &self.embedded {
-            Some(cluster) => {
-                for (name, n) in to_create.iter().chain(&changelogs) {
-                    cluster.create_topic(name, *n)?;
-                }
-            }
-            None => {
-                let existing_changelogs: Vec<String> = changelogs
-                    .iter()
-                    .filter(|(n, _)| matches!(existing.get(n), Some(Some(_))))
-                    .map(|(n, _)| n.clone())
-                    .collect();
-                let policies = topic_config(
-                    &cfg,
-                    &existing_changelogs,
-                    "cleanup.policy",
-                    REQUEST_TIMEOUT,
-                )?;
-                for (topic, policy) in policies {
-                    if !policy.split(',').any(|p| p.trim() == "compact") {
-                        return Err(RuntimeError::InternalTopic {
-                            topic,
-                            problem: format!(
-                                "has cleanup.policy={policy}: a changelog needs compact, or \
-                                 restores lose state"
-                            ),
-                        });
-                    }
-                }
-                create_topics(&cfg, &to_create, REQUEST_TIMEOUT)?;
-                let lag = CHANGELOG_MIN_COMPACTION_LAG.as_millis().to_string();
-                create_topics_with(
-                    &cfg,
-                    &changelogs,
-                    &[
-                        ("cleanup.policy", "compact"),
-                        ("min.compaction.lag.ms", lag.as_str()),
-                    ],
-                    REQUEST_TIMEOUT,
-                )?;
-            }
-        }
-        Ok(partitions)
     }
 
     /// Starts processing on a background thread.
@@ -537,142 +389,4 @@ impl Runtime {
         running.stop_on_signal()?;
         running.join()
     }
-}
-
-/// A runtime that is processing; stop it with [`RunningRuntime::shutdown`].
-pub struct RunningRuntime {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<Result<(), SourceError>>>,
-    engine: Arc<Mutex<Engine>>,
-    health: Arc<Health>,
-    /// Dropped after the loop ends, so `/metrics` answers during the drain.
-    http: Option<HttpServer>,
-    /// Serves `http` and the signal handler; declared after `http`, so dropped after it.
-    control: ControlPlane,
-    /// Asks the source loop for live changes of the parallelising factor.
-    factor_control: FactorControl,
-    /// The throwaway state dir of a demo on the embedded cluster, removed when the runtime is.
-    _temp_state: Option<tempfile::TempDir>,
-}
-
-impl RunningRuntime {
-    /// Records processed so far.
-    pub fn processed(&self) -> u64 {
-        self.engine.lock().stats().processed()
-    }
-
-    /// Changelog records read by restores so far.
-    pub fn restored(&self) -> u64 {
-        self.engine.lock().stats().restored()
-    }
-
-    /// Tasks restoring their stores right now.
-    pub fn restoring(&self) -> usize {
-        self.engine.lock().restoring()
-    }
-
-    /// Records discarded for `reason` so far.
-    pub fn discarded(&self, reason: &str) -> u64 {
-        self.engine.lock().stats().discarded(reason)
-    }
-
-    /// Where `/metrics`, `/health` and `/ready` are served (the bound port when 0 was asked for);
-    /// `None` with `metrics.addr=off`.
-    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
-        self.http.as_ref().map(HttpServer::local_addr)
-    }
-
-    /// Changes the parallelising factor of `partitions` (every assigned one when `None`) while
-    /// processing goes on, and waits until they process again with it (see [`crate::elastic`]).
-    pub fn set_parallelising_factor(
-        &self,
-        factor: usize,
-        partitions: Option<Vec<u32>>,
-        timeout: Duration,
-    ) -> Result<FactorReport, ElasticError> {
-        self.factor_control
-            .set_blocking(factor, partitions, timeout)
-    }
-
-    /// The parallelising factor of each task this member runs, by (sub-topology, partition):
-    /// what live changes and `parallelising.auto` set.
-    pub fn parallelising_factors(&self) -> BTreeMap<(usize, u32), usize> {
-        self.engine
-            .lock()
-            .factors()
-            .into_iter()
-            .map(|(id, f)| ((id.sub_topology, id.partition), f))
-            .collect()
-    }
-
-    /// Liveness and readiness (the changelog restore holds readiness back through it).
-    pub fn health(&self) -> &Arc<Health> {
-        &self.health
-    }
-
-    /// Whether processing stopped (on an error, or after `shutdown`).
-    pub fn is_finished(&self) -> bool {
-        self.thread.as_ref().is_none_or(JoinHandle::is_finished)
-    }
-
-    /// Makes SIGTERM or SIGINT stop the runtime as [`RunningRuntime::shutdown`] does (then
-    /// [`RunningRuntime::join`] returns); a second signal exits the process at once (status 130).
-    pub fn stop_on_signal(&self) -> Result<(), RuntimeError> {
-        self.control
-            .stop_on_signal(self.stop.clone(), self.health.clone());
-        Ok(())
-    }
-
-    /// Stops fetching, drains, commits, closes state and returns the loop's result.
-    pub fn shutdown(self) -> Result<(), RuntimeError> {
-        self.health.set_stopping();
-        self.stop.store(true, Ordering::SeqCst);
-        self.join()
-    }
-
-    /// Waits for the loop to end by itself (a signal or an error).
-    pub fn join(mut self) -> Result<(), RuntimeError> {
-        let r = match self.thread.take() {
-            Some(t) => t.join().map_err(|_| RuntimeError::Panicked)?,
-            None => Ok(()),
-        };
-        self.health.set_stopping();
-        tracing::info!("stopped");
-        r.map_err(RuntimeError::from)
-    }
-}
-
-/// For a service's `main`: `Ok` is success; an error is printed to stderr with its causes, and
-/// the exit code is 2 for a configuration error (nothing was started), 1 otherwise.
-///
-/// ```no_run
-/// fn run() -> Result<(), Box<dyn std::error::Error>> { Ok(()) }
-/// fn main() -> std::process::ExitCode {
-///     rill_runtime::service::exit_code(run())
-/// }
-/// ```
-pub fn exit_code(result: Result<(), Box<dyn std::error::Error>>) -> std::process::ExitCode {
-    let Err(e) = result else {
-        return std::process::ExitCode::SUCCESS;
-    };
-    let mut message = format!("error: {e}");
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        message.push_str(&format!("\n  caused by: {c}"));
-        cause = c.source();
-    }
-    eprintln!("{message}");
-    if e.is::<crate::config::ConfigError>() {
-        std::process::ExitCode::from(2)
-    } else {
-        std::process::ExitCode::FAILURE
-    }
-}
-
-/// Installs a log subscriber filtered by `RILL_LOG` (default `info`), once per process.
-pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RILL_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // A subscriber installed earlier (by the application or a test) wins.
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
 }

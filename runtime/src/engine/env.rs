@@ -1,0 +1,114 @@
+//! What a sub-task gives the topology while it processes one item: its stores, its outputs
+//! (repartition records stamped with their origin, each with a delivery ticket of the range's
+//! current epoch), and the counters of dropped records.
+
+use std::sync::Arc;
+
+use rill_state::SubTaskState;
+use rill_topology::exec::TaskEnv;
+use rill_topology::serdes::SerdeError;
+use rill_topology::store::{KeyValueBytes, StoreError};
+use rill_topology::{key_hash, RawRecord, Topic};
+
+use super::origin::{Origin, ORIGIN_HEADER};
+use super::subtask::SubTaskId;
+use super::{EngineError, Shared};
+use crate::sink::Deliveries;
+
+/// The [`TaskEnv`] of one sub-task while it processes one item.
+pub(super) struct Env<'a> {
+    shared: &'a Shared,
+    id: &'a SubTaskId,
+    state: Option<&'a mut SubTaskState>,
+    deliveries: &'a Arc<Deliveries>,
+    /// (input topic id, input offset) of the record being processed; `None` outside of one
+    /// (wall-clock punctuation, init), whose repartition outputs carry no origin.
+    pub(super) origin: Option<(u64, u64, u64)>,
+    seq: u32,
+    error: Option<EngineError>,
+}
+
+impl<'a> Env<'a> {
+    pub(super) fn new(
+        shared: &'a Shared,
+        id: &'a SubTaskId,
+        state: Option<&'a mut SubTaskState>,
+        deliveries: &'a Arc<Deliveries>,
+    ) -> Self {
+        Env {
+            shared,
+            id,
+            state,
+            deliveries,
+            origin: None,
+            seq: 0,
+            error: None,
+        }
+    }
+
+    pub(super) fn finish(self) -> Result<(), EngineError> {
+        self.error.map_or(Ok(()), Err)
+    }
+}
+
+impl TaskEnv for Env<'_> {
+    fn store(&mut self, name: &str) -> Result<&mut dyn KeyValueBytes, StoreError> {
+        self.state
+            .as_mut()
+            .and_then(|s| s.store(name))
+            .ok_or_else(|| StoreError::UnknownStore(name.to_string()))
+    }
+
+    fn emit(&mut self, topic: &Topic, mut record: RawRecord) {
+        if self.error.is_some() {
+            return;
+        }
+        let resolved = self.shared.output_name(topic);
+        let partition = if topic.is_internal() {
+            if let Some((topic, offset, hash)) = self.origin {
+                let origin = Origin {
+                    topic,
+                    partition: self.id.partition,
+                    range: self.id.range,
+                    hash,
+                    offset,
+                    seq: self.seq,
+                };
+                self.seq += 1;
+                record.headers.add(ORIGIN_HEADER, origin.encode());
+            }
+            let n = self.shared.partitions_of(topic).max(1);
+            // Not range_of: partitions and ranges must split the hash space independently, or
+            // each partition's records would fall into a few of its ranges.
+            let hash = record.key.as_deref().map_or(0, key_hash);
+            Some((hash % n as u64) as u32)
+        } else {
+            None
+        };
+        let ticket = self.deliveries.ticket();
+        if let Err(e) = self.shared.sink.send(&resolved, partition, record, ticket) {
+            self.error = Some(e.into());
+        } else {
+            self.shared.stats.count_produced();
+            self.shared.metrics.produced(&resolved);
+        }
+    }
+
+    fn dropped(&mut self, reason: &'static str) {
+        self.shared.stats.count_discarded(reason);
+    }
+
+    fn late_dropped(&mut self, store: &str) {
+        self.shared.stats.count_late(store);
+    }
+
+    fn drop_unserializable(&mut self, topic: &Topic, error: &SerdeError) -> bool {
+        if !self.shared.config.drop_unserializable_outputs {
+            return false;
+        }
+        let resolved = self.shared.output_name(topic);
+        tracing::warn!(topic = %resolved, partition = self.id.partition, range = ?self.id.range, %error, "an output record does not serialize: dropped (production.exception.handler=log_and_continue)");
+        self.shared.stats.count_discarded("serialization_error");
+        true
+    }
+}

@@ -1,0 +1,165 @@
+//! Start-up's topic step: wait for the brokers, check the source topics, create the internal ones.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+
+use super::{
+    Runtime, RuntimeError, CHANGELOG_MIN_COMPACTION_LAG, CONNECT_DEADLINE, REQUEST_TIMEOUT,
+};
+use crate::engine::changelog::changelog_topic;
+use crate::kafka::admin::{
+    client_config, create_topics, create_topics_with, is_transient, partition_counts,
+    partition_counts_checked, topic_config, AuthWatch,
+};
+
+impl Runtime {
+    /// Waits for the brokers, checks source topics, creates internal topics; returns partition
+    /// counts of every source and internal topic.
+    pub(super) fn prepare_topics(&self) -> Result<BTreeMap<String, u32>, RuntimeError> {
+        let cfg = client_config(&self.bootstrap, &self.config.kafka);
+        // One client for the wait, so a refused login (reported through its context) ends it.
+        let probe: BaseConsumer<AuthWatch> = cfg.create_with_context(AuthWatch::default())?;
+        let external: Vec<String> = self
+            .topology
+            .source_topics()
+            .iter()
+            .filter(|t| !t.is_internal())
+            .map(|t| self.resolve(t))
+            .collect();
+        let start = std::time::Instant::now();
+        let mut backoff = Duration::from_millis(200);
+        let counts = loop {
+            let result = partition_counts_checked(&probe, &external, REQUEST_TIMEOUT);
+            if let Some(detail) = probe.context().failure() {
+                return Err(RuntimeError::Authentication {
+                    bootstrap: self.bootstrap.clone(),
+                    detail,
+                });
+            }
+            match result {
+                Ok(c) => break c,
+                Err(e) if is_transient(&e) && start.elapsed() < CONNECT_DEADLINE => {
+                    tracing::warn!(bootstrap = %self.bootstrap, error = %e, retry_in = ?backoff, "Kafka is not reachable yet; retrying");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let mut partitions = BTreeMap::new();
+        for (t, n) in counts {
+            let n = n.ok_or_else(|| RuntimeError::MissingSourceTopic(t.clone()))?;
+            partitions.insert(t, n);
+        }
+        // Internal topics take the partition count of the inputs of the sub-topology writing
+        // them; one may feed another, so resolve until nothing changes.
+        let internal = self.topology.internal_topics();
+        for _ in 0..=internal.len() {
+            for (t, writer) in &internal {
+                let n = self.topology.sub_topologies()[*writer]
+                    .sources
+                    .iter()
+                    .filter_map(|(s, _)| partitions.get(&self.resolve(s)).copied())
+                    .max()
+                    .unwrap_or(1);
+                partitions.insert(self.resolve(t), n);
+            }
+        }
+        for st in self.topology.sub_topologies() {
+            let topics: Vec<String> = st.sources.iter().map(|(t, _)| self.resolve(t)).collect();
+            let counts: Vec<u32> = topics
+                .iter()
+                .map(|t| partitions.get(t).copied().unwrap_or(1))
+                .collect();
+            if counts.windows(2).any(|w| w[0] != w[1]) {
+                return Err(RuntimeError::NotCoPartitioned { topics, counts });
+            }
+        }
+        let to_create: Vec<(String, u32)> = internal
+            .keys()
+            .map(|t| {
+                let name = self.resolve(t);
+                let n = partitions.get(&name).copied().unwrap_or(1);
+                (name, n)
+            })
+            .collect();
+        // One compacted changelog per store, partitioned like its sub-topology's input.
+        let mut changelogs = Vec::new();
+        for st in self.topology.sub_topologies() {
+            let n = st
+                .sources
+                .iter()
+                .filter_map(|(s, _)| partitions.get(&self.resolve(s)).copied())
+                .max()
+                .unwrap_or(1);
+            for store in &st.stores {
+                changelogs.push((changelog_topic(&self.config.application_id, store), n));
+            }
+        }
+        // Internal topics that exist already must match what rill would create.
+        let names: Vec<String> = to_create
+            .iter()
+            .chain(&changelogs)
+            .map(|(n, _)| n.clone())
+            .collect();
+        let existing = partition_counts(&cfg, &names, REQUEST_TIMEOUT)?;
+        for (name, want) in to_create.iter().chain(&changelogs) {
+            if let Some(Some(have)) = existing.get(name) {
+                if have != want {
+                    return Err(RuntimeError::InternalTopic {
+                        topic: name.clone(),
+                        problem: format!(
+                            "has {have} partitions, but its input has {want}: records would reach \
+                             the wrong tasks"
+                        ),
+                    });
+                }
+            }
+        }
+        match &self.embedded {
+            Some(cluster) => {
+                for (name, n) in to_create.iter().chain(&changelogs) {
+                    cluster.create_topic(name, *n)?;
+                }
+            }
+            None => {
+                let existing_changelogs: Vec<String> = changelogs
+                    .iter()
+                    .filter(|(n, _)| matches!(existing.get(n), Some(Some(_))))
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                let policies = topic_config(
+                    &cfg,
+                    &existing_changelogs,
+                    "cleanup.policy",
+                    REQUEST_TIMEOUT,
+                )?;
+                for (topic, policy) in policies {
+                    if !policy.split(',').any(|p| p.trim() == "compact") {
+                        return Err(RuntimeError::InternalTopic {
+                            topic,
+                            problem: format!(
+                                "has cleanup.policy={policy}: a changelog needs compact, or \
+                                 restores lose state"
+                            ),
+                        });
+                    }
+                }
+                create_topics(&cfg, &to_create, REQUEST_TIMEOUT)?;
+                let lag = CHANGELOG_MIN_COMPACTION_LAG.as_millis().to_string();
+                create_topics_with(
+                    &cfg,
+                    &changelogs,
+                    &[
+                        ("cleanup.policy", "compact"),
+                        ("min.compaction.lag.ms", lag.as_str()),
+                    ],
+                    REQUEST_TIMEOUT,
+                )?;
+            }
+        }
+        Ok(partitions)
+    }
+}
