@@ -5,23 +5,16 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::wordcount;
-use rdkafka::config::ClientConfig;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use common::{producer, wordcount};
 use rill::runtime::{ConfigBuilder, Runtime};
 
 fn produce_lines(bootstrap: &str, topic: &str, n: usize) {
-    let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .expect("producer");
+    let p = producer::input_producer(bootstrap, 5).expect("producer");
     for i in 0..n {
         let line = format!("alpha beta gamma{} delta", i % 7);
-        p.send(BaseRecord::<(), str>::to(topic).payload(&line))
-            .map_err(|(e, _)| e)
-            .expect("send");
+        producer::send(&p, topic, None, line.as_bytes()).expect("send");
     }
-    p.flush(Duration::from_secs(30)).expect("flush");
+    producer::flush(&p).expect("flush");
 }
 
 /// Issue 10, item 9: a second demo run on a new embedded cluster with the default state dir

@@ -44,7 +44,7 @@ use rill_topology::{key_hash, RawRecord, Topic, Topology};
 
 use crate::engine::{
     Dispatch, Engine, EngineConfig, EngineError, EngineStats, FactorChange, RecordErrorHandler,
-    Resume,
+    Resume, TopicPartition,
 };
 use crate::sink::{MemorySink, RecordSink};
 
@@ -229,7 +229,7 @@ struct Inner {
     /// Partition count per resolved topic (inputs and internal topics).
     partitions: BTreeMap<String, u32>,
     /// Next offset per (topic, partition) of the in-memory input logs.
-    ends: BTreeMap<(String, u32), u64>,
+    ends: BTreeMap<TopicPartition, u64>,
     /// Records written to output topics, not yet read.
     outputs: HashMap<String, VecDeque<RawRecord>>,
     dir: PathBuf,
@@ -238,7 +238,10 @@ struct Inner {
 
 impl Inner {
     fn append(&mut self, topic: &str, partition: u32, raw: RawRecord) -> Result<(), DriverError> {
-        let end = self.ends.entry((topic.to_string(), partition)).or_insert(0);
+        let end = self
+            .ends
+            .entry(TopicPartition::new(topic, partition))
+            .or_insert(0);
         let offset = *end;
         *end += 1;
         let mut raw = raw;
@@ -316,7 +319,7 @@ fn default_partition(raw: &RawRecord, n: u32) -> u32 {
     (raw.key.as_deref().map_or(0, key_hash) % n as u64) as u32
 }
 
-fn read_offsets(dir: &Path) -> Result<BTreeMap<(String, u32), u64>, DriverError> {
+fn read_offsets(dir: &Path) -> Result<BTreeMap<TopicPartition, u64>, DriverError> {
     let path = dir.join(OFFSETS_FILE);
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
@@ -330,16 +333,16 @@ fn read_offsets(dir: &Path) -> Result<BTreeMap<(String, u32), u64>, DriverError>
             continue;
         };
         if let (Ok(p), Ok(end)) = (p.parse(), end.parse()) {
-            out.insert((topic.to_string(), p), end);
+            out.insert(TopicPartition::new(topic, p), end);
         }
     }
     Ok(out)
 }
 
-fn write_offsets(dir: &Path, ends: &BTreeMap<(String, u32), u64>) -> Result<(), DriverError> {
+fn write_offsets(dir: &Path, ends: &BTreeMap<TopicPartition, u64>) -> Result<(), DriverError> {
     let text: String = ends
         .iter()
-        .map(|((t, p), e)| format!("{t} {p} {e}\n"))
+        .map(|(tp, e)| format!("{} {} {e}\n", tp.topic, tp.partition))
         .collect();
     std::fs::create_dir_all(dir).map_err(|source| DriverError::Io {
         path: dir.to_path_buf(),

@@ -98,7 +98,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rill_state::{Progress, StoreWrite};
 use rill_topology::{Headers, KeyRange, RawRecord};
 
-use super::EngineError;
+use super::{EngineError, TopicPartition};
 
 /// Header that marks a range marker record.
 pub const MARKER_HEADER: &str = "rill.marker";
@@ -353,7 +353,7 @@ fn corrupt(topic: &str, partition: u32, offset: u64, detail: String) -> EngineEr
 #[derive(Default)]
 pub struct MemoryChangelog {
     /// Invariant: appends under the lock keep each partition in write order.
-    logs: parking_lot::Mutex<HashMap<(String, u32), Log>>,
+    logs: parking_lot::Mutex<HashMap<TopicPartition, Log>>,
 }
 
 /// One partition: its records with their offsets, and the next offset.
@@ -367,7 +367,9 @@ impl MemoryChangelog {
     /// Appends `record` to `topic`/`partition`; returns its offset.
     pub fn append(&self, topic: &str, partition: u32, record: RawRecord) -> u64 {
         let mut logs = self.logs.lock();
-        let log = logs.entry((topic.to_string(), partition)).or_default();
+        let log = logs
+            .entry(TopicPartition::new(topic, partition))
+            .or_default();
         let offset = log.next;
         log.next += 1;
         log.records.push((offset, record));
@@ -378,7 +380,7 @@ impl MemoryChangelog {
     pub fn records(&self, topic: &str, partition: u32) -> Vec<(u64, RawRecord)> {
         self.logs
             .lock()
-            .get(&(topic.to_string(), partition))
+            .get(&TopicPartition::new(topic, partition))
             .map(|l| l.records.clone())
             .unwrap_or_default()
     }
@@ -391,7 +393,11 @@ impl MemoryChangelog {
         partition: u32,
         mut drop: impl FnMut(u64, &RawRecord) -> bool,
     ) {
-        if let Some(log) = self.logs.lock().get_mut(&(topic.to_string(), partition)) {
+        if let Some(log) = self
+            .logs
+            .lock()
+            .get_mut(&TopicPartition::new(topic, partition))
+        {
             log.records.retain(|(o, r)| !drop(*o, r));
         }
     }
@@ -401,7 +407,7 @@ impl MemoryChangelog {
     /// `drop_tombstones` (after `delete.retention.ms`).
     pub fn compact(&self, topic: &str, partition: u32, below: u64, drop_tombstones: bool) {
         let mut logs = self.logs.lock();
-        let Some(log) = logs.get_mut(&(topic.to_string(), partition)) else {
+        let Some(log) = logs.get_mut(&TopicPartition::new(topic, partition)) else {
             return;
         };
         // The cleaner's offset map covers only the cleanable part: a record at or above `below`
@@ -448,7 +454,7 @@ impl ChangelogReader for MemoryChangelog {
         let records: Vec<(u64, RawRecord)> = self
             .logs
             .lock()
-            .get(&(topic.to_string(), partition))
+            .get(&TopicPartition::new(topic, partition))
             .map(|l| {
                 l.records
                     .iter()
