@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::broker::{OwnBroker, Security};
 use common::http::status;
-use common::service::{eventually, final_counts_on, free_addr, terminate, Feeder, Service};
+use common::service::{eventually, final_counts_on, ready_within, terminate, Feeder, Service};
 use common::unique;
 
 /// Slot of this binary's broker (port = shared port + 2 x slot).
@@ -31,14 +31,9 @@ fn service_keeps_running_through_broker_restarts_and_counts_exactly() {
     cluster.create_topic(&output, 4);
     let dir = tempfile::tempdir().expect("tempdir");
     let mut service = Service::on(&cluster, &app, "0", &input, &output, dir.path());
-    let addr = free_addr();
-    service.set("metrics.addr", &addr.to_string());
+    let addr = service.serve_http();
     let mut child = service.spawn();
-    let ready = |within: Duration| {
-        eventually(within, || {
-            status(addr, "/ready", Duration::from_secs(1)) == Some(200)
-        })
-    };
+    let ready = |within: Duration| ready_within(addr, within);
     assert!(
         ready(Duration::from_secs(60)),
         "the service never became ready; log:\n{}",

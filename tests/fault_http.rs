@@ -9,7 +9,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::http::status;
-use common::service::{eventually, free_addr, terminate, Service};
+use common::service::{ready_within, terminate, Service};
 use common::{create_topic, unique};
 use rill::runtime::config::MetricsAddr;
 use rill::runtime::ConfigBuilder;
@@ -37,13 +37,10 @@ fn health_answers_within_a_second_under_a_flood_of_slow_clients() {
     create_topic(&output, 2);
     let dir = tempfile::tempdir().expect("tempdir");
     let mut service = Service::new(&app, "0", &input, &output, dir.path());
-    let addr = free_addr();
-    service.set("metrics.addr", &addr.to_string());
+    let addr = service.serve_http();
     let mut child = service.spawn();
     assert!(
-        eventually(Duration::from_secs(60), || {
-            status(addr, "/ready", Duration::from_secs(1)) == Some(200)
-        }),
+        ready_within(addr, Duration::from_secs(60)),
         "not ready; log:\n{}",
         service.log_tail(20)
     );

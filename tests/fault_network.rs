@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::broker::{OwnBroker, Security};
 use common::http::status;
 use common::proxy::Proxy;
-use common::service::{eventually, final_counts_on, free_addr, terminate, Feeder, Service};
+use common::service::{eventually, final_counts_on, ready_within, terminate, Feeder, Service};
 use common::unique;
 
 /// Slot of this binary's broker (port = shared port + 2 x slot).
@@ -30,15 +30,14 @@ fn latency_resets_and_a_blackhole_lose_nothing_and_ready_reports_the_outage() {
     cluster.create_topic(&output, 4);
     let dir = tempfile::tempdir().expect("tempdir");
     let mut service = Service::on(&cluster, &app, "0", &input, &output, dir.path());
-    let addr = free_addr();
-    service.set("metrics.addr", &addr.to_string());
+    let addr = service.serve_http();
     // A request unanswered this long closes its connection: librdkafka then reports the broker
     // down (the default, 60 s, would hide a shorter blackhole).
     service.set("kafka.socket.timeout.ms", "5000");
     let mut child = service.spawn();
     let code = |path| status(addr, path, Duration::from_secs(1));
     assert!(
-        eventually(Duration::from_secs(60), || code("/ready") == Some(200)),
+        ready_within(addr, Duration::from_secs(60)),
         "not ready; log:\n{}",
         service.log_tail(30)
     );
@@ -79,7 +78,7 @@ fn latency_resets_and_a_blackhole_lose_nothing_and_ready_reports_the_outage() {
         reported_after.as_secs_f64()
     );
     assert!(
-        eventually(Duration::from_secs(60), || code("/ready") == Some(200)),
+        ready_within(addr, Duration::from_secs(60)),
         "/ready did not return to 200 after the blackhole; log:\n{}",
         service.log_tail(30)
     );

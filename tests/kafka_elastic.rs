@@ -8,40 +8,24 @@
 mod common;
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener};
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::time::Duration;
 
 use common::http::{get, request, sum};
-use common::service::{eventually, feed, final_counts, kill, lines, terminate, Service};
+use common::service::{
+    eventually, feed, final_counts, kill, lines, ready_within, terminate, Service,
+};
 use common::{bootstrap, create_topic, long, produce, read_until, unique};
 use rill::prelude::*;
 use rill::runtime::{ConfigBuilder, Runtime};
 
-/// A port free right now, for `metrics.addr`.
-fn free_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
 /// Waits until the service answers `/ready` with 200.
 fn wait_ready(addr: SocketAddr, service: &Service, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if std::net::TcpStream::connect(addr).is_ok() && get(addr, "/ready").0.contains(" 200 ") {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the service was not ready within {timeout:?}; log:\n{}",
-            service.log_tail(40)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn set_env(service: &mut Service, key: &str, value: &str) {
-    service.env.retain(|(k, _)| k != key);
-    service.env.push((key.to_string(), value.to_string()));
+    assert!(
+        ready_within(addr, timeout),
+        "the service was not ready within {timeout:?}; log:\n{}",
+        service.log_tail(40)
+    );
 }
 
 /// Asks for a live change; returns the report's JSON.
@@ -67,9 +51,8 @@ fn counts_stay_exact_across_restarts_and_live_changes_of_the_factor() {
     create_topic(&output, 4);
     let dir = tempfile::tempdir().expect("tempdir");
     let mut service = Service::new(&app, "0", &input, &output, dir.path());
-    let addr = free_addr();
-    set_env(&mut service, "RILL_METRICS_ADDR", &addr.to_string());
-    set_env(&mut service, "RILL_ADMIN_ENABLED", "true");
+    let addr = service.serve_http();
+    service.set("admin.enabled", "true");
     let (batches, truth) = lines(40, 200);
     let producer = feed(&input, batches, Duration::from_millis(250));
 
@@ -78,7 +61,7 @@ fn counts_stay_exact_across_restarts_and_live_changes_of_the_factor() {
     wait_ready(addr, &service, Duration::from_secs(60));
     std::thread::sleep(Duration::from_secs(2));
     kill(&mut child);
-    set_env(&mut service, "RILL_PARALLELISING_FACTOR", "16");
+    service.set("parallelising.factor", "16");
     child = service.spawn();
     wait_ready(addr, &service, Duration::from_secs(60));
     std::thread::sleep(Duration::from_secs(2));
@@ -126,7 +109,7 @@ fn counts_stay_exact_across_restarts_and_live_changes_of_the_factor() {
     change_factor(addr, &service, r#"{"factor": 7}"#);
     kill(&mut child);
     std::fs::remove_dir_all(&service.state_dir).expect("remove the state dir");
-    set_env(&mut service, "RILL_PARALLELISING_FACTOR", "2");
+    service.set("parallelising.factor", "2");
     child = service.spawn();
     producer.join().expect("producer");
 

@@ -96,6 +96,13 @@ impl Service {
         self.env.push((var, value.to_string()));
     }
 
+    /// Serves the HTTP endpoint on a free local address (`metrics.addr`); returns the address.
+    pub fn serve_http(&mut self) -> std::net::SocketAddr {
+        let addr = free_addr();
+        self.set("metrics.addr", &addr.to_string());
+        addr
+    }
+
     /// Removes config `key`'s `RILL_*` variable.
     pub fn unset(&mut self, key: &str) {
         let var = format!("RILL_{}", key.to_ascii_uppercase().replace('.', "_"));
@@ -288,6 +295,13 @@ pub fn free_addr() -> std::net::SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free local port")
+}
+
+/// Whether `/ready` at `addr` answers 200 within `within`.
+pub fn ready_within(addr: std::net::SocketAddr, within: Duration) -> bool {
+    eventually(within, || {
+        super::http::status(addr, "/ready", Duration::from_secs(1)) == Some(200)
+    })
 }
 
 /// Polls `f` every 100 ms until it holds or `timeout` passes; returns whether it held.

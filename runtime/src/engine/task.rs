@@ -354,6 +354,17 @@ impl Engine {
         })
     }
 
+    /// The input partitions of every task here, running, restoring or waiting for its inputs.
+    pub fn assigned_partitions(&self) -> Vec<TopicPartition> {
+        let mut out = Vec::new();
+        for id in self.tasks.keys() {
+            for topic in self.shared.topic_names(id.sub_topology) {
+                out.push(TopicPartition::new(topic, id.partition));
+            }
+        }
+        out
+    }
+
     /// Tasks that have waited longer than `longer_than` for the partitions of some of their
     /// inputs: (partition, assigned topics, missing topics).
     pub fn incomplete_tasks(&self, longer_than: Duration) -> Vec<(u32, Vec<String>, Vec<String>)> {

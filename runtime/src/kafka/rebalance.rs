@@ -278,20 +278,34 @@ impl SourceContext {
         Ok(())
     }
 
+    /// Closes every task without committing: the consumer hit a fatal error (the broker fenced
+    /// it), so the whole assignment is gone and another member may own it already.
+    pub fn lose_assignment(&self) {
+        let all = self.engine.lock().assigned_partitions();
+        self.forget_restoring(&all);
+        self.engine.lock().revoke(&all, self.drain_timeout, true);
+        if !all.is_empty() {
+            tracing::warn!(partitions = ?all, "partitions lost with the fatal consumer: nothing of them is committed");
+        }
+    }
+
+    /// Drops `partitions` from the restoring set (readiness waits for it no longer).
+    fn forget_restoring(&self, partitions: &[TopicPartition]) {
+        let mut restoring = self.restoring.lock();
+        for key in partitions {
+            if restoring.remove(key) {
+                self.health.restore_finished();
+            }
+        }
+    }
+
     fn on_revoke(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList, lost: bool) {
         let revoked: Vec<TopicPartition> = tpl
             .elements()
             .iter()
             .map(|e| TopicPartition::new(e.topic(), e.partition() as u32))
             .collect();
-        {
-            let mut restoring = self.restoring.lock();
-            for key in &revoked {
-                if restoring.remove(key) {
-                    self.health.restore_finished();
-                }
-            }
-        }
+        self.forget_restoring(&revoked);
         let started = Instant::now();
         let outcome = self
             .engine

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers as _, Message};
 use rill_topology::{Headers, RawRecord};
 
@@ -65,6 +65,15 @@ pub enum SourceError {
     /// A rebalance callback failed.
     #[error("{0}")]
     Rebalance(String),
+    /// The consumer hit a fatal error and never fetches again (librdkafka raises one when the
+    /// broker fences this static member: another member joined with its `group.instance.id`).
+    #[error("the consumer hit a fatal error ({code:?}: {reason}); if another instance runs with the same kafka.group.instance.id, give each instance its own")]
+    Fatal {
+        /// librdkafka's error code (`FencedInstanceId` for a fenced static member).
+        code: RDKafkaErrorCode,
+        /// librdkafka's description.
+        reason: String,
+    },
     /// A task's input partitions were not all assigned to this member.
     #[error("partition {partition} of {missing:?} is not assigned to this member although partition {partition} of {assigned:?} is: one sub-topology reads them together, so they must be assigned together (co-partitioning); rill asks for the `range` assignor for such topologies, so check `kafka.partition.assignment.strategy` / `kafka.group.remote.assignor` and that the topics have the same partition count")]
     NotCoPartitioned {
@@ -84,7 +93,7 @@ pub fn run(
     stop: &AtomicBool,
     commit_interval: Duration,
     factor_requests: Receiver<FactorRequest>,
-    mut auto_factor: Option<AutoFactor>,
+    mut auto_factor: Option<&mut AutoFactor>,
 ) -> Result<(), SourceError> {
     let ctx = consumer.context().clone();
     let mut live_factor = LiveFactor::new(factor_requests);
@@ -103,13 +112,18 @@ pub fn run(
             // Fenced out of the group: stop committing at once, before the revoke arrives.
             ctx.engine.lock().fence_all();
         }
+        if let Some((code, reason)) = consumer.client().fatal_error() {
+            // This consumer is dead and its partitions may be another member's already.
+            ctx.engine.lock().fence_all();
+            break Err(SourceError::Fatal { code, reason });
+        }
         if let Err(e) = start_restored(consumer, &ctx) {
             break Err(e);
         }
         if let Err(e) = live_factor.turn(consumer, &ctx) {
             break Err(e);
         }
-        if let Some(auto) = &mut auto_factor {
+        if let Some(auto) = auto_factor.as_deref_mut() {
             auto.turn(&ctx.engine.lock());
         }
         if let Err(e) = backpressure.retry(consumer, &ctx) {
@@ -178,6 +192,10 @@ pub fn run(
             }
         }
     };
+    if matches!(result, Err(SourceError::Fatal { .. })) {
+        // Nothing may be committed: the caller closes the fenced tasks.
+        return result;
+    }
     // Drain and commit what was processed, whether stopping cleanly or on an error.
     let progress = {
         let mut engine = ctx.engine.lock();

@@ -22,7 +22,7 @@
 //! consistent (range commits are atomic), and the records after the last commit are replayed.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,6 +51,35 @@ mod running;
 mod topics;
 
 pub use running::{exit_code, init_logging, RunningRuntime};
+
+/// At most this many consumers are replaced after a fatal error within [`REJOIN_WINDOW`]; past
+/// that the runtime stops: two instances with one `group.instance.id` would fence each other
+/// forever.
+const MAX_REJOINS: usize = 3;
+/// See [`MAX_REJOINS`].
+const REJOIN_WINDOW: Duration = Duration::from_secs(600);
+
+/// The times of recent consumer replacements.
+#[derive(Default)]
+struct Rejoins(std::collections::VecDeque<std::time::Instant>);
+
+impl Rejoins {
+    /// Whether one more replacement fits in the window (recorded when it does).
+    fn allow(&mut self) -> bool {
+        self.allow_at(std::time::Instant::now())
+    }
+
+    fn allow_at(&mut self, now: std::time::Instant) -> bool {
+        while self.0.front().is_some_and(|t| now - *t > REJOIN_WINDOW) {
+            self.0.pop_front();
+        }
+        if self.0.len() >= MAX_REJOINS {
+            return false;
+        }
+        self.0.push_back(now);
+        true
+    }
+}
 
 /// How long to wait for brokers at start before giving up.
 const CONNECT_DEADLINE: Duration = Duration::from_secs(300);
@@ -283,17 +312,6 @@ impl Runtime {
             &c.kafka,
         ))));
         let engine = Arc::new(Mutex::new(engine));
-        let ctx = SourceContext {
-            engine: engine.clone(),
-            drain_timeout: c.shutdown_timeout,
-            committer: Default::default(),
-            error: Mutex::new(None),
-            rebalances: AtomicU64::new(0),
-            restoring: Mutex::new(std::collections::BTreeSet::new()),
-            held_limit: c.mailbox_capacity,
-            health: health.clone(),
-            high_watermarks: Mutex::new(HashMap::new()),
-        };
         let mut cfg = client_config(&self.bootstrap, &c.kafka);
         // A sub-topology with several inputs needs partition p of each on one member: `range`
         // assigns them together (co-partitioning); other topologies keep incremental rebalancing.
@@ -335,17 +353,35 @@ impl Runtime {
         for (k, v) in &c.kafka {
             cfg.set(k, v);
         }
-        let consumer: BaseConsumer<SourceContext> = cfg.create_with_context(ctx)?;
+        let (engine2, health3) = (engine.clone(), health.clone());
+        let (drain_timeout, held_limit) = (c.shutdown_timeout, c.mailbox_capacity);
+        // A context per consumer: a consumer that hit a fatal error is replaced by a new one.
+        let context = move || SourceContext {
+            engine: engine2.clone(),
+            drain_timeout,
+            committer: Default::default(),
+            error: Mutex::new(None),
+            rebalances: AtomicU64::new(0),
+            restoring: Mutex::new(std::collections::BTreeSet::new()),
+            held_limit,
+            health: health3.clone(),
+            high_watermarks: Mutex::new(HashMap::new()),
+        };
         let topics: Vec<String> = self
             .topology
             .source_topics()
             .iter()
             .map(|t| self.resolve(t))
             .collect();
-        let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
-        consumer.subscribe(&refs)?;
+        let join = move || -> Result<BaseConsumer<SourceContext>, KafkaError> {
+            let consumer: BaseConsumer<SourceContext> = cfg.create_with_context(context())?;
+            let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
+            consumer.subscribe(&refs)?;
+            Ok(consumer)
+        };
+        let mut consumer = join()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let auto_factor = c.parallelising_auto.then(|| {
+        let mut auto_factor = c.parallelising_auto.then(|| {
             AutoFactor::new(
                 AutoPolicy {
                     base: c.parallelising_factor,
@@ -359,13 +395,34 @@ impl Runtime {
         let thread = std::thread::Builder::new()
             .name("rill-source".into())
             .spawn(move || {
-                let r = source::run(&consumer, &stop2, interval, factor_requests, auto_factor);
+                let mut rejoins = Rejoins::default();
+                let r = loop {
+                    let r = source::run(
+                        &consumer,
+                        &stop2,
+                        interval,
+                        factor_requests.clone(),
+                        auto_factor.as_mut(),
+                    );
+                    let Err(e @ SourceError::Fatal { .. }) = &r else {
+                        // Leaving the group fires the last revocation while the engine exists.
+                        consumer.unsubscribe();
+                        break r;
+                    };
+                    consumer.context().lose_assignment();
+                    if stop2.load(Ordering::SeqCst) || !rejoins.allow() {
+                        break r;
+                    }
+                    tracing::warn!(error = %e, "rejoining the group with a new consumer: its tasks resume from their last commits");
+                    consumer = match join() {
+                        Ok(c) => c,
+                        Err(e) => break Err(e.into()),
+                    };
+                };
                 if let Err(e) = &r {
                     tracing::error!(error = %e, "processing stopped on an error");
                     health2.set_failed();
                 }
-                // Leaving the group fires the last revocation while the engine still exists.
-                consumer.unsubscribe();
                 drop(consumer);
                 r
             })
@@ -388,5 +445,19 @@ impl Runtime {
         let running = self.start()?;
         running.stop_on_signal()?;
         running.join()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consumer_replacements_are_bounded_within_their_window() {
+        let start = std::time::Instant::now();
+        let mut rejoins = Rejoins::default();
+        assert!((0..MAX_REJOINS).all(|_| rejoins.allow_at(start)));
+        assert!(!rejoins.allow_at(start + REJOIN_WINDOW / 2));
+        assert!(rejoins.allow_at(start + REJOIN_WINDOW + Duration::from_secs(1)));
     }
 }
