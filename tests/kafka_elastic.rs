@@ -154,11 +154,12 @@ fn parallelising_auto_splits_a_slow_partition_and_counts_stay_exact() {
         .collect();
     produce(&input, &records);
     let state = tempfile::tempdir().expect("tempdir");
+    let metrics_addr = common::service::free_addr();
     let config = ConfigBuilder::new()
         .set("application.id", &app)
         .set("bootstrap.servers", bootstrap())
         .set("state.dir", state.path().display())
-        .set("metrics.addr", "off")
+        .set("metrics.addr", metrics_addr)
         .set("parallelising.auto", true)
         .set("parallelising.factor.max", 4)
         .set("parallelising.auto.queue.time.ms", 200)
@@ -173,7 +174,18 @@ fn parallelising_auto_splits_a_slow_partition_and_counts_stay_exact() {
         .start()
         .expect("start");
     let factor = || running.parallelising_factors().get(&(0, 0)).copied();
-    let split = eventually(Duration::from_secs(60), || factor().is_some_and(|f| f > 1));
+    // The queue time users see is the estimate the split decides on: above the 0.2 s bound.
+    let mut queue_time = 0.0f64;
+    let split = eventually(Duration::from_secs(60), || {
+        let (_, metrics) = get(metrics_addr, "/metrics");
+        let q = sum(
+            &metrics,
+            "rill_range_queue_time_seconds",
+            &["partition=\"0\"", "range=\"0\""],
+        );
+        queue_time = queue_time.max(q.unwrap_or(0.0));
+        factor().is_some_and(|f| f > 1)
+    });
     let mut highest = factor().unwrap_or(0);
     let (latest, _) = read_until(&output, Duration::from_secs(120), |l| {
         highest = highest.max(factor().unwrap_or(0));
@@ -182,6 +194,11 @@ fn parallelising_auto_splits_a_slow_partition_and_counts_stay_exact() {
     let last = factor();
     running.shutdown().expect("clean shutdown");
     assert!(split, "partition 0 still runs factor {last:?} after 60 s");
+    assert!(
+        queue_time > 0.2,
+        "rill_range_queue_time_seconds of the slow range peaked at {queue_time} s before the split"
+    );
+    eprintln!("queue time of the slow range before the split: {queue_time:.2} s");
     assert!(
         (2..=4).contains(&highest),
         "highest factor {highest}: not within 2..=4"

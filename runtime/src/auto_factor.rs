@@ -3,8 +3,8 @@
 //!
 //! Every second the source loop samples each open sub-task: records queued (`depth`) and
 //! records handled since the last sample. A range's **queue time** is `depth / rate` (Little's
-//! law; a range with records queued that handled none in the second counts as infinitely
-//! slow). Per input partition, over all its tasks:
+//! law, [`crate::queue_time`]; a range with records queued that handled none in the second
+//! counts as infinitely slow). Per input partition, over all its tasks:
 //! - **Split**: when the busiest range's queue time was above `parallelising.auto.queue.time.ms`
 //!   at [`HOT_SAMPLES`] samples in a row, the partition's factor doubles, capped at
 //!   `parallelising.factor.max`.
@@ -24,9 +24,8 @@ use tokio::sync::oneshot;
 
 use crate::elastic::{FactorControl, FactorReport, DEFAULT_FACTOR_TIMEOUT};
 use crate::engine::{Engine, RangeLoad, TaskId};
+use crate::queue_time::SAMPLE_EVERY;
 
-/// How often the load is sampled.
-pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// Samples in a row above the bound before a partition splits.
 pub const HOT_SAMPLES: u32 = 5;
 /// Samples in a row with nothing queued before a partition merges.
@@ -86,11 +85,7 @@ impl AutoDecider {
             entry.2 |= l.depth > 0;
             if let Some(before) = self.previous.get(&key) {
                 let rate = l.done.saturating_sub(*before) as f64 / secs;
-                let queue_time = match (l.depth, rate > 0.0) {
-                    (0, _) => 0.0,
-                    (_, false) => f64::INFINITY,
-                    (depth, true) => depth as f64 / rate,
-                };
+                let queue_time = crate::queue_time::estimate(l.depth, rate);
                 entry.1 = Some(entry.1.map_or(queue_time, |q: f64| q.max(queue_time)));
             }
             seen.insert(key, l.done);

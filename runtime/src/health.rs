@@ -58,6 +58,11 @@ impl Health {
         self.brokers_unreachable.swap(!reachable, Ordering::SeqCst) == reachable
     }
 
+    /// Whether some broker connection was up at the last statistics.
+    pub fn brokers_reachable(&self) -> bool {
+        !self.brokers_unreachable.load(Ordering::SeqCst)
+    }
+
     /// Marks the loop as stopped on an error.
     pub fn set_failed(&self) {
         self.failed.store(true, Ordering::SeqCst);

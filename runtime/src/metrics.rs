@@ -40,6 +40,9 @@ pub const CONSUMER_LAG: &str = "rill_consumer_lag_records";
 /// High watermark minus the offset below which a key range has committed all its records, per
 /// input partition and key range: which ranges fall behind.
 pub const RANGE_LAG: &str = "rill_range_lag_records";
+/// How long a record that arrives now waits before its key range handles it (records queued /
+/// records handled per second, sampled every second), per input partition and key range.
+pub const RANGE_QUEUE_TIME: &str = "rill_range_queue_time_seconds";
 /// Range commits (outputs flushed, then state and progress written in one batch).
 pub const COMMITS: &str = "rill_commits_total";
 /// Time of one range commit.
@@ -72,6 +75,7 @@ pub const ALL: &[&str] = &[
     SUBTASK_QUEUE_DEPTH,
     CONSUMER_LAG,
     RANGE_LAG,
+    RANGE_QUEUE_TIME,
     COMMITS,
     COMMIT_LATENCY,
     REBALANCES,
@@ -200,6 +204,11 @@ fn describe() {
         RANGE_LAG,
         Unit::Count,
         "Records of a key range not yet committed: high watermark minus the range's committed offset."
+    );
+    describe_gauge!(
+        RANGE_QUEUE_TIME,
+        Unit::Seconds,
+        "How long a record arriving now waits before its key range handles it: records queued / records handled per second, sampled every second (a stalled range: how long it has handled nothing)."
     );
     describe_counter!(
         COMMITS,
@@ -414,6 +423,8 @@ pub(crate) struct TaskMetrics {
     pub queue_depth: Vec<Gauge>,
     /// [`RANGE_LAG`] per source topic index, per key range index.
     pub range_lag: Vec<Vec<Gauge>>,
+    /// [`RANGE_QUEUE_TIME`] per key range index (labelled with the first source topic).
+    pub queue_time: Vec<Gauge>,
 }
 
 impl TaskMetrics {
@@ -434,6 +445,11 @@ impl TaskMetrics {
                     metrics::gauge!(SUBTASK_QUEUE_DEPTH, "topic" => first.clone(), "partition" => p.clone(), "range" => r.to_string())
                 })
                 .collect(),
+            queue_time: (0..ranges)
+                .map(|r| {
+                    metrics::gauge!(RANGE_QUEUE_TIME, "topic" => first.clone(), "partition" => p.clone(), "range" => r.to_string())
+                })
+                .collect(),
             range_lag: topics
                 .iter()
                 .map(|t| {
@@ -449,12 +465,13 @@ impl TaskMetrics {
 }
 
 impl Drop for TaskMetrics {
-    /// A revoked (or re-split) task's ranges are gone: their queue depth and lag read 0, not
+    /// A revoked (or re-split) task's ranges are gone: their queue depth, queue time and lag read 0, not
     /// their last value.
     fn drop(&mut self) {
         for g in self
             .queue_depth
             .iter()
+            .chain(&self.queue_time)
             .chain(self.range_lag.iter().flatten())
         {
             g.set(0.0);

@@ -29,6 +29,10 @@ pub trait RecordSink: Send + Sync {
         record: RawRecord,
         ticket: Ticket,
     ) -> Result<(), SinkError>;
+
+    /// Makes every `send` that waits for room (and every later one) fail at once: the runtime
+    /// gives up on its outputs (a drain that timed out, brokers gone for too long).
+    fn abort(&self) {}
 }
 
 /// One output record's claim on its sub-task's `Deliveries`, settled by

@@ -161,6 +161,9 @@ pub struct Config {
     pub state_corruption_handler: CorruptionHandler,
     /// Whether the admin routes are served (`admin.enabled`).
     pub admin_enabled: bool,
+    /// How long the service waits with no broker connection up before it stops (`None`: for
+    /// ever).
+    pub brokers_unavailable_timeout: Option<Duration>,
     /// librdkafka settings (without the `kafka.` prefix).
     pub kafka: BTreeMap<String, String>,
 }
@@ -267,6 +270,9 @@ settings! {
     "state.corruption.handler" => state_corruption_handler: CorruptionHandler = CorruptionHandler::Fail,
         shown "`fail`",
         doc "a corrupt state database at start (truncated MANIFEST or SST): `fail` stops with an error naming it; `rebuild` moves it aside and rebuilds the stores from their changelogs";
+    "brokers.unavailable.timeout.ms" => brokers_unavailable_timeout_ms: Option<Whole<1>> = None,
+        shown "`unset`",
+        doc "stop with an error (exit 1) once no broker connection has been up for this long (milliseconds), so that a supervisor can act; unset, the service waits for the brokers for ever, answering 503 on `/ready` meanwhile";
     "admin.enabled" => admin_enabled: bool = false,
         shown "`false`",
         doc "serve the admin routes on metrics.addr (`POST /admin/parallelising-factor`)";
@@ -517,6 +523,9 @@ impl ConfigBuilder {
             production_handler: s.production_handler,
             state_corruption_handler: s.state_corruption_handler,
             admin_enabled: s.admin_enabled,
+            brokers_unavailable_timeout: s
+                .brokers_unavailable_timeout_ms
+                .map(|ms| Duration::from_millis(ms.0)),
             kafka,
         })
     }
@@ -620,6 +629,11 @@ impl Config {
             },
         );
         put("admin.enabled", self.admin_enabled.to_string());
+        put(
+            "brokers.unavailable.timeout.ms",
+            self.brokers_unavailable_timeout
+                .map_or_else(|| "unset".into(), |d| d.as_millis().to_string()),
+        );
         for (k, v) in &self.kafka {
             put(&format!("kafka.{k}"), v.clone());
         }

@@ -362,6 +362,19 @@ impl Engine {
         out
     }
 
+    /// Sets the queue-time gauge of each range in `times` that is still open.
+    pub(crate) fn publish_queue_times(&self, times: &[crate::queue_time::RangeQueueTime]) {
+        for t in times {
+            if let Some(g) = self
+                .tasks
+                .get(&t.task)
+                .and_then(|task| task.metrics.queue_time.get(t.range))
+            {
+                g.set(t.seconds);
+            }
+        }
+    }
+
     /// The parallelising factor of every assigned task.
     pub fn factors(&self) -> BTreeMap<TaskId, usize> {
         self.tasks.iter().map(|(id, t)| (*id, t.factor)).collect()

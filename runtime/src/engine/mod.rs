@@ -331,10 +331,12 @@ impl Engine {
         }
     }
 
-    /// Gives up on queued work (a shutdown whose drain timed out): sub-tasks drop what is left in
-    /// their mailboxes without processing or committing it, so their jobs end promptly.
+    /// Gives up on queued work (a shutdown whose drain timed out, brokers gone too long):
+    /// sub-tasks drop what is left in their mailboxes without processing or committing it, and
+    /// sends waiting for room in the producer fail, so their jobs end promptly.
     pub fn abandon(&self) {
         self.shared.abandoned.store(true, Ordering::SeqCst);
+        self.shared.sink.abort();
     }
 
     /// How often wall-clock punctuations should be fired ([`Engine::punctuate_wall_clock`]):

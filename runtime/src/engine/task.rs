@@ -486,11 +486,12 @@ impl Engine {
         out
     }
 
-    /// Fences every task (this member was fenced out of the group): nothing more is committed.
+    /// Fences every task (this member was fenced out of the group, its consumer died, or the
+    /// brokers stayed away too long): nothing more is committed.
     pub fn fence_all(&self) {
         for task in self.tasks.values() {
             if !task.fence.is_fenced() {
-                tracing::warn!("assignment lost: fencing every task before the revocation");
+                tracing::warn!("fencing every task: nothing more of them is committed");
                 task.fence.fence();
             }
         }

@@ -46,6 +46,9 @@ pub struct KafkaSink {
     handler: ProductionHandler,
     /// Topics starting with this (`<application.id>-`) are rill's own: never skipped.
     internal_prefix: String,
+    /// Set by [`RecordSink::abort`]; a send waiting for room in librdkafka's queue checks it on
+    /// each retry, so a dead broker cannot hold a worker thread for good.
+    aborted: std::sync::atomic::AtomicBool,
 }
 
 /// What the sink does with an output record that librdkafka refuses before sending it (larger
@@ -133,6 +136,7 @@ impl KafkaSink {
             producer: cfg.create_with_context(DeliveryContext)?,
             handler: ProductionHandler::Fail,
             internal_prefix: String::new(),
+            aborted: Default::default(),
         })
     }
 
@@ -159,6 +163,11 @@ fn is_too_large(e: &KafkaError) -> bool {
 }
 
 impl RecordSink for KafkaSink {
+    fn abort(&self) {
+        self.aborted
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
     fn send(
         &self,
         topic: &str,
@@ -190,6 +199,12 @@ impl RecordSink for KafkaSink {
                 Ok(()) => return Ok(()),
                 // Backpressure from librdkafka's queue: wait for deliveries, then retry.
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    if self.aborted.load(std::sync::atomic::Ordering::SeqCst) {
+                        return Err(SinkError {
+                            topic: topic.to_string(),
+                            message: "the runtime gave up on its outputs (shutdown or brokers unavailable): not written, the input record is replayed after a restart".into(),
+                        });
+                    }
                     r = back;
                     self.producer.poll(Duration::from_millis(10));
                 }

@@ -55,6 +55,8 @@ pub struct SourceContext {
     pub restoring: Mutex<BTreeSet<TopicPartition>>,
     /// Readiness: assigned, and no task restoring.
     pub health: Arc<crate::health::Health>,
+    /// How long the loop runs with no broker connection up before it stops (`None`: for ever).
+    pub unavailable_timeout: Option<Duration>,
     /// The last high watermark librdkafka's statistics gave per partition (for range lag).
     /// Taken after `engine` when both are held.
     pub high_watermarks: Mutex<HashMap<TopicPartition, u64>>,

@@ -25,6 +25,7 @@ use super::rebalance::SourceContext;
 use crate::auto_factor::AutoFactor;
 use crate::elastic::FactorRequest;
 use crate::engine::{EngineError, TopicPartition};
+use crate::queue_time::QueueTimes;
 
 /// How long a task may wait for the partitions of its other input topics before the source stops
 /// with an error (they were assigned to another member: the assignor does not co-partition).
@@ -74,6 +75,14 @@ pub enum SourceError {
         /// librdkafka's description.
         reason: String,
     },
+    /// No broker connection was up for longer than `brokers.unavailable.timeout.ms`.
+    #[error("no broker connection has been up for {:.0} s, longer than brokers.unavailable.timeout.ms ({} ms): check that the brokers run and are reachable at bootstrap.servers; what was committed before the outage stays, so a restart resumes exactly", .down.as_secs_f64(), .bound.as_millis())]
+    BrokersUnavailable {
+        /// How long no connection was up.
+        down: Duration,
+        /// The bound.
+        bound: Duration,
+    },
     /// A task's input partitions were not all assigned to this member.
     #[error("partition {partition} of {missing:?} is not assigned to this member although partition {partition} of {assigned:?} is: one sub-topology reads them together, so they must be assigned together (co-partitioning); rill asks for the `range` assignor for such topologies, so check `kafka.partition.assignment.strategy` / `kafka.group.remote.assignor` and that the topics have the same partition count")]
     NotCoPartitioned {
@@ -101,6 +110,9 @@ pub fn run(
     let mut last_commit = Instant::now();
     let mut last_wall_clock = Instant::now();
     let mut last_error_log = Instant::now() - Duration::from_secs(60);
+    let mut queue_times = QueueTimes::default();
+    // When the statistics first showed no broker connection up (for `unavailable_timeout`).
+    let mut unreachable_since: Option<Instant> = None;
     let result = loop {
         if stop.load(Ordering::SeqCst) {
             break Ok(());
@@ -125,6 +137,9 @@ pub fn run(
         }
         if let Some(auto) = auto_factor.as_deref_mut() {
             auto.turn(&ctx.engine.lock());
+        }
+        if queue_times.due() {
+            queue_times.publish(&ctx.engine.lock());
         }
         if let Err(e) = backpressure.retry(consumer, &ctx) {
             break Err(e.into());
@@ -166,6 +181,24 @@ pub fn run(
         }
         if last_commit.elapsed() >= commit_interval {
             last_commit = Instant::now();
+            if ctx.health.brokers_reachable() {
+                unreachable_since = None;
+            } else {
+                let since = *unreachable_since.get_or_insert(last_commit);
+                if let Some(bound) = ctx.unavailable_timeout.filter(|b| since.elapsed() > *b) {
+                    // No commit can complete without a broker: fenced and abandoned, the waits
+                    // for acknowledgements and for room in the producer's queue end at once,
+                    // and the records replay after a restart.
+                    let engine = ctx.engine.lock();
+                    engine.fence_all();
+                    engine.abandon();
+                    drop(engine);
+                    break Err(SourceError::BrokersUnavailable {
+                        down: since.elapsed(),
+                        bound,
+                    });
+                }
+            }
             let progress = {
                 let mut engine = ctx.engine.lock();
                 if let Some(e) = engine.failure() {
@@ -192,8 +225,11 @@ pub fn run(
             }
         }
     };
-    if matches!(result, Err(SourceError::Fatal { .. })) {
-        // Nothing may be committed: the caller closes the fenced tasks.
+    if matches!(
+        result,
+        Err(SourceError::Fatal { .. } | SourceError::BrokersUnavailable { .. })
+    ) {
+        // The tasks are fenced: nothing more is committed (the caller closes them).
         return result;
     }
     // Drain and commit what was processed, whether stopping cleanly or on an error.

@@ -354,7 +354,11 @@ impl Runtime {
             cfg.set(k, v);
         }
         let (engine2, health3) = (engine.clone(), health.clone());
-        let (drain_timeout, held_limit) = (c.shutdown_timeout, c.mailbox_capacity);
+        let (drain_timeout, held_limit, unavailable_timeout) = (
+            c.shutdown_timeout,
+            c.mailbox_capacity,
+            c.brokers_unavailable_timeout,
+        );
         // A context per consumer: a consumer that hit a fatal error is replaced by a new one.
         let context = move || SourceContext {
             engine: engine2.clone(),
@@ -365,6 +369,7 @@ impl Runtime {
             restoring: Mutex::new(std::collections::BTreeSet::new()),
             held_limit,
             health: health3.clone(),
+            unavailable_timeout,
             high_watermarks: Mutex::new(HashMap::new()),
         };
         let topics: Vec<String> = self
@@ -404,16 +409,25 @@ impl Runtime {
                         factor_requests.clone(),
                         auto_factor.as_mut(),
                     );
-                    let Err(e @ SourceError::Fatal { .. }) = &r else {
-                        // Leaving the group fires the last revocation while the engine exists.
-                        consumer.unsubscribe();
-                        break r;
+                    let fatal = match &r {
+                        Err(SourceError::BrokersUnavailable { .. }) => {
+                            // Nothing can be committed: the tasks close as lost.
+                            consumer.context().lose_assignment();
+                            break r;
+                        }
+                        Err(e @ SourceError::Fatal { .. }) => e,
+                        _ => {
+                            // Leaving the group fires the last revocation while the engine
+                            // exists.
+                            consumer.unsubscribe();
+                            break r;
+                        }
                     };
                     consumer.context().lose_assignment();
                     if stop2.load(Ordering::SeqCst) || !rejoins.allow() {
                         break r;
                     }
-                    tracing::warn!(error = %e, "rejoining the group with a new consumer: its tasks resume from their last commits");
+                    tracing::warn!(error = %fatal, "rejoining the group with a new consumer: its tasks resume from their last commits");
                     consumer = match join() {
                         Ok(c) => c,
                         Err(e) => break Err(e.into()),
@@ -423,7 +437,18 @@ impl Runtime {
                     tracing::error!(error = %e, "processing stopped on an error");
                     health2.set_failed();
                 }
-                drop(consumer);
+                if matches!(r, Err(SourceError::BrokersUnavailable { .. })) {
+                    // Closing a consumer waits for its group coordinator, which is gone: a
+                    // thread of its own closes it, so the error reaches the caller at once.
+                    let closing = std::thread::Builder::new()
+                        .name("rill-consumer-close".into())
+                        .spawn(move || drop(consumer));
+                    if let Err(e) = closing {
+                        tracing::warn!(error = %e, "could not start the thread that closes the consumer");
+                    }
+                } else {
+                    drop(consumer);
+                }
                 r
             })
             .map_err(RuntimeError::Thread)?;
