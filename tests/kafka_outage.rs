@@ -99,10 +99,12 @@ fn a_frozen_broker_that_comes_back_loses_nothing() {
         .map(|(k, n)| (k.as_bytes().to_vec(), n.to_be_bytes().to_vec()))
         .collect();
     let (latest, _) = read_until(&output, Duration::from_secs(120), |l| *l == expected);
-    assert!(
-        !running.is_finished(),
-        "the runtime must survive the outage"
-    );
+    if running.is_finished() {
+        panic!(
+            "the runtime must survive the outage; it stopped with {:?}",
+            running.shutdown()
+        );
+    }
     running.shutdown().expect("clean shutdown");
     let got: HashMap<String, i64> = latest
         .iter()

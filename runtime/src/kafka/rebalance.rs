@@ -156,6 +156,29 @@ impl ConsumerContext for SourceContext {
     }
 }
 
+/// How long an assignment waits for its committed offsets while the brokers do not answer
+/// (inside the callback: librdkafka heartbeats meanwhile, bounded by `max.poll.interval.ms`).
+const COMMITTED_OFFSETS_PATIENCE: Duration = Duration::from_secs(120);
+
+/// The committed offsets and metadata of `tpl`, retried while the brokers do not answer (a broker
+/// that pauses during an assignment must not stop the runtime).
+fn committed_offsets(
+    consumer: &BaseConsumer<SourceContext>,
+    tpl: &TopicPartitionList,
+) -> Result<TopicPartitionList, KafkaError> {
+    let started = Instant::now();
+    loop {
+        match consumer.committed_offsets(tpl.clone(), REQUEST_TIMEOUT) {
+            Ok(c) => return Ok(c),
+            Err(e) if started.elapsed() < COMMITTED_OFFSETS_PATIENCE => {
+                tracing::warn!(error = %e, "reading the committed offsets of an assignment failed (retrying)");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// The consumer-group generation (the member epoch with `group.protocol=consumer`) this member
 /// is in now; 0 when unknown.
 pub fn group_generation<C: ConsumerContext>(consumer: &BaseConsumer<C>) -> i32 {
@@ -202,7 +225,7 @@ impl SourceContext {
         if tpl.count() == 0 {
             return Ok(());
         }
-        let committed = consumer.committed_offsets(tpl.clone(), REQUEST_TIMEOUT)?;
+        let committed = committed_offsets(consumer, tpl)?;
         let raw = raw_metadata(&committed);
         let generation = group_generation(consumer);
         let mut engine = self.engine.lock();
