@@ -195,9 +195,10 @@ fn a_full_state_filesystem_stops_the_service_and_a_restart_after_freeing_space_i
     let dir = tempfile::tempdir().expect("tempdir");
     let service = Service::new(&app, "0", &input, &output, dir.path());
     let _fs = Tmpfs::mount(&service.state_dir, "32m", false);
-    // Input keeps coming for 15 s after the disk fills, so commits keep writing until one fails
-    // (the WAL's last page takes a few before that).
-    let (mut batches, truth) = lines(80, 200);
+    // Input keeps coming for 40 s after the disk fills, so commits keep writing until one fails
+    // (space RocksDB reserved for the WAL before the disk filled takes a while to use up; 15 s
+    // was not always enough in CI).
+    let (mut batches, truth) = lines(205, 200);
     let later = batches.split_off(5);
     for b in &batches {
         common::produce(&input, b);
