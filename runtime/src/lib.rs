@@ -48,8 +48,8 @@ pub use sink::SinkError;
 pub mod internals {
     pub use crate::engine::changelog::{changelog_topic, ChangelogReader, MemoryChangelog};
     pub use crate::engine::{
-        Dispatch, Engine, EngineConfig, EngineStats, PartitionProgress, PriorClaim, Resume,
-        Revoked, TaskId, TopicPartition,
+        Dispatch, Engine, EngineConfig, EngineStats, FactorChange, PartitionProgress, PriorClaim,
+        Resume, Revoked, TaskId, TopicPartition,
     };
     pub use crate::sink::{MemorySink, RecordSink, Ticket};
 }

@@ -392,6 +392,11 @@ impl SubTaskState {
             .map(|s| s as &mut dyn KeyValueBytes)
     }
 
+    /// The routing hash the writes are tagged with now (`None` without stores).
+    pub fn routing_hash(&self) -> Option<u64> {
+        self.stores.first().map(|s| s.hash)
+    }
+
     /// Tags the writes that follow with `hash`, the routing hash of the record being processed
     /// (the sub-task's range start outside of one).
     pub fn set_routing_hash(&mut self, hash: u64) {

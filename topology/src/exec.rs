@@ -15,6 +15,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::cache::{CacheBudget, Cached, RecordCache};
 use crate::graph::{NodeKind, Topic, Topology};
 use crate::processor::{
     ErasedProcessor, ErasedRecord, ProcessError, ProcessorHost, PunctuationType, RecordMeta,
@@ -34,6 +35,13 @@ pub trait TaskEnv {
     fn dropped(&mut self, reason: &'static str);
     /// Counts a record a windowed operation on `store` dropped as late.
     fn late_dropped(&mut self, _store: &str) {}
+    /// The routing hash the store writes are tagged with now (see the record cache).
+    fn routing_hash(&self) -> Option<u64> {
+        None
+    }
+    /// Tags the store writes that follow with `hash` (a cached update leaving the cache writes
+    /// downstream under the hash of the record that made it).
+    fn set_routing_hash(&mut self, _hash: u64) {}
     /// Whether an output to user topic `topic` that did not serialize is dropped (counted by
     /// the env) rather than failing the record; `false` unless the env's handler says so.
     fn drop_unserializable(&mut self, _topic: &Topic, _error: &SerdeError) -> bool {
@@ -97,11 +105,19 @@ pub struct TaskInstance {
     stream_time: Option<i64>,
     /// Per window or session store: the time below which expiry has deleted entries in this run.
     expiry: HashMap<String, i64>,
+    /// The record cache; `None` when caching is off.
+    cache: Option<RecordCache>,
+    /// Per node: whether its cached forwards may wait in the cache. Not for a node that reaches
+    /// a repartition topic: a replay must send the same records there (origin dedup), and what
+    /// the cache sends depends on when commits happen.
+    cacheable: Vec<bool>,
 }
 
 struct Host<'a> {
     env: &'a mut dyn TaskEnv,
     out: Vec<ErasedRecord>,
+    /// Cached forwards, as (cache key, size, record); `None` when the node may not cache.
+    cached: Option<Vec<(Vec<u8>, usize, ErasedRecord)>>,
     meta: &'a RecordMeta,
     stores: &'a [String],
     requested: Vec<(i64, PunctuationType)>,
@@ -123,6 +139,12 @@ impl Host<'_> {
 impl ProcessorHost for Host<'_> {
     fn forward(&mut self, record: ErasedRecord) {
         self.out.push(record);
+    }
+    fn forward_cached(&mut self, key: Vec<u8>, size: usize, record: ErasedRecord) {
+        match self.cached.as_mut() {
+            Some(cached) => cached.push((key, size, record)),
+            None => self.out.push(record),
+        }
     }
     fn store(&mut self, name: &str) -> Result<&mut dyn KeyValueBytes, StoreError> {
         self.check_connected(name)?;
@@ -180,6 +202,7 @@ impl TaskInstance {
                 let mut host = Host {
                     env: &mut *env,
                     out: Vec::new(),
+                    cached: None,
                     meta: &meta,
                     stores,
                     requested: Vec::new(),
@@ -204,6 +227,9 @@ impl TaskInstance {
                 processors[n] = Some(p);
             }
         }
+        let cacheable = (0..topology.nodes.len())
+            .map(|n| !reaches_internal_sink(&topology, n))
+            .collect();
         Ok(TaskInstance {
             topology,
             sub_topology,
@@ -211,7 +237,42 @@ impl TaskInstance {
             schedules,
             stream_time: None,
             expiry,
+            cache: None,
+            cacheable,
         })
+    }
+
+    /// Turns the record cache on, drawing on `budget` (shared by the engine's sub-tasks); a
+    /// budget of 0 leaves it off.
+    pub fn set_record_cache(&mut self, budget: Arc<CacheBudget>) {
+        self.cache = budget.enabled().then(|| RecordCache::new(budget));
+    }
+
+    /// Forwards every update the record cache holds, oldest first; called before each commit,
+    /// so what a commit covers has reached the sinks. On an error the failed update is gone and
+    /// the rest stay: call again to go on.
+    pub fn flush_cache(&mut self, env: &mut dyn TaskEnv) -> Result<(), TaskError> {
+        while let Some(e) = self.cache.as_mut().and_then(RecordCache::pop_oldest) {
+            self.deliver_cached(e, env)?;
+        }
+        Ok(())
+    }
+
+    /// Updates held in the record cache.
+    pub fn cached_updates(&self) -> usize {
+        self.cache.as_ref().map_or(0, RecordCache::len)
+    }
+
+    fn deliver_cached(&mut self, e: Cached, env: &mut dyn TaskEnv) -> Result<(), TaskError> {
+        let saved = env.routing_hash();
+        if let Some(h) = e.hash {
+            env.set_routing_hash(h);
+        }
+        let r = self.deliver_to_children(e.node, e.record, &e.meta, env);
+        if let Some(h) = saved {
+            env.set_routing_hash(h);
+        }
+        r
     }
 
     /// The sub-topology this instance runs.
@@ -416,9 +477,11 @@ impl TaskInstance {
                     source: ProcessError::Internal("processor not instantiated".into()),
                 });
             };
+            let caching = self.cache.is_some() && self.cacheable[node];
             let mut host = Host {
                 env: &mut *env,
                 out: Vec::new(),
+                cached: caching.then(Vec::new),
                 meta,
                 stores,
                 requested: Vec::new(),
@@ -433,13 +496,44 @@ impl TaskInstance {
                     node: n.name.clone(),
                     source,
                 })?;
-            host.out
+            (host.out, host.cached)
         };
+        let (outputs, cached) = outputs;
         for out in outputs {
             self.deliver_to_children(node, out, meta, env)?;
         }
+        let Some(cached) = cached.filter(|c| !c.is_empty()) else {
+            return Ok(());
+        };
+        let hash = env.routing_hash();
+        if let Some(cache) = self.cache.as_mut() {
+            for (key, size, record) in cached {
+                cache.put(node, key, size, record, meta.clone(), hash);
+            }
+        }
+        while let Some(e) = self.cache.as_mut().and_then(RecordCache::evict) {
+            self.deliver_cached(e, env)?;
+        }
         Ok(())
     }
+}
+
+/// Whether a path from `node` down the graph reaches a sink to an internal topic.
+fn reaches_internal_sink(topology: &Topology, node: usize) -> bool {
+    let mut seen = vec![false; topology.nodes.len()];
+    let mut todo = vec![node];
+    while let Some(n) = todo.pop() {
+        if std::mem::replace(&mut seen[n], true) {
+            continue;
+        }
+        if let NodeKind::Sink { topic, .. } = &topology.nodes[n].kind {
+            if topic.is_internal() {
+                return true;
+            }
+        }
+        todo.extend(&topology.nodes[n].children);
+    }
+    false
 }
 
 /// The message of a panic payload (`panic!` gives a `&str` or a `String`).

@@ -9,13 +9,15 @@
 //! - [`processor`]: the Processor API for custom logic, state access and punctuation;
 //! - [`time`]: event time (timestamp extractors, invalid timestamps, stream time per key range);
 //! - [`window`]: windows, windowed aggregations, window and session stores, emit-final;
-//! - [`graph`] and [`exec`]: the processor graph and how one sub-task runs it.
+//! - [`graph`] and [`exec`]: the processor graph and how one sub-task runs it;
+//! - [`cache`]: the record cache that collapses an aggregation's updates per key between commits.
 //!
 //! The engine that feeds records and owns state lives in `rill-runtime`; stores live in
 //! `rill-state`.
 
 #![warn(missing_docs)]
 
+pub mod cache;
 pub mod dsl;
 pub mod exec;
 pub mod graph;

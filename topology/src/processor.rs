@@ -129,6 +129,12 @@ pub struct RecordMeta {
 pub trait ProcessorHost {
     /// Sends a record to the node's children.
     fn forward(&mut self, record: ErasedRecord);
+    /// Sends a record through the record cache: until the cache is flushed or evicts it, a later
+    /// record with the same `key` from this node replaces it. `size` is its serialized key and
+    /// value length; without a cache it is forwarded at once.
+    fn forward_cached(&mut self, _key: Vec<u8>, _size: usize, record: ErasedRecord) {
+        self.forward(record);
+    }
     /// Byte-level access to a store connected to the node.
     fn store(&mut self, name: &str) -> Result<&mut dyn KeyValueBytes, StoreError>;
     /// A connected window, session or buffer store with its layout, stream time and expiry
@@ -165,6 +171,13 @@ impl<'a, KOut: Datum, VOut: Datum> ProcessorContext<'a, KOut, VOut> {
     /// Sends `record` to every child node.
     pub fn forward(&mut self, record: Record<KOut, VOut>) {
         self.host.forward(erase(record));
+    }
+
+    /// Sends `record` through the record cache (`statestore.cache.max.bytes`), as the DSL's
+    /// aggregations do: consecutive updates of one `key` (its serialized bytes, `size` the
+    /// serialized key and value length) collapse into the last one before the next commit.
+    pub fn forward_cached(&mut self, key: Vec<u8>, size: usize, record: Record<KOut, VOut>) {
+        self.host.forward_cached(key, size, erase(record));
     }
 
     /// Byte-level access to a connected store.

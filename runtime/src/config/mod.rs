@@ -43,11 +43,15 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod kafka;
+mod redact;
 mod setting;
 mod source;
 #[cfg(test)]
 mod tests;
 
+use kafka::check_kafka;
+use redact::redact;
 use setting::{parse, AppId, Whole};
 use source::{parse_toml, DeError, Flat};
 
@@ -149,6 +153,8 @@ pub struct Config {
     pub metrics_addr: MetricsAddr,
     /// Memory budget of RocksDB (block cache and memtables).
     pub rocksdb_memory_bytes: usize,
+    /// Bytes the record caches may hold (`statestore.cache.max.bytes`; 0: off).
+    pub statestore_cache_max_bytes: usize,
     /// Handling of records that do not deserialize.
     pub deserialization_handler: RecordErrorHandler,
     /// Handling of records whose processing fails.
@@ -255,6 +261,9 @@ settings! {
     "rocksdb.memory.bytes" => rocksdb_memory_bytes: Whole<MIB> = Whole(256 * MIB),
         shown "268435456",
         doc "one budget for RocksDB's block cache and memtables, in bytes (at least 1 MiB)";
+    "statestore.cache.max.bytes" => statestore_cache_max_bytes: Whole<0> = Whole(10 * MIB),
+        shown "10485760",
+        doc "the record cache (Kafka Streams' name and default): bytes all sub-tasks together may hold of updates not yet forwarded; an aggregation's consecutive updates of one key between commits then reach its downstream as one record, sent at the commit or when the cache evicts the key; `0` forwards every update at once. Changelogs collapse per commit either way. An aggregation whose results reach a repartition topic does not cache (a replay must resend exactly what it sent there)";
     "deserialization.error.handler" => deserialization_handler: RecordErrorHandler = RecordErrorHandler::Fail,
         shown "`fail`",
         doc "`fail`, `log_and_continue` or `dead_letter:<topic>`";
@@ -302,49 +311,6 @@ pub fn key_table() -> String {
 /// The number of cores, the default of `worker.threads`.
 fn cores() -> u64 {
     std::thread::available_parallelism().map_or(2, |n| n.get()) as u64
-}
-
-/// Keys whose values are never logged: any key containing one of these.
-const SECRET_MARKERS: &[&str] = &["password", "secret", "sasl.jaas", "ssl.key"];
-
-/// What a refused `kafka.*` setting looks like, and why it is refused.
-struct Guard {
-    /// The librdkafka names of the setting (aliases included).
-    names: &'static [&'static str],
-    /// Whether a value is refused.
-    refuses: fn(&str) -> bool,
-    why: &'static str,
-}
-
-/// `kafka.*` settings that break the idempotent producer: without it a retried send can be
-/// duplicated or reordered, and repartition origins and changelog markers then no longer apply
-/// state exactly once.
-const KAFKA_GUARDS: &[Guard] = &[
-    Guard {
-        names: &["enable.idempotence"],
-        refuses: is_false,
-        why: "rill's producer must be idempotent (retries must not duplicate or reorder repartition and changelog records, or state is no longer applied exactly once); remove the setting",
-    },
-    Guard {
-        names: &["acks", "request.required.acks"],
-        refuses: |v| !matches!(v.trim().to_ascii_lowercase().as_str(), "all" | "-1"),
-        why: "the idempotent producer needs acks=all (or -1); remove the setting",
-    },
-    Guard {
-        names: &["max.in.flight.requests.per.connection", "max.in.flight"],
-        refuses: |v| v.trim().parse::<u64>().is_ok_and(|n| n > 5),
-        why: "the idempotent producer keeps order only with at most 5 requests in flight per connection; use 5 or less",
-    },
-    Guard {
-        names: &["enable.gapless.guarantee"],
-        refuses: is_false,
-        why: "rill relies on the producer failing rather than leaving a gap in a partition's outputs; remove the setting or set it to true",
-    },
-];
-
-/// librdkafka's spellings of `false`.
-fn is_false(v: &str) -> bool {
-    matches!(v.trim().to_ascii_lowercase().as_str(), "false" | "f" | "0")
 }
 
 /// Collects settings (builder calls, a TOML file, environment), then validates them into a
@@ -517,6 +483,7 @@ impl ConfigBuilder {
             processing_guarantee: s.processing_guarantee,
             metrics_addr: s.metrics_addr,
             rocksdb_memory_bytes: s.rocksdb_memory_bytes.usize(),
+            statestore_cache_max_bytes: s.statestore_cache_max_bytes.usize(),
             deserialization_handler: s.deserialization_handler,
             processing_handler: s.processing_handler,
             shutdown_timeout: Duration::from_millis(s.shutdown_timeout_ms.0),
@@ -536,116 +503,5 @@ impl ConfigBuilder {
             .iter()
             .map(|(k, v)| (k.clone(), redact(k, v)))
             .collect()
-    }
-}
-
-/// Refuses `kafka.*` settings that break the idempotent producer (see [`KAFKA_GUARDS`]).
-fn check_kafka(kafka: &BTreeMap<String, String>) -> Result<(), ConfigError> {
-    for guard in KAFKA_GUARDS {
-        for name in guard.names {
-            if let Some(value) = kafka.get(*name).filter(|v| (guard.refuses)(v)) {
-                return Err(ConfigError::Refused {
-                    key: format!("kafka.{name}"),
-                    value: value.clone(),
-                    why: guard.why,
-                });
-            }
-        }
-    }
-    Ok(())
-}
-
-impl Config {
-    /// Every setting in effect (defaults included) as `key = value`, secrets redacted, for the
-    /// start-up log.
-    pub fn redacted(&self) -> BTreeMap<String, String> {
-        let mut out = BTreeMap::new();
-        let mut put = |k: &str, v: String| {
-            out.insert(k.to_string(), redact(k, &v));
-        };
-        put("application.id", self.application_id.clone());
-        put(
-            "bootstrap.servers",
-            self.bootstrap_servers
-                .clone()
-                .unwrap_or_else(|| "(embedded cluster)".into()),
-        );
-        put(
-            "parallelising.factor",
-            self.parallelising_factor.to_string(),
-        );
-        put("parallelising.auto", self.parallelising_auto.to_string());
-        put(
-            "parallelising.factor.max",
-            self.parallelising_factor_max.to_string(),
-        );
-        put(
-            "parallelising.auto.queue.time.ms",
-            self.parallelising_auto_queue_time.as_millis().to_string(),
-        );
-        put("worker.threads", self.worker_threads.to_string());
-        put("state.dir", self.state_dir.display().to_string());
-        put(
-            "commit.interval.ms",
-            self.commit_interval.as_millis().to_string(),
-        );
-        put("mailbox.capacity", self.mailbox_capacity.to_string());
-        put("processing.guarantee", "at_least_once".into());
-        put(
-            "metrics.addr",
-            match self.metrics_addr {
-                MetricsAddr::Off => "off".into(),
-                MetricsAddr::On(a) => a.to_string(),
-            },
-        );
-        put(
-            "rocksdb.memory.bytes",
-            self.rocksdb_memory_bytes.to_string(),
-        );
-        put(
-            "deserialization.error.handler",
-            self.deserialization_handler.to_string(),
-        );
-        put(
-            "processing.exception.handler",
-            self.processing_handler.to_string(),
-        );
-        put(
-            "shutdown.timeout.ms",
-            self.shutdown_timeout.as_millis().to_string(),
-        );
-        put(
-            "production.exception.handler",
-            match self.production_handler {
-                ProductionHandler::Fail => "fail".into(),
-                ProductionHandler::LogAndContinue => "log_and_continue".into(),
-            },
-        );
-        put(
-            "state.corruption.handler",
-            match self.state_corruption_handler {
-                CorruptionHandler::Fail => "fail".into(),
-                CorruptionHandler::Rebuild => "rebuild".into(),
-            },
-        );
-        put("admin.enabled", self.admin_enabled.to_string());
-        put(
-            "brokers.unavailable.timeout.ms",
-            self.brokers_unavailable_timeout
-                .map_or_else(|| "unset".into(), |d| d.as_millis().to_string()),
-        );
-        for (k, v) in &self.kafka {
-            put(&format!("kafka.{k}"), v.clone());
-        }
-        out
-    }
-}
-
-/// `value`, or `[redacted]` when `key` names a secret.
-fn redact(key: &str, value: &str) -> String {
-    if SECRET_MARKERS.iter().any(|s| key.contains(s)) {
-        "[redacted]".into()
-    } else {
-        value.to_string()
     }
 }

@@ -174,6 +174,10 @@ impl Core {
         if !self.advance_sealed(id, durable, shared)? {
             return Ok(());
         }
+        // What the commit covers must reach the sinks first; a fenced range sends nothing.
+        if !self.fence.is_fenced() {
+            self.flush_cache(id, shared)?;
+        }
         let dirty = self.state.as_ref().is_some_and(SubTaskState::is_dirty);
         if self.processed == self.committed && !dirty {
             return Ok(());

@@ -63,6 +63,10 @@ pub struct EngineConfig {
     pub changelogs: bool,
     /// Id of the Kafka cluster the offsets refer to, recorded in every commit (empty: none).
     pub cluster_id: String,
+    /// Bytes the record caches of all sub-tasks may hold (`statestore.cache.max.bytes`); 0, the
+    /// engine's default, turns caching off so every update reaches the sinks at once (the
+    /// service's config sets Kafka Streams' 10 MiB).
+    pub cache_max_bytes: usize,
 }
 
 impl Default for EngineConfig {
@@ -77,6 +81,7 @@ impl Default for EngineConfig {
             drop_unserializable_outputs: false,
             changelogs: false,
             cluster_id: String::new(),
+            cache_max_bytes: 0,
         }
     }
 }

@@ -102,6 +102,16 @@ impl TaskEnv for Env<'_> {
         self.shared.stats.count_late(store);
     }
 
+    fn routing_hash(&self) -> Option<u64> {
+        self.state.as_ref().and_then(|s| s.routing_hash())
+    }
+
+    fn set_routing_hash(&mut self, hash: u64) {
+        if let Some(s) = self.state.as_mut() {
+            s.set_routing_hash(hash);
+        }
+    }
+
     fn drop_unserializable(&mut self, topic: &Topic, error: &SerdeError) -> bool {
         if !self.shared.config.drop_unserializable_outputs {
             return false;

@@ -23,6 +23,7 @@ pub mod factor;
 mod ids;
 pub mod origin;
 pub mod progress;
+mod query;
 mod replay;
 pub mod restore;
 mod stats;
@@ -37,6 +38,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 use rill_state::StateDb;
+use rill_topology::cache::CacheBudget;
 use rill_topology::store::StoreKind;
 use rill_topology::{Topic, Topology};
 
@@ -90,6 +92,8 @@ pub(crate) struct Shared {
     stats: EngineStats,
     /// Metric handles registered once (see `crate::metrics`).
     metrics: crate::metrics::EngineMetrics,
+    /// The budget of the record caches of all sub-tasks (see `rill_topology::cache`).
+    record_cache: Arc<CacheBudget>,
 }
 
 impl Shared {
@@ -241,6 +245,7 @@ impl Engine {
             topology.stores(),
             windowed,
         );
+        let record_cache = CacheBudget::new(config.cache_max_bytes);
         Ok(Engine {
             shared: Arc::new(Shared {
                 topology,
@@ -259,6 +264,7 @@ impl Engine {
                 reports: tx,
                 stats: EngineStats::default(),
                 metrics,
+                record_cache,
             }),
             db,
             tasks: BTreeMap::new(),
@@ -421,5 +427,7 @@ impl Drop for Engine {
     }
 }
 
+#[cfg(test)]
+mod cache_tests;
 #[cfg(test)]
 mod tests;

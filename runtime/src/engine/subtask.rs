@@ -170,6 +170,7 @@ impl SubTask {
                 source: e,
             })?;
         let mut instance = instance;
+        instance.set_record_cache(shared.record_cache.clone());
         if let Some(ms) = instance.wall_clock_interval() {
             shared.wall_clock_interval.fetch_min(ms, Ordering::Relaxed);
         }
@@ -332,20 +333,28 @@ impl Core {
                     .instance
                     .punctuate(PunctuationType::WallClockTime, now, &mut env);
                 env.finish()?;
-                match r {
-                    Err(e) if record_error_node(&e, &shared.config).is_some() => {
-                        // No input record to send anywhere: logged and counted only.
-                        tracing::warn!(?id, error = %e, "a wall-clock punctuation failed; going on ({})", shared.config.processing_handler);
-                        shared.stats.count_discarded("processing_error");
-                        Ok(())
-                    }
-                    r => r.map_err(|e| EngineError::Task {
-                        what: format!("wall-clock punctuation of {id:?}"),
-                        source: e,
-                    }),
-                }
+                settle_unsourced(r, "a wall-clock punctuation", id, shared)
             }
         }
+    }
+
+    /// Forwards what the record cache holds, before a seal (see `rill_topology::cache`).
+    pub(super) fn flush_cache(
+        &mut self,
+        id: &SubTaskId,
+        shared: &Shared,
+    ) -> Result<(), EngineError> {
+        while self.instance.cached_updates() > 0 {
+            let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
+            let r = self.instance.flush_cache(&mut env);
+            env.finish()?;
+            // A failed update is gone from the cache: the next turn goes on with the rest.
+            settle_unsourced(r, "flushing the record cache", id, shared)?;
+        }
+        if let Some(state) = self.state.as_mut() {
+            state.set_routing_hash(id.range.start);
+        }
+        Ok(())
     }
 
     fn process(
@@ -551,6 +560,28 @@ struct Failed<'a> {
 /// The failing node of `e` when `processing.exception.handler` skips it rather than stopping:
 /// errors of user code (returned, panicked, or a serde inside the topology). Store and buffer
 /// errors and rill's own always stop, as Kafka Streams' framework errors do.
+/// The outcome of work that no input record caused (a wall-clock punctuation, a cache flush):
+/// under a handler that goes on, a failure is logged and counted only (there is no record to
+/// skip or dead-letter).
+fn settle_unsourced(
+    r: Result<(), TaskError>,
+    what: &str,
+    id: &SubTaskId,
+    shared: &Shared,
+) -> Result<(), EngineError> {
+    match r {
+        Err(e) if record_error_node(&e, &shared.config).is_some() => {
+            tracing::warn!(?id, error = %e, "{what} failed; going on ({})", shared.config.processing_handler);
+            shared.stats.count_discarded("processing_error");
+            Ok(())
+        }
+        r => r.map_err(|e| EngineError::Task {
+            what: format!("{what} of {id:?}"),
+            source: e,
+        }),
+    }
+}
+
 fn record_error_node<'e>(e: &'e TaskError, config: &EngineConfig) -> Option<&'e str> {
     if config.processing_handler == RecordErrorHandler::Fail {
         return None;

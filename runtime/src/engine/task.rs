@@ -29,8 +29,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rill_state::{StateDb, SubTaskState};
-use rill_topology::store::StoreError;
-use rill_topology::{key_hash, range_of, ranges, KeyRange};
+use rill_topology::{ranges, KeyRange};
 
 use super::commit::PartitionProgress;
 use super::restore::{Restored, Restoring};
@@ -495,62 +494,6 @@ impl Engine {
                 task.fence.fence();
             }
         }
-    }
-
-    /// Every entry of `store` over all assigned sub-tasks, in no particular order.
-    pub fn store_entries(&self, store: &str) -> Result<rill_topology::store::Entries, EngineError> {
-        let mut out = Vec::new();
-        for task in self.tasks.values() {
-            for s in &task.subtasks {
-                out.extend(s.core.lock().store_entries(store)?);
-            }
-        }
-        Ok(out)
-    }
-
-    /// Runs `read` on `store` as a window or session store in every running sub-task, or only in
-    /// each partition's range of `hash` when given (the TestDriver's window and session store
-    /// reads; `read` sees the sub-task's stream time, so expired entries stay hidden).
-    pub fn read_timed_store(
-        &self,
-        store: &str,
-        hash: Option<u64>,
-        read: &mut dyn FnMut(rill_topology::store::TimedStore<'_>) -> Result<(), StoreError>,
-    ) -> Result<(), EngineError> {
-        let kind = self
-            .shared
-            .topology
-            .store_kind(store)
-            .ok_or_else(|| StoreError::UnknownStore(store.to_string()))?;
-        for task in self.tasks.values() {
-            if !task.is_running() {
-                continue;
-            }
-            let chosen: Vec<_> = match hash {
-                Some(h) => vec![&task.subtasks[range_of(h, task.subtasks.len())]],
-                None => task.subtasks.iter().collect(),
-            };
-            for s in chosen {
-                s.core.lock().read_timed_store(store, kind, &mut *read)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The value of serialized `key` in `store`, looked up in every partition's range of its hash.
-    pub fn store_get(&self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
-        let hash = key_hash(key);
-        for task in self.tasks.values() {
-            if !task.is_running() {
-                continue;
-            }
-            let s = &task.subtasks[range_of(hash, task.subtasks.len())];
-            let v = s.core.lock().store_get(store, key)?;
-            if v.is_some() {
-                return Ok(v);
-            }
-        }
-        Ok(None)
     }
 }
 

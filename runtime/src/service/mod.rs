@@ -301,6 +301,7 @@ impl Runtime {
                     == ProductionHandler::LogAndContinue,
                 changelogs: true,
                 cluster_id: cluster,
+                cache_max_bytes: c.statestore_cache_max_bytes,
             },
             db,
             sink,

@@ -82,12 +82,17 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, K, A>
         let new = (self.step)(&key, record.value, old);
         let bytes = self.agg_serde.serialize(&new)?;
         ctx.store(&self.store)?.put(&key_bytes, &bytes)?;
-        ctx.forward(Record {
-            key: Some(key),
-            value: new,
-            timestamp: record.timestamp,
-            headers: record.headers,
-        });
+        let size = key_bytes.len() + bytes.len();
+        ctx.forward_cached(
+            key_bytes,
+            size,
+            Record {
+                key: Some(key),
+                value: new,
+                timestamp: record.timestamp,
+                headers: record.headers,
+            },
+        );
         Ok(())
     }
 }

@@ -166,6 +166,8 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, Windo
             .saturating_sub(self.windows.grace_ms());
         let kb = agg.key_serde.serialize(&key)?;
         let mut out = Vec::new();
+        // Cache keys of the window updates at the front of `out` (emit-on-update only).
+        let mut updates = Vec::new();
         let mut late = 0;
         {
             let mut store = WindowBytes::open(ctx.timed_store(&agg.store)?)?;
@@ -182,8 +184,13 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, Windo
                     None => (None, ts),
                 };
                 let new = (agg.step)(&key, record.value.clone(), old);
-                store.put(&kb, w.start, &agg.encode(&new, new_ts)?)?;
+                let encoded = agg.encode(&new, new_ts)?;
+                store.put(&kb, w.start, &encoded)?;
                 if agg.emit == EmitStrategy::OnWindowUpdate {
+                    let mut cache_key = kb.clone();
+                    cache_key.extend_from_slice(&w.start.to_be_bytes());
+                    let size = cache_key.len() + encoded.len();
+                    updates.push((cache_key, size));
                     out.push(Record {
                         key: Some(Windowed::new(key.clone(), w)),
                         value: new,
@@ -200,8 +207,12 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, Windo
             store.expire()?;
         }
         agg.report_late(ctx, late, ts, close);
+        let mut updates = updates.into_iter();
         for r in out {
-            ctx.forward(r);
+            match updates.next() {
+                Some((cache_key, size)) => ctx.forward_cached(cache_key, size, r),
+                None => ctx.forward(r),
+            }
         }
         Ok(())
     }

@@ -4,7 +4,7 @@
 //!
 //! Every entry lives in the store's [`KeyValueBytes`] (so in the range's column family, written by
 //! the range commit and changelogged like any key-value entry). `T(t)` is a timestamp as 8 bytes
-//! in numeric byte order ([`super::time_bytes`]), `len` a 4-byte big-endian length.
+//! in numeric byte order (`window::time_bytes`), `len` a 4-byte big-endian length.
 //!
 //! ```text
 //! window store   'w' T(start) key                  -> value     time-ordered: what expires is a prefix

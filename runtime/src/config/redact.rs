@@ -1,0 +1,107 @@
+//! The settings in effect as text for the start-up log, with secrets redacted.
+
+use std::collections::BTreeMap;
+
+use super::{Config, CorruptionHandler, MetricsAddr, ProductionHandler};
+
+/// Keys whose values are never logged: any key containing one of these.
+const SECRET_MARKERS: &[&str] = &["password", "secret", "sasl.jaas", "ssl.key"];
+
+impl Config {
+    /// Every setting in effect (defaults included) as `key = value`, secrets redacted, for the
+    /// start-up log.
+    pub fn redacted(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        let mut put = |k: &str, v: String| {
+            out.insert(k.to_string(), redact(k, &v));
+        };
+        put("application.id", self.application_id.clone());
+        put(
+            "bootstrap.servers",
+            self.bootstrap_servers
+                .clone()
+                .unwrap_or_else(|| "(embedded cluster)".into()),
+        );
+        put(
+            "parallelising.factor",
+            self.parallelising_factor.to_string(),
+        );
+        put("parallelising.auto", self.parallelising_auto.to_string());
+        put(
+            "parallelising.factor.max",
+            self.parallelising_factor_max.to_string(),
+        );
+        put(
+            "parallelising.auto.queue.time.ms",
+            self.parallelising_auto_queue_time.as_millis().to_string(),
+        );
+        put("worker.threads", self.worker_threads.to_string());
+        put("state.dir", self.state_dir.display().to_string());
+        put(
+            "commit.interval.ms",
+            self.commit_interval.as_millis().to_string(),
+        );
+        put("mailbox.capacity", self.mailbox_capacity.to_string());
+        put("processing.guarantee", "at_least_once".into());
+        put(
+            "metrics.addr",
+            match self.metrics_addr {
+                MetricsAddr::Off => "off".into(),
+                MetricsAddr::On(a) => a.to_string(),
+            },
+        );
+        put(
+            "rocksdb.memory.bytes",
+            self.rocksdb_memory_bytes.to_string(),
+        );
+        put(
+            "statestore.cache.max.bytes",
+            self.statestore_cache_max_bytes.to_string(),
+        );
+        put(
+            "deserialization.error.handler",
+            self.deserialization_handler.to_string(),
+        );
+        put(
+            "processing.exception.handler",
+            self.processing_handler.to_string(),
+        );
+        put(
+            "shutdown.timeout.ms",
+            self.shutdown_timeout.as_millis().to_string(),
+        );
+        put(
+            "production.exception.handler",
+            match self.production_handler {
+                ProductionHandler::Fail => "fail".into(),
+                ProductionHandler::LogAndContinue => "log_and_continue".into(),
+            },
+        );
+        put(
+            "state.corruption.handler",
+            match self.state_corruption_handler {
+                CorruptionHandler::Fail => "fail".into(),
+                CorruptionHandler::Rebuild => "rebuild".into(),
+            },
+        );
+        put("admin.enabled", self.admin_enabled.to_string());
+        put(
+            "brokers.unavailable.timeout.ms",
+            self.brokers_unavailable_timeout
+                .map_or_else(|| "unset".into(), |d| d.as_millis().to_string()),
+        );
+        for (k, v) in &self.kafka {
+            put(&format!("kafka.{k}"), v.clone());
+        }
+        out
+    }
+}
+
+/// `value`, or `[redacted]` when `key` names a secret.
+pub(super) fn redact(key: &str, value: &str) -> String {
+    if SECRET_MARKERS.iter().any(|s| key.contains(s)) {
+        "[redacted]".into()
+    } else {
+        value.to_string()
+    }
+}

@@ -1,0 +1,217 @@
+//! The record cache in the engine: one downstream record per key and commit, eviction over the
+//! budget, no caching towards repartition topics, and (property) the last update of every key
+//! always arrives, against an oracle count.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use rill_state::{StateConfig, StateDb};
+use rill_topology::prelude::*;
+use rill_topology::RawRecord;
+
+use super::*;
+use crate::sink::{MemorySink, Sent};
+
+/// in -> group_by_key -> count("counts") -> out (key, big-endian i64).
+fn counting() -> Arc<Topology> {
+    let builder = StreamsBuilder::new();
+    builder
+        .stream("in", StringSerde, StringSerde)
+        .group_by_key()
+        .count("counts")
+        .to_stream()
+        .to_with("out", Produced::with(StringSerde, I64Serde));
+    Arc::new(builder.build().unwrap())
+}
+
+fn engine(
+    topology: Arc<Topology>,
+    p: usize,
+    cache: usize,
+    dir: &std::path::Path,
+    sink: Arc<MemorySink>,
+) -> Engine {
+    let db = StateDb::open(&StateConfig {
+        dir: dir.to_path_buf(),
+        memory_bytes: 16 << 20,
+    })
+    .unwrap();
+    let config = EngineConfig {
+        application_id: "app".into(),
+        parallelising_factor: p,
+        worker_threads: 2,
+        cache_max_bytes: cache,
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(topology, config, Some(db), sink, HashMap::new()).unwrap();
+    e.assign("in", 0, Resume::default()).unwrap();
+    e
+}
+
+fn feed(e: &mut Engine, from: u64, keys: &[String]) {
+    for (i, k) in keys.iter().enumerate() {
+        let raw = RawRecord {
+            key: Some(k.as_bytes().to_vec()),
+            value: Some(b"v".to_vec()),
+            timestamp: 0,
+            headers: Headers::new(),
+        };
+        assert!(!matches!(
+            e.dispatch("in", 0, from + i as u64, raw).unwrap(),
+            Dispatch::Full(_)
+        ));
+    }
+    assert!(e.wait_idle(Duration::from_secs(20)));
+}
+
+fn commit(e: &mut Engine) {
+    e.request_durable_commit();
+    assert!(e.wait_idle(Duration::from_secs(20)));
+    e.collect_progress();
+}
+
+/// (key, count) of each record sent.
+fn counts(sent: Sent) -> Vec<(String, i64)> {
+    sent.into_iter()
+        .map(|(_, r)| {
+            (
+                String::from_utf8(r.key.unwrap()).unwrap(),
+                I64Serde.deserialize(&r.value.unwrap()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn keys(names: &[&str], times: usize) -> Vec<String> {
+    (0..times)
+        .flat_map(|_| names.iter().map(|s| s.to_string()))
+        .collect()
+}
+
+#[test]
+fn a_commit_sends_one_update_per_key_with_its_last_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Arc::new(MemorySink::new());
+    let mut e = engine(counting(), 2, 1 << 20, dir.path(), sink.clone());
+    feed(&mut e, 0, &keys(&["a", "b", "c"], 30));
+    assert!(
+        sink.take("out").is_empty(),
+        "nothing leaves before the commit"
+    );
+    commit(&mut e);
+    let mut got = counts(sink.take("out"));
+    got.sort();
+    assert_eq!(
+        got,
+        vec![("a".into(), 30), ("b".into(), 30), ("c".into(), 30)]
+    );
+    feed(&mut e, 90, &keys(&["b"], 5));
+    commit(&mut e);
+    assert_eq!(
+        counts(sink.take("out")),
+        vec![("b".into(), 35)],
+        "only the key updated"
+    );
+}
+
+#[test]
+fn without_a_cache_every_update_is_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Arc::new(MemorySink::new());
+    let mut e = engine(counting(), 2, 0, dir.path(), sink.clone());
+    feed(&mut e, 0, &keys(&["a"], 4));
+    let got: Vec<i64> = counts(sink.take("out"))
+        .into_iter()
+        .map(|(_, n)| n)
+        .collect();
+    assert_eq!(got, vec![1, 2, 3, 4]);
+}
+
+#[test]
+fn a_full_cache_sends_its_least_recently_updated_key_early() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Arc::new(MemorySink::new());
+    // Room for two entries (key of 1 byte, count of 8, plus the overhead), at P = 1.
+    let room = 2 * (rill_topology::cache::ENTRY_OVERHEAD + 9);
+    let mut e = engine(counting(), 1, room, dir.path(), sink.clone());
+    feed(&mut e, 0, &keys(&["a", "b", "c"], 2));
+    // a b c a b c: each put of a third key evicts the oldest one.
+    assert_eq!(
+        counts(sink.take("out")),
+        vec![
+            ("a".into(), 1),
+            ("b".into(), 1),
+            ("c".into(), 1),
+            ("a".into(), 2)
+        ]
+    );
+    commit(&mut e);
+    assert_eq!(
+        counts(sink.take("out")),
+        vec![("b".into(), 2), ("c".into(), 2)]
+    );
+}
+
+#[test]
+fn an_aggregation_feeding_a_repartition_topic_sends_every_update() {
+    let builder = StreamsBuilder::new();
+    builder
+        .stream("in", StringSerde, StringSerde)
+        .group_by_key()
+        .count("per-key")
+        .to_stream()
+        .group_by(|_k, n: &i64| *n, Grouped::with(I64Serde, I64Serde))
+        .count("per-count");
+    let topology = Arc::new(builder.build().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Arc::new(MemorySink::new());
+    let mut e = engine(topology, 2, 1 << 20, dir.path(), sink.clone());
+    feed(&mut e, 0, &keys(&["a"], 5));
+    let repartition: Vec<String> = sink
+        .topics()
+        .into_iter()
+        .filter(|t| t.ends_with("-repartition"))
+        .collect();
+    assert_eq!(repartition.len(), 1, "topics: {:?}", sink.topics());
+    assert_eq!(
+        sink.take(&repartition[0]).len(),
+        5,
+        "every update of `per-key` goes to the repartition topic at once"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Whatever the budget, factor and commit points: per key the counts sent only grow, and
+    /// after the last commit the last one sent is the oracle's count.
+    #[test]
+    fn the_last_update_of_every_key_arrives(
+        batches in proptest::collection::vec(proptest::collection::vec(0u8..6, 0..40), 1..6),
+        p in 1usize..4,
+        cache in prop_oneof![Just(0usize), Just(150), Just(400), Just(1 << 20)],
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = Arc::new(MemorySink::new());
+        let mut e = engine(counting(), p, cache, dir.path(), sink.clone());
+        let mut oracle: HashMap<String, i64> = HashMap::new();
+        let mut last: HashMap<String, i64> = HashMap::new();
+        let mut offset = 0;
+        for batch in batches {
+            let ks: Vec<String> = batch.iter().map(|k| format!("k{k}")).collect();
+            for k in &ks {
+                *oracle.entry(k.clone()).or_default() += 1;
+            }
+            feed(&mut e, offset, &ks);
+            offset += ks.len() as u64;
+            commit(&mut e);
+            for (k, n) in counts(sink.take("out")) {
+                let before = last.insert(k.clone(), n);
+                prop_assert!(before.is_none_or(|b| b < n), "{k}: {before:?} then {n}");
+            }
+            prop_assert_eq!(&last, &oracle);
+        }
+    }
+}

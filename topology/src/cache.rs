@@ -1,0 +1,253 @@
+//! The record cache (Kafka Streams' `statestore.cache.max.bytes`): consecutive updates an
+//! aggregation forwards for one key collapse into one downstream record until the cache is
+//! flushed (before every range commit) or the key is evicted (least recently updated first,
+//! when the caches of all sub-tasks together hold more than the budget).
+//!
+//! The store writes themselves collapse already in the sub-task's write cache (one changelog
+//! record per key and commit); this cache saves the downstream records.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::processor::{ErasedRecord, RecordMeta};
+
+/// Bytes charged per entry on top of its key and value (map slots, record, metadata), so that
+/// many small entries still count.
+pub const ENTRY_OVERHEAD: usize = 64;
+
+/// The budget shared by the record caches of all sub-tasks of one engine.
+#[derive(Debug)]
+pub struct CacheBudget {
+    max: usize,
+    /// Bytes held by all caches of this budget. Invariant: each cache adds the size of an entry
+    /// when it takes it and subtracts the same size when the entry leaves (replaced, evicted,
+    /// flushed or dropped), so the sum over caches equals this counter once no cache is
+    /// mid-call; caches only read it to decide evictions, so a stale read evicts one entry
+    /// early or late, never loses one.
+    used: AtomicUsize,
+}
+
+impl CacheBudget {
+    /// A budget of `max` bytes; 0 turns caching off.
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(CacheBudget {
+            max,
+            used: AtomicUsize::new(0),
+        })
+    }
+
+    /// Whether caching is on.
+    pub fn enabled(&self) -> bool {
+        self.max > 0
+    }
+
+    /// Bytes held by all caches now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn over(&self) -> bool {
+        self.used() > self.max
+    }
+}
+
+/// A cached update: the record to forward from `node`, with what it was forwarded under.
+pub struct Cached {
+    /// The node that forwarded it (its children get it).
+    pub node: usize,
+    /// The cache key (the serialized key the node gave).
+    pub key: Vec<u8>,
+    /// The record, the latest of its key.
+    pub record: ErasedRecord,
+    /// The input record whose processing forwarded it.
+    pub meta: RecordMeta,
+    /// The routing hash of that input record (its store writes downstream are tagged with it).
+    pub hash: Option<u64>,
+    size: usize,
+    seq: u64,
+}
+
+/// One sub-task's record cache.
+pub struct RecordCache {
+    budget: Arc<CacheBudget>,
+    entries: HashMap<(usize, Vec<u8>), Cached>,
+    /// Entries by last update, oldest first (eviction order).
+    order: BTreeMap<u64, (usize, Vec<u8>)>,
+    next_seq: u64,
+}
+
+impl RecordCache {
+    /// An empty cache drawing on `budget`.
+    pub fn new(budget: Arc<CacheBudget>) -> Self {
+        RecordCache {
+            budget,
+            entries: HashMap::new(),
+            order: BTreeMap::new(),
+            next_seq: 0,
+        }
+    }
+
+    /// Whether caching is on.
+    pub fn enabled(&self) -> bool {
+        self.budget.enabled()
+    }
+
+    /// Entries held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Takes `record` as the latest update of `key` forwarded by `node`, replacing the one held;
+    /// `size` is its serialized key and value length.
+    pub fn put(
+        &mut self,
+        node: usize,
+        key: Vec<u8>,
+        size: usize,
+        record: ErasedRecord,
+        meta: RecordMeta,
+        hash: Option<u64>,
+    ) {
+        let size = size + ENTRY_OVERHEAD;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let slot = (node, key);
+        if let Some(old) = self.entries.remove(&slot) {
+            self.order.remove(&old.seq);
+            self.budget.used.fetch_sub(old.size, Ordering::Relaxed);
+        }
+        self.budget.used.fetch_add(size, Ordering::Relaxed);
+        self.order.insert(seq, slot.clone());
+        let key = slot.1.clone();
+        self.entries.insert(
+            slot,
+            Cached {
+                node,
+                key,
+                record,
+                meta,
+                hash,
+                size,
+                seq,
+            },
+        );
+    }
+
+    /// The least recently updated entry, removed, while the budget is exceeded.
+    pub fn evict(&mut self) -> Option<Cached> {
+        if self.budget.over() {
+            self.pop_oldest()
+        } else {
+            None
+        }
+    }
+
+    /// The least recently updated entry, removed (flushing drains the cache with it).
+    pub fn pop_oldest(&mut self) -> Option<Cached> {
+        let (_, slot) = self.order.pop_first()?;
+        let e = self.entries.remove(&slot)?;
+        self.budget.used.fetch_sub(e.size, Ordering::Relaxed);
+        Some(e)
+    }
+}
+
+impl Drop for RecordCache {
+    /// Gives the bytes back: a dropped cache (a closed or lost task) holds nothing any more.
+    fn drop(&mut self) {
+        let held: usize = self.entries.values().map(|e| e.size).sum();
+        self.budget.used.fetch_sub(held, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::processor::erase;
+    use crate::record::Record;
+    use proptest::prelude::*;
+
+    fn rec(v: i64) -> ErasedRecord {
+        erase(Record::new("k".to_string(), v))
+    }
+
+    fn value(e: &Cached) -> i64 {
+        *(*e.record.value).as_any().downcast_ref::<i64>().unwrap()
+    }
+
+    #[test]
+    fn a_key_holds_its_latest_update_and_flushes_oldest_first() {
+        let mut c = RecordCache::new(CacheBudget::new(1 << 20));
+        c.put(0, b"a".to_vec(), 2, rec(1), RecordMeta::default(), None);
+        c.put(0, b"b".to_vec(), 2, rec(2), RecordMeta::default(), None);
+        c.put(0, b"a".to_vec(), 2, rec(3), RecordMeta::default(), None);
+        c.put(1, b"a".to_vec(), 2, rec(4), RecordMeta::default(), None);
+        assert_eq!(c.len(), 3, "node 1's `a` is another entry");
+        let drained: Vec<i64> = std::iter::from_fn(|| c.pop_oldest())
+            .map(|e| value(&e))
+            .collect();
+        assert_eq!(drained, vec![2, 3, 4]);
+    }
+
+    #[test]
+    fn eviction_starts_only_over_the_budget() {
+        let budget = CacheBudget::new(2 * (ENTRY_OVERHEAD + 2));
+        let mut c = RecordCache::new(budget.clone());
+        c.put(0, b"a".to_vec(), 2, rec(1), RecordMeta::default(), None);
+        c.put(0, b"b".to_vec(), 2, rec(2), RecordMeta::default(), None);
+        assert!(c.evict().is_none(), "exactly at the budget");
+        c.put(0, b"c".to_vec(), 2, rec(3), RecordMeta::default(), None);
+        assert_eq!(c.evict().map(|e| value(&e)), Some(1));
+        assert!(c.evict().is_none());
+        drop(c);
+        assert_eq!(budget.used(), 0, "a dropped cache gives its bytes back");
+    }
+
+    proptest! {
+        /// The shared counter always equals the bytes the caches hold; each key's updates leave
+        /// in the order they came, and once flushed every key's last update has left (the
+        /// oracle: a map of last values).
+        #[test]
+        fn the_budget_counts_what_the_caches_hold(
+            ops in proptest::collection::vec((0usize..2, 0u8..6, 0usize..40, any::<bool>()), 1..200),
+            max in 0usize..800,
+        ) {
+            let budget = CacheBudget::new(max);
+            let mut caches = [RecordCache::new(budget.clone()), RecordCache::new(budget.clone())];
+            let mut forwarded: Vec<HashMap<Vec<u8>, i64>> = vec![HashMap::new(), HashMap::new()];
+            let mut oracle: Vec<HashMap<Vec<u8>, i64>> = vec![HashMap::new(), HashMap::new()];
+            let take = |c: usize, e: Cached, forwarded: &mut Vec<HashMap<Vec<u8>, i64>>| {
+                let v = value(&e);
+                let before = forwarded[c].insert(e.key, v);
+                assert!(before.is_none_or(|b| b < v), "an older update left after a newer one");
+            };
+            for (i, (c, key, size, flush)) in ops.into_iter().enumerate() {
+                let v = i as i64;
+                caches[c].put(0, vec![key], size, rec(v), RecordMeta::default(), None);
+                oracle[c].insert(vec![key], v);
+                while let Some(e) = caches[c].evict() {
+                    take(c, e, &mut forwarded);
+                }
+                if flush {
+                    while let Some(e) = caches[c].pop_oldest() {
+                        take(c, e, &mut forwarded);
+                    }
+                }
+                let held: usize = caches.iter().flat_map(|c| c.entries.values()).map(|e| e.size).sum();
+                prop_assert_eq!(budget.used(), held);
+            }
+            for (c, cache) in caches.iter_mut().enumerate() {
+                while let Some(e) = cache.pop_oldest() {
+                    take(c, e, &mut forwarded);
+                }
+            }
+            prop_assert_eq!(budget.used(), 0);
+            prop_assert_eq!(forwarded, oracle);
+        }
+    }
+}
