@@ -52,18 +52,28 @@ impl CacheBudget {
     }
 }
 
-/// A cached update: the record to forward from `node`, with what it was forwarded under.
-pub struct Cached {
+/// An update forwarded through the cache, with the context it was made in.
+pub struct Update {
     /// The node that forwarded it (its children get it).
     pub node: usize,
-    /// The cache key (the serialized key the node gave).
-    pub key: Vec<u8>,
     /// The record, the latest of its key.
     pub record: ErasedRecord,
     /// The input record whose processing forwarded it.
     pub meta: RecordMeta,
     /// The routing hash of that input record (its store writes downstream are tagged with it).
     pub hash: Option<u64>,
+    /// The sub-task's stream time when it was made: downstream sees it as it would have without
+    /// the cache (a window a suppression buffer holds is not released by the stream time of a
+    /// later update still waiting in the cache).
+    pub stream_time: Option<i64>,
+}
+
+/// A cached update and its place in the cache.
+pub struct Cached {
+    /// The update.
+    pub update: Update,
+    /// The cache key (the serialized key the node gave).
+    pub key: Vec<u8>,
     size: usize,
     seq: u64,
 }
@@ -103,21 +113,13 @@ impl RecordCache {
         self.entries.is_empty()
     }
 
-    /// Takes `record` as the latest update of `key` forwarded by `node`, replacing the one held;
-    /// `size` is its serialized key and value length.
-    pub fn put(
-        &mut self,
-        node: usize,
-        key: Vec<u8>,
-        size: usize,
-        record: ErasedRecord,
-        meta: RecordMeta,
-        hash: Option<u64>,
-    ) {
+    /// Takes `update` as the latest of `key` from its node, replacing the one held; `size` is
+    /// its serialized key and value length.
+    pub fn put(&mut self, key: Vec<u8>, size: usize, update: Update) {
         let size = size + ENTRY_OVERHEAD;
         let seq = self.next_seq;
         self.next_seq += 1;
-        let slot = (node, key);
+        let slot = (update.node, key);
         if let Some(old) = self.entries.remove(&slot) {
             self.order.remove(&old.seq);
             self.budget.used.fetch_sub(old.size, Ordering::Relaxed);
@@ -128,11 +130,8 @@ impl RecordCache {
         self.entries.insert(
             slot,
             Cached {
-                node,
+                update,
                 key,
-                record,
-                meta,
-                hash,
                 size,
                 seq,
             },
@@ -172,21 +171,30 @@ mod tests {
     use crate::record::Record;
     use proptest::prelude::*;
 
-    fn rec(v: i64) -> ErasedRecord {
-        erase(Record::new("k".to_string(), v))
+    fn update(node: usize, v: i64) -> Update {
+        Update {
+            node,
+            record: erase(Record::new("k".to_string(), v)),
+            meta: RecordMeta::default(),
+            hash: None,
+            stream_time: None,
+        }
     }
 
     fn value(e: &Cached) -> i64 {
-        *(*e.record.value).as_any().downcast_ref::<i64>().unwrap()
+        *(*e.update.record.value)
+            .as_any()
+            .downcast_ref::<i64>()
+            .unwrap()
     }
 
     #[test]
     fn a_key_holds_its_latest_update_and_flushes_oldest_first() {
         let mut c = RecordCache::new(CacheBudget::new(1 << 20));
-        c.put(0, b"a".to_vec(), 2, rec(1), RecordMeta::default(), None);
-        c.put(0, b"b".to_vec(), 2, rec(2), RecordMeta::default(), None);
-        c.put(0, b"a".to_vec(), 2, rec(3), RecordMeta::default(), None);
-        c.put(1, b"a".to_vec(), 2, rec(4), RecordMeta::default(), None);
+        c.put(b"a".to_vec(), 2, update(0, 1));
+        c.put(b"b".to_vec(), 2, update(0, 2));
+        c.put(b"a".to_vec(), 2, update(0, 3));
+        c.put(b"a".to_vec(), 2, update(1, 4));
         assert_eq!(c.len(), 3, "node 1's `a` is another entry");
         let drained: Vec<i64> = std::iter::from_fn(|| c.pop_oldest())
             .map(|e| value(&e))
@@ -198,10 +206,10 @@ mod tests {
     fn eviction_starts_only_over_the_budget() {
         let budget = CacheBudget::new(2 * (ENTRY_OVERHEAD + 2));
         let mut c = RecordCache::new(budget.clone());
-        c.put(0, b"a".to_vec(), 2, rec(1), RecordMeta::default(), None);
-        c.put(0, b"b".to_vec(), 2, rec(2), RecordMeta::default(), None);
+        c.put(b"a".to_vec(), 2, update(0, 1));
+        c.put(b"b".to_vec(), 2, update(0, 2));
         assert!(c.evict().is_none(), "exactly at the budget");
-        c.put(0, b"c".to_vec(), 2, rec(3), RecordMeta::default(), None);
+        c.put(b"c".to_vec(), 2, update(0, 3));
         assert_eq!(c.evict().map(|e| value(&e)), Some(1));
         assert!(c.evict().is_none());
         drop(c);
@@ -228,7 +236,7 @@ mod tests {
             };
             for (i, (c, key, size, flush)) in ops.into_iter().enumerate() {
                 let v = i as i64;
-                caches[c].put(0, vec![key], size, rec(v), RecordMeta::default(), None);
+                caches[c].put(vec![key], size, update(0, v));
                 oracle[c].insert(vec![key], v);
                 while let Some(e) = caches[c].evict() {
                     take(c, e, &mut forwarded);

@@ -15,7 +15,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cache::{CacheBudget, Cached, RecordCache};
+use crate::cache::{CacheBudget, Cached, RecordCache, Update};
 use crate::graph::{NodeKind, Topic, Topology};
 use crate::processor::{
     ErasedProcessor, ErasedRecord, ProcessError, ProcessorHost, PunctuationType, RecordMeta,
@@ -264,12 +264,15 @@ impl TaskInstance {
     }
 
     fn deliver_cached(&mut self, e: Cached, env: &mut dyn TaskEnv) -> Result<(), TaskError> {
-        let saved = env.routing_hash();
-        if let Some(h) = e.hash {
+        let u = e.update;
+        let saved = (env.routing_hash(), self.stream_time);
+        if let Some(h) = u.hash {
             env.set_routing_hash(h);
         }
-        let r = self.deliver_to_children(e.node, e.record, &e.meta, env);
-        if let Some(h) = saved {
+        self.stream_time = u.stream_time;
+        let r = self.deliver_to_children(u.node, u.record, &u.meta, env);
+        self.stream_time = saved.1;
+        if let Some(h) = saved.0 {
             env.set_routing_hash(h);
         }
         r
@@ -508,7 +511,14 @@ impl TaskInstance {
         let hash = env.routing_hash();
         if let Some(cache) = self.cache.as_mut() {
             for (key, size, record) in cached {
-                cache.put(node, key, size, record, meta.clone(), hash);
+                let update = Update {
+                    node,
+                    record,
+                    meta: meta.clone(),
+                    hash,
+                    stream_time: self.stream_time,
+                };
+                cache.put(key, size, update);
             }
         }
         while let Some(e) = self.cache.as_mut().and_then(RecordCache::evict) {
