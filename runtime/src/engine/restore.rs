@@ -36,7 +36,7 @@ use crate::sink::Deliveries;
 pub use super::replay::restore;
 
 #[cfg(test)]
-#[path = "restore_tests.rs"]
+#[path = "restore_tests/mod.rs"]
 mod tests;
 
 /// How long a restore waits for the broker to acknowledge its claim.
