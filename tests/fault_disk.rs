@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
-use common::service::{feed, final_counts, lines, terminate, Service};
+use common::service::{feed, final_counts, terminate, Service};
 use common::{bootstrap, create_topic, unique};
 use rill::prelude::*;
 use rill::runtime::{ConfigBuilder, Runtime};
@@ -186,6 +186,35 @@ fn a_state_dir_of_another_application_or_topology_is_refused() {
     );
 }
 
+/// `batches` batches of `per_batch` lines of five words of 100 characters (2,000 distinct
+/// words), and the count of each word.
+fn long_word_lines(
+    batches: usize,
+    per_batch: usize,
+) -> (
+    Vec<Vec<common::Input>>,
+    std::collections::HashMap<String, i64>,
+) {
+    let mut truth = std::collections::HashMap::new();
+    let batches = (0..batches)
+        .map(|b| {
+            (0..per_batch)
+                .map(|i| {
+                    let n = (b * per_batch + i) * 5;
+                    let words: Vec<String> = (n..n + 5)
+                        .map(|w| format!("w{:0>99}", (w * 7919) % 2000))
+                        .collect();
+                    for w in &words {
+                        *truth.entry(w.clone()).or_default() += 1;
+                    }
+                    (None, words.join(" ").into_bytes())
+                })
+                .collect()
+        })
+        .collect();
+    (batches, truth)
+}
+
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test"]
 fn a_full_state_filesystem_stops_the_service_and_a_restart_after_freeing_space_is_exact() {
@@ -193,19 +222,23 @@ fn a_full_state_filesystem_stops_the_service_and_a_restart_after_freeing_space_i
     create_topic(&input, 4);
     create_topic(&output, 4);
     let dir = tempfile::tempdir().expect("tempdir");
-    let service = Service::new(&app, "0", &input, &output, dir.path());
+    let mut service = Service::new(&app, "0", &input, &output, dir.path());
+    // RocksDB reserves up to write_buffer_size x 1.1 for the WAL ahead of its writes (16 MiB
+    // at the default budget): once the disk is full, commits go on into that reserve until it
+    // is used up. At the smallest budget (4 MiB: a 1.1 MiB reserve, 1 MiB memtables) and with
+    // long words (each count write carries a 100-byte key) that takes seconds, not minutes.
+    service.set("rocksdb.memory.bytes", "4194304");
     let _fs = Tmpfs::mount(&service.state_dir, "32m", false);
-    // Input keeps coming for 40 s after the disk fills, so commits keep writing until one fails
-    // (space RocksDB reserved for the WAL before the disk filled takes a while to use up; 15 s
-    // was not always enough in CI).
-    let (mut batches, truth) = lines(205, 200);
+    // Input keeps coming for 15 s after the disk fills, so commits keep writing until one fails
+    // (5 s after the fill here, on a loaded machine).
+    let (mut batches, truth) = long_word_lines(80, 200);
     let later = batches.split_off(5);
     for b in &batches {
         common::produce(&input, b);
     }
     let mut child = service.spawn();
-    // The first quarter is counted and committed before the disk fills.
-    let (_, first) = lines(5, 200);
+    // The first batches are counted and committed before the disk fills.
+    let (_, first) = long_word_lines(5, 200);
     assert_eq!(
         final_counts(&output, &first, Duration::from_secs(60)),
         first,
@@ -219,8 +252,10 @@ fn a_full_state_filesystem_stops_the_service_and_a_restart_after_freeing_space_i
         .arg(format!("of={}", ballast.display()))
         .output()
         .expect("run dd");
+    let filled = std::time::Instant::now();
     let producer = feed(&input, later, Duration::from_millis(200));
     let status = exit_within(&mut child, Duration::from_secs(120));
+    let stopped_after = filled.elapsed();
     producer.join().expect("producer");
     let log = service.log_text();
     assert!(
@@ -236,7 +271,8 @@ fn a_full_state_filesystem_stops_the_service_and_a_restart_after_freeing_space_i
     );
 
     println!(
-        "full disk: {status:?}, {}",
+        "full disk: {status:?} {:.1} s after the disk filled, {}",
+        stopped_after.as_secs_f64(),
         log.lines()
             .rev()
             .find(|l| l.starts_with("error: "))

@@ -228,15 +228,15 @@ fn rocksdb_memory_says_the_minimum_it_requires() {
         ConfigError::BadValue {
             key: "rocksdb.memory.bytes".into(),
             value: "1000".into(),
-            expected: "a whole number of at least 1048576 (1 MiB)".into(),
+            expected: "a whole number of at least 4194304 (4 MiB)".into(),
         }
     );
     let c = ConfigBuilder::new()
         .set("application.id", "a")
-        .set("rocksdb.memory.bytes", 1 << 20)
+        .set("rocksdb.memory.bytes", 4 << 20)
         .build()
         .unwrap();
-    assert_eq!(c.rocksdb_memory_bytes, 1 << 20);
+    assert_eq!(c.rocksdb_memory_bytes, 4 << 20);
 }
 
 #[test]
