@@ -133,7 +133,12 @@ impl Instance {
                 .and_then(|v| v.parse::<f64>().ok())
         };
         let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count();
-        Some((0.0, field("VmRSS:")? / 1024.0, fds, field("Threads:")? as usize))
+        Some((
+            0.0,
+            field("VmRSS:")? / 1024.0,
+            fds,
+            field("Threads:")? as usize,
+        ))
     }
 
     fn sample(&mut self, at: f64) -> Result<(), Error> {
@@ -192,7 +197,11 @@ fn produce(
 }
 
 /// Reads `topic` until the latest count of every word equals `truth`, or `timeout`.
-fn counts_reach(topic: &str, truth: &HashMap<String, i64>, timeout: Duration) -> Result<bool, Error> {
+fn counts_reach(
+    topic: &str,
+    truth: &HashMap<String, i64>,
+    timeout: Duration,
+) -> Result<bool, Error> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .set("group.id", format!("soak-reader-{}", stamp()))
