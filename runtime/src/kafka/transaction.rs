@@ -185,17 +185,15 @@ impl Transactions {
                 Err(e) => return Err(aborted(&self.sink, engine, "committing", Some(e))),
             }
         }
-        {
-            let mut e = engine.lock();
-            e.finish_transaction()?;
-            if resume {
-                e.resume_after_transaction();
-            }
-        }
+        engine.lock().finish_transaction()?;
+        // Begun before any range goes on: a send outside a transaction is refused.
         self.sink
             .producer()
             .begin_transaction()
             .map_err(|e| TransactionError::Fatal(format!("beginning a transaction: {e}")))?;
+        if resume {
+            engine.lock().resume_after_transaction();
+        }
         metrics::histogram!(crate::metrics::TRANSACTION_COMMIT_LATENCY).record(started.elapsed());
         Ok(true)
     }
