@@ -166,7 +166,21 @@ fn a_zombie_commits_nothing_and_recovers_without_exiting() {
     let producer = feed(&input, batches, Duration::from_millis(250));
     let mut za = a.spawn();
     let mut zb = b.spawn();
-    std::thread::sleep(Duration::from_secs(6));
+    // a must own input partitions (the group may first give them all to b).
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !a
+        .log_text()
+        .lines()
+        .any(|l| l.contains("partition assigned") && l.contains(&input))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "a got no input partition; log of a:\n{}",
+            a.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(3));
     // Frozen mid-transaction, past the 6 s session timeout: b takes every partition over.
     signal("STOP", &za);
     std::thread::sleep(Duration::from_secs(15));

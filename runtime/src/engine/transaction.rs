@@ -124,6 +124,13 @@ impl Engine {
         true
     }
 
+    /// Forgets the error that stopped processing, once every task was closed without
+    /// committing (a rollback): the tasks that open next start from committed state.
+    pub fn clear_failure(&mut self) {
+        debug_assert!(self.tasks.is_empty(), "clear_failure with tasks open");
+        self.shared.failure.lock().take();
+    }
+
     /// Lets every parked sub-task go on (into the next transaction).
     pub fn resume_after_transaction(&mut self) {
         for task in self.tasks.values() {

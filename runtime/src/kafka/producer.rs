@@ -57,6 +57,9 @@ pub struct KafkaSink {
     /// Records queued since [`KafkaSink::take_sent`] last looked (under `exactly_once_v2`:
     /// whether the open transaction holds anything).
     sent: std::sync::atomic::AtomicU64,
+    /// Set when librdkafka refused a record because the open transaction failed (an abortable
+    /// error): the transaction must be aborted and the work rolled back, not the runtime stopped.
+    transaction_failed: std::sync::atomic::AtomicBool,
 }
 
 /// What the sink does with an output record that librdkafka refuses before sending it (larger
@@ -124,9 +127,10 @@ impl KafkaSink {
     }
 
     /// [`KafkaSink::new`] with `transactional.id` = `id`, for `exactly_once_v2` (see
-    /// [`super::transaction`]); `transaction.timeout.ms` defaults to Kafka Streams' 10 s, so a
-    /// transaction left open by a crashed instance blocks `read_committed` readers that long at
-    /// most.
+    /// [`super::transaction`]). `transaction.timeout.ms` stays librdkafka's 60 s (Kafka Streams
+    /// sets 10 s): above `shutdown.timeout.ms`, which bounds how long a commit waits for the key
+    /// ranges to seal, so the coordinator does not abort a transaction that is committing. A
+    /// crashed instance's open transaction is aborted at once when it restarts on its state dir.
     pub fn transactional(
         bootstrap: &str,
         extra: &BTreeMap<String, String>,
@@ -158,8 +162,7 @@ impl KafkaSink {
             // The Java client's partitioner, so keyed outputs land where Kafka Streams puts them.
             .set("partitioner", "murmur2_random");
         if let Some(id) = transactional_id {
-            cfg.set("transactional.id", id)
-                .set("transaction.timeout.ms", "10000");
+            cfg.set("transactional.id", id);
         }
         for (k, v) in extra {
             cfg.set(k, v);
@@ -171,6 +174,7 @@ impl KafkaSink {
             internal_prefix: String::new(),
             aborted: Default::default(),
             sent: Default::default(),
+            transaction_failed: Default::default(),
         })
     }
 
@@ -192,6 +196,19 @@ impl KafkaSink {
             tracing::warn!(error = %e, "could not start the thread that closes the old producer");
         }
         Ok(())
+    }
+
+    /// Whether a record was refused because the open transaction failed (cleared by
+    /// [`KafkaSink::renew`] and by the abort that follows, see [`super::transaction`]).
+    pub(crate) fn transaction_failed(&self) -> bool {
+        self.transaction_failed
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Forgets a failed transaction (it was aborted).
+    pub(crate) fn clear_transaction_failed(&self) {
+        self.transaction_failed
+            .store(false, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Records queued since the last call (and forgets them).
@@ -284,6 +301,11 @@ impl RecordSink for KafkaSink {
                     return Ok(());
                 }
                 Err((e, back)) => {
+                    if matches!(e, KafkaError::MessageProduction(RDKafkaErrorCode::State)) {
+                        // Only a transactional producer refuses records for its state.
+                        self.transaction_failed
+                            .store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
                     let bytes =
                         back.payload.map_or(0, <[u8]>::len) + back.key.map_or(0, <[u8]>::len);
                     return Err(SinkError {

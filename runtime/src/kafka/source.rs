@@ -231,6 +231,7 @@ pub fn run(
             if let Some(tx) = &ctx.transactions {
                 match tx.commit(&ctx.engine, consumer, true, false, ctx.drain_timeout) {
                     Ok(_) => continue,
+                    // An engine stopped by a failed transaction rolls back (see below).
                     Err(TransactionError::Engine(e)) => break Err(SourceError::Engine(e)),
                     Err(e) => break Err(SourceError::Transaction(e)),
                 }
@@ -245,6 +246,18 @@ pub fn run(
                 crate::metrics::record_error("offset_commit");
             }
         }
+    };
+    // Under exactly_once_v2 a record refused because the open transaction failed stops the
+    // engine; what that needs is an abort and a rollback, not a stop.
+    let result = match result {
+        Err(SourceError::Engine(e)) if ctx.transactions.as_ref().is_some_and(|t| t.failed()) => {
+            tracing::warn!(error = %e, "the open transaction failed: rolling back");
+            Err(roll_back(
+                &ctx,
+                &format!("the open transaction failed: {e}"),
+            ))
+        }
+        r => r,
     };
     if matches!(
         result,

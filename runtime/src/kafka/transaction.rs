@@ -31,6 +31,9 @@ use crate::engine::{Engine, EngineError, PartitionProgress};
 
 /// Time allowed for one transactional request (offsets, commit, abort, init).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// A commit slower than this is logged with where its time went.
+const SLOW_COMMIT: Duration = Duration::from_secs(2);
+
 /// How long an abort waits for the key ranges to stop sending.
 const HALT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -59,6 +62,7 @@ pub struct Transactions {
 /// Aborts the open transaction and begins the next one; counted.
 fn abort_and_begin(sink: &KafkaSink) -> Result<(), String> {
     metrics::counter!(crate::metrics::TRANSACTION_ABORTS).increment(1);
+    sink.clear_transaction_failed();
     let p = sink.producer();
     // Aborting when no transaction holds anything is accepted; a state error changes nothing.
     if let Err(e) = p.abort_transaction(REQUEST_TIMEOUT) {
@@ -157,6 +161,7 @@ impl Transactions {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+        let sealed = started.elapsed();
         let progress = engine.lock().prepare_transaction();
         let offsets = offsets(&progress)?;
         if offsets.count() > 0 {
@@ -195,7 +200,20 @@ impl Transactions {
             engine.lock().resume_after_transaction();
         }
         metrics::histogram!(crate::metrics::TRANSACTION_COMMIT_LATENCY).record(started.elapsed());
+        if started.elapsed() > SLOW_COMMIT {
+            tracing::warn!(
+                sealed_ms = sealed.as_millis() as u64,
+                total_ms = started.elapsed().as_millis() as u64,
+                "a transaction commit was slow (the key ranges took sealed_ms to seal and park)"
+            );
+        }
         Ok(true)
+    }
+
+    /// Whether a record was refused because the open transaction failed: processing stopped
+    /// on it, and what it needs is an abort and a rollback.
+    pub fn failed(&self) -> bool {
+        self.sink.transaction_failed()
     }
 
     /// After [`TransactionError::Fatal`] (the producer was fenced, or the coordinator bumped
@@ -204,6 +222,7 @@ impl Transactions {
     pub fn renew(&self) -> Result<(), KafkaError> {
         let _one = self.commit.lock();
         self.sink.renew()?;
+        self.sink.clear_transaction_failed();
         let p = self.sink.producer();
         p.init_transactions(REQUEST_TIMEOUT)?;
         p.begin_transaction()

@@ -499,6 +499,11 @@ impl Runtime {
                     if stop2.load(Ordering::SeqCst) || !rejoins.allow() {
                         break r;
                     }
+                    if matches!(r, Err(SourceError::Transaction(_))) {
+                        // Rolled back: every task is closed, so the error that stopped the
+                        // engine (a record refused by the failed transaction) is behind us.
+                        consumer.context().engine.lock().clear_failure();
+                    }
                     if let (Err(SourceError::Transaction(TransactionError::Fatal(_))), Some(tx)) =
                         (&r, &renewable)
                     {
