@@ -166,16 +166,12 @@ fn a_zombie_commits_nothing_and_recovers_without_exiting() {
     let producer = feed(&input, batches, Duration::from_millis(250));
     let mut za = a.spawn();
     let mut zb = b.spawn();
-    // a must own input partitions (the group may first give them all to b).
+    // a must own partitions (input or repartition; the group may first give them all to b).
     let deadline = Instant::now() + Duration::from_secs(90);
-    while !a
-        .log_text()
-        .lines()
-        .any(|l| l.contains("partition assigned") && l.contains(&input))
-    {
+    while !a.log_text().contains("partition assigned") {
         assert!(
             Instant::now() < deadline,
-            "a got no input partition; log of a:\n{}",
+            "a got no partition; log of a:\n{}",
             a.log_tail(30)
         );
         std::thread::sleep(Duration::from_millis(200));
