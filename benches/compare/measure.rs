@@ -89,6 +89,8 @@ pub(crate) enum Kind {
     Bare,
     Streams {
         threads: usize,
+        /// `processing.guarantee=exactly_once_v2`.
+        eos: bool,
     },
     ParallelConsumer {
         concurrency: usize,
@@ -110,6 +112,16 @@ impl System {
             kind,
         }
     }
+    /// Whether it runs with `processing.guarantee=exactly_once_v2` (its outputs are read
+    /// `read_committed`: what a consumer of an exactly-once application sees, and when).
+    pub(crate) fn exactly_once(&self) -> bool {
+        match &self.kind {
+            Kind::Rill { set, .. } => set.contains("processing.guarantee=exactly_once_v2"),
+            Kind::Streams { eos, .. } => *eos,
+            _ => false,
+        }
+    }
+
     pub(crate) fn config(&self) -> String {
         match &self.kind {
             Kind::Rill { p, threads, set } => format!(
@@ -122,8 +134,9 @@ impl System {
                 }
             ),
             Kind::Bare => "rdkafka BaseConsumer + ThreadedProducer, one thread; rill's producer settings (idempotent, linger 5 ms, lz4) and consumer fetch.wait.max.ms=10, Nagle off".into(),
-            Kind::Streams { threads } => format!(
-                "kafka-streams 4.4.0, num.stream.threads={threads}, commit.interval.ms=100, other settings default (caching on, changelog on)"
+            Kind::Streams { threads, eos } => format!(
+                "kafka-streams 4.4.0, num.stream.threads={threads}, commit.interval.ms=100{}, other settings default (caching on, changelog on)",
+                if *eos { ", processing.guarantee=exactly_once_v2" } else { "" }
             ),
             Kind::ParallelConsumer { concurrency } => {
                 format!("parallel-consumer-core 0.5.3.3 (kafka-clients 3.9.1), ProcessingOrder.KEY, maxConcurrency={concurrency}, pollAndProduce")
@@ -230,7 +243,7 @@ pub(crate) fn spawn(
                 .args(["--input", input, "--output", output]);
             c
         }
-        Kind::Streams { threads } => {
+        Kind::Streams { threads, eos } => {
             let mut c = Command::new("java");
             c.arg("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn")
                 .arg("-jar")
@@ -238,6 +251,9 @@ pub(crate) fn spawn(
                 .args([scenario, &ctx.bootstrap, tag, input, output])
                 .arg(&state)
                 .arg(threads.to_string());
+            if *eos {
+                c.arg("exactly_once_v2");
+            }
             c
         }
         Kind::Direct => unreachable!("nothing to spawn"),
@@ -298,9 +314,24 @@ pub(crate) fn create(ctx: &Ctx, topic: &str, partitions: u32) {
 
 /// A consumer of all of `topic` from the start, by assignment: no group membership, so nothing
 /// to rebalance when it is dropped (dropping a subscribed BaseConsumer hung in a rebalance).
-pub(crate) fn reader(ctx: &Ctx, topic: &str, partitions: u32, group: &str) -> BaseConsumer {
+/// A consumer of `topic` from the start; `read_committed` for an exactly-once system's outputs.
+pub(crate) fn reader(
+    ctx: &Ctx,
+    topic: &str,
+    partitions: u32,
+    group: &str,
+    read_committed: bool,
+) -> BaseConsumer {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &ctx.bootstrap)
+        .set(
+            "isolation.level",
+            if read_committed {
+                "read_committed"
+            } else {
+                "read_uncommitted"
+            },
+        )
         .set("group.id", group)
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")

@@ -93,6 +93,34 @@ pub(crate) fn goal_lines(all: &[ScenarioResult]) -> Vec<String> {
             }
         }
     }
+    if let Some(r) = get("s2") {
+        if let (Some(rill), Some(alos), Some(ks)) = (
+            find(r, "rill P=1 EOS"),
+            find(r, "rill P=1"),
+            find(r, "Kafka Streams EOS"),
+        ) {
+            out.push(format!(
+                "- S2 under exactly_once_v2 (no goal set; issue 15 asks for the figures): rill {} records/s at {:.2} CPU-s per million ({:.0}% of its at_least_once records/s), Kafka Streams EOS {} records/s at {:.2}: {:.2}x the records/s.",
+                fmt_num(rill.records_per_s),
+                rill.cpu_s_per_m,
+                rill.records_per_s / alos.records_per_s * 100.0,
+                fmt_num(ks.records_per_s),
+                ks.cpu_s_per_m,
+                rill.records_per_s / ks.records_per_s,
+            ));
+        }
+    }
+    if let Some(r) = get("s4") {
+        if let (Some(rill), Some(ks)) = (find(r, "rill P=1 EOS"), find(r, "Kafka Streams EOS")) {
+            if let (Some(a), Some(b)) = (rill.p99_ms, ks.p99_ms) {
+                out.push(format!(
+                    "- S4 under exactly_once_v2, read_committed (no goal set; issue 15 asks for the figures): rill p99 {a:.1} ms (p50 {:.1}), Kafka Streams EOS p99 {b:.1} ms (p50 {:.1}).",
+                    rill.p50_ms.unwrap_or(f64::NAN),
+                    ks.p50_ms.unwrap_or(f64::NAN),
+                ));
+            }
+        }
+    }
     if let Some(r) = get("s5") {
         if let (Some(rill), Some(ks)) = (find(r, "rill P=1"), find(r, "Kafka Streams")) {
             out.push(format!(

@@ -50,25 +50,45 @@ impl Sc {
                 },
             )
         };
+        let streams = |name: &str, eos| System::new(name, Kind::Streams { threads: 4, eos });
+        let rill_eos = |name: &str| {
+            System::new(
+                name,
+                Kind::Rill {
+                    p: 1,
+                    threads: None,
+                    set: "processing.guarantee=exactly_once_v2",
+                },
+            )
+        };
         match self {
             Sc::S1 => vec![
                 rill("rill P=1", 1, Some(64)),
                 rill("rill P=16", 16, Some(64)),
                 rill("rill P=64", 64, Some(64)),
-                System::new("Kafka Streams", Kind::Streams { threads: 1 }),
+                System::new(
+                    "Kafka Streams",
+                    Kind::Streams {
+                        threads: 1,
+                        eos: false,
+                    },
+                ),
                 System::new(
                     "Parallel Consumer",
                     Kind::ParallelConsumer { concurrency: 64 },
                 ),
             ],
-            Sc::S2 | Sc::S5 => vec![
+            Sc::S2 => vec![
                 rill("rill P=1", 1, None),
-                System::new("Kafka Streams", Kind::Streams { threads: 4 }),
+                streams("Kafka Streams", false),
+                rill_eos("rill P=1 EOS"),
+                streams("Kafka Streams EOS", true),
             ],
+            Sc::S5 => vec![rill("rill P=1", 1, None), streams("Kafka Streams", false)],
             Sc::S3 => vec![
                 System::new("bare rdkafka loop", Kind::Bare),
                 rill("rill P=1", 1, None),
-                System::new("Kafka Streams", Kind::Streams { threads: 4 }),
+                streams("Kafka Streams", false),
             ],
             Sc::S4 => vec![
                 System::new("broker round trip", Kind::Direct),
@@ -84,7 +104,9 @@ impl Sc {
                         set: "kafka.socket.nagle.disable=true",
                     },
                 ),
-                System::new("Kafka Streams", Kind::Streams { threads: 4 }),
+                streams("Kafka Streams", false),
+                rill_eos("rill P=1 EOS"),
+                streams("Kafka Streams EOS", true),
             ],
         }
     }
@@ -328,7 +350,13 @@ pub(crate) fn s5_index(key: &[u8], (base, windows): (i64, usize)) -> Option<usiz
 pub(crate) fn throughput_run(ctx: &Ctx, sc: Sc, sys: &System, input: &Input, tag: &str) -> Run {
     let output = format!("{tag}-out");
     create(ctx, &output, input.partitions);
-    let watch = reader(ctx, &output, input.partitions, &format!("{tag}-reader"));
+    let watch = reader(
+        ctx,
+        &output,
+        input.partitions,
+        &format!("{tag}-reader"),
+        sys.exactly_once(),
+    );
     let mut h = spawn(ctx, sys, sc.id(), &input.topic, &output, tag);
     let timeout = Duration::from_secs(match (sc, ctx.quick) {
         (Sc::S1, true) => 90,
@@ -449,7 +477,13 @@ pub(crate) fn latency_run(ctx: &Ctx, sys: &System, tag: &str, rate: u64, secs: u
     let latencies = Arc::new(Mutex::new(Vec::<(u64, u64)>::new()));
     let primed = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let rd = reader(ctx, &output, 4, &format!("{tag}-reader"));
+    let rd = reader(
+        ctx,
+        &output,
+        4,
+        &format!("{tag}-reader"),
+        sys.exactly_once(),
+    );
     let (l2, p2, s2) = (latencies.clone(), primed.clone(), stop.clone());
     let out2 = output.clone();
     let reader_thread = std::thread::spawn(move || {

@@ -65,6 +65,10 @@ pub const ROCKSDB_MEMTABLE: &str = "rill_rocksdb_memtable_bytes";
 pub const SUBTASKS: &str = "rill_subtasks";
 /// Offset commits whose range offsets did not fit in the commit metadata.
 pub const COMMIT_METADATA_OVERFLOW: &str = "rill_commit_metadata_overflow_total";
+/// Kafka transactions committed under `exactly_once_v2`, with their latency.
+pub const TRANSACTION_COMMIT_LATENCY: &str = "rill_transaction_commit_latency_seconds";
+/// Kafka transactions aborted under `exactly_once_v2`.
+pub const TRANSACTION_ABORTS: &str = "rill_transaction_aborts_total";
 
 /// Every metric name above (the README's metric table is checked against it).
 pub const ALL: &[&str] = &[
@@ -87,6 +91,8 @@ pub const ALL: &[&str] = &[
     ROCKSDB_MEMTABLE,
     SUBTASKS,
     COMMIT_METADATA_OVERFLOW,
+    TRANSACTION_COMMIT_LATENCY,
+    TRANSACTION_ABORTS,
 ];
 
 /// Bucket bounds of [`PROCESS_LATENCY`], in seconds: 5 µs to 10 s.
@@ -149,6 +155,12 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
                 .and_then(|b| {
                     b.set_buckets_for_metric(
                         Matcher::Full(COMMIT_LATENCY.into()),
+                        COMMIT_LATENCY_BUCKETS,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(TRANSACTION_COMMIT_LATENCY.into()),
                         COMMIT_LATENCY_BUCKETS,
                     )
                 })
@@ -261,6 +273,16 @@ fn describe() {
         Unit::Count,
         "Offset commits whose range offsets did not fit in the commit metadata (low watermark committed alone)."
     );
+    describe_histogram!(
+        TRANSACTION_COMMIT_LATENCY,
+        Unit::Seconds,
+        "Under exactly_once_v2: time of one transaction commit of the instance, from sealing every key range to the transaction's commit and the state writes."
+    );
+    describe_counter!(
+        TRANSACTION_ABORTS,
+        Unit::Count,
+        "Under exactly_once_v2: transactions aborted (their work is rolled back and processed again)."
+    );
 }
 
 /// Counts `n` changelog records restored into `store` (for the changelog restore).
@@ -339,6 +361,7 @@ pub(crate) fn engine_error_code(e: &crate::engine::EngineError) -> &'static str 
         E::Pool(_) => "worker_pool",
         E::Restore { .. } => "restore",
         E::FactorChange(_) => "factor_change",
+        E::Fenced => "fenced",
         E::Stopped(inner) => engine_error_code(inner),
     }
 }

@@ -59,3 +59,65 @@ pub(super) fn check_kafka(kafka: &BTreeMap<String, String>) -> Result<(), Config
     }
     Ok(())
 }
+
+/// The largest parallelising factor `exactly_once_v2` accepts: every range's offset must fit in
+/// the partition's commit metadata (179 ranges fit whatever the offsets; see
+/// `kafka::metadata`), because the low watermark alone would make a restart re-emit committed
+/// outputs of the ranges ahead of it.
+pub const EXACTLY_ONCE_MAX_FACTOR: usize = 128;
+
+/// What `processing.guarantee=exactly_once_v2` needs of the rest of the configuration.
+pub(super) fn check_exactly_once(
+    factor: usize,
+    factor_auto: bool,
+    has_brokers: bool,
+    kafka: &BTreeMap<String, String>,
+) -> Result<(), ConfigError> {
+    let key = "processing.guarantee".to_string();
+    let value = "exactly_once_v2".to_string();
+    if !has_brokers {
+        return Err(ConfigError::Refused {
+            key,
+            value,
+            why:
+                "the embedded cluster has no transactions: set bootstrap.servers to a Kafka cluster",
+        });
+    }
+    if factor_auto {
+        return Err(ConfigError::Refused {
+            key,
+            value,
+            why: "parallelising.auto changes the factor live, which exactly_once_v2 does not support yet: set parallelising.auto=false (a restart with another parallelising.factor works)",
+        });
+    }
+    if factor > EXACTLY_ONCE_MAX_FACTOR {
+        return Err(ConfigError::BadValue {
+            key: "parallelising.factor".into(),
+            value: factor.to_string(),
+            expected: format!(
+                "at most {EXACTLY_ONCE_MAX_FACTOR} with exactly_once_v2 (every range's offset must fit in the commit metadata)"
+            ),
+        });
+    }
+    for (name, refuses, why) in [
+        (
+            "transactional.id",
+            (|_: &str| true) as fn(&str) -> bool,
+            "rill sets the transactional id itself (`<application.id>-<instance>`); remove the setting",
+        ),
+        (
+            "isolation.level",
+            |v: &str| v.trim() != "read_committed",
+            "exactly_once_v2 reads repartition topics and changelogs read_committed; remove the setting",
+        ),
+    ] {
+        if let Some(v) = kafka.get(name).filter(|v| refuses(v)) {
+            return Err(ConfigError::Refused {
+                key: format!("kafka.{name}"),
+                value: v.clone(),
+                why,
+            });
+        }
+    }
+    Ok(())
+}

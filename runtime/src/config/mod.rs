@@ -102,6 +102,9 @@ pub enum ConfigError {
 pub enum ProcessingGuarantee {
     /// State exactly once (range commits), outputs at least once.
     AtLeastOnce,
+    /// Outputs, changelogs and consumed offsets commit together in Kafka transactions, so
+    /// `read_committed` consumers see each output once (see `engine::transaction`).
+    ExactlyOnceV2,
 }
 
 /// What to do with a corrupt state database at start.
@@ -254,7 +257,7 @@ settings! {
         doc "records a sub-task may queue before its partition pauses; with many sub-tasks each gets less, so that all queue at most 16 x this (at least 256 each)";
     "processing.guarantee" => processing_guarantee: ProcessingGuarantee = ProcessingGuarantee::AtLeastOnce,
         shown "`at_least_once`",
-        doc "`at_least_once`: outputs at least once, state exactly once";
+        doc "`at_least_once`: outputs at least once, state exactly once; `exactly_once_v2` (Kafka Streams' name): outputs, changelogs and offsets commit in one Kafka transaction per commit interval, so `read_committed` consumers see each output once (needs `bootstrap.servers`; not with `parallelising.auto`, nor live factor changes)";
     "metrics.addr" => metrics_addr: MetricsAddr = MetricsAddr::On(SocketAddr::from(([127, 0, 0, 1], 9898))),
         shown "`127.0.0.1:9898`",
         doc "HTTP for /metrics, /health, /ready (port 0 picks a free port); `off` disables";
@@ -464,6 +467,14 @@ impl ConfigBuilder {
                 })
             }
         };
+        if s.processing_guarantee == ProcessingGuarantee::ExactlyOnceV2 {
+            kafka::check_exactly_once(
+                factor,
+                s.parallelising_auto,
+                bootstrap_servers.is_some(),
+                &kafka,
+            )?;
+        }
         Ok(Config {
             state_dir_configured: s.state_dir.is_some(),
             state_dir: s

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Config, CorruptionHandler, MetricsAddr, ProductionHandler};
+use super::{Config, CorruptionHandler, MetricsAddr, ProcessingGuarantee, ProductionHandler};
 
 /// Keys whose values are never logged: any key containing one of these.
 const SECRET_MARKERS: &[&str] = &["password", "secret", "sasl.jaas", "ssl.key"];
@@ -42,7 +42,14 @@ impl Config {
             self.commit_interval.as_millis().to_string(),
         );
         put("mailbox.capacity", self.mailbox_capacity.to_string());
-        put("processing.guarantee", "at_least_once".into());
+        put(
+            "processing.guarantee",
+            match self.processing_guarantee {
+                ProcessingGuarantee::AtLeastOnce => "at_least_once",
+                ProcessingGuarantee::ExactlyOnceV2 => "exactly_once_v2",
+            }
+            .into(),
+        );
         put(
             "metrics.addr",
             match self.metrics_addr {

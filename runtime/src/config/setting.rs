@@ -95,7 +95,8 @@ impl Setting for ProcessingGuarantee {
     fn parse(text: &str) -> Result<Self, String> {
         match text {
             "at_least_once" => Ok(ProcessingGuarantee::AtLeastOnce),
-            _ => Err("at_least_once (exactly_once_v2 is not implemented yet)".into()),
+            "exactly_once_v2" => Ok(ProcessingGuarantee::ExactlyOnceV2),
+            _ => Err("at_least_once or exactly_once_v2".into()),
         }
     }
 }

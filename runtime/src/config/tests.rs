@@ -358,3 +358,51 @@ fn the_auto_factor_bound_defaults_to_four_times_the_factor_and_is_never_below_it
         "{err}"
     );
 }
+
+#[test]
+fn exactly_once_v2_is_accepted_with_brokers_and_refused_where_it_cannot_hold() {
+    let eos = |extra: &[(&str, &str)]| {
+        let mut b = ConfigBuilder::new()
+            .set("application.id", "wc")
+            .set("processing.guarantee", "exactly_once_v2");
+        for (k, v) in extra {
+            b = b.set(k, v);
+        }
+        b.build()
+    };
+    let ok = eos(&[("bootstrap.servers", "127.0.0.1:9092")]).unwrap();
+    assert_eq!(ok.processing_guarantee, ProcessingGuarantee::ExactlyOnceV2);
+    assert_eq!(
+        ok.redacted()
+            .get("processing.guarantee")
+            .map(String::as_str),
+        Some("exactly_once_v2")
+    );
+    let refused = |extra: &[(&str, &str)], key: &str| {
+        let e = eos(extra).unwrap_err().to_string();
+        assert!(e.contains(key), "{extra:?}: {e}");
+    };
+    // The embedded cluster has no transactions.
+    refused(&[], "processing.guarantee");
+    let b = ("bootstrap.servers", "127.0.0.1:9092");
+    refused(&[b, ("parallelising.auto", "true")], "processing.guarantee");
+    refused(
+        &[b, ("parallelising.factor", "129")],
+        "parallelising.factor",
+    );
+    refused(
+        &[b, ("kafka.transactional.id", "mine")],
+        "kafka.transactional.id",
+    );
+    refused(
+        &[b, ("kafka.isolation.level", "read_uncommitted")],
+        "kafka.isolation.level",
+    );
+    let e = ConfigBuilder::new()
+        .set("application.id", "wc")
+        .set("processing.guarantee", "exactly_once")
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("at_least_once or exactly_once_v2"), "{e}");
+}

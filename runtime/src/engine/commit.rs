@@ -47,6 +47,9 @@ pub(super) struct Sealed {
     markers: Vec<Arc<AtomicU64>>,
     /// When it was sealed (commit latency runs from here to the write).
     sealed_at: std::time::Instant,
+    /// Under `exactly_once_v2`: every record and marker is acknowledged; the WriteBatch waits
+    /// for the transaction to commit (see [`super::transaction`]).
+    pub(super) ready: bool,
 }
 
 /// A range commit that finished: the engine's tracker learns that every record of
@@ -279,6 +282,7 @@ impl Core {
             progress,
             markers: Vec::new(),
             sealed_at: std::time::Instant::now(),
+            ready: false,
         });
         self.committed = self.processed.clone();
         // 3. Move it along now when its records are already acknowledged (or must be waited for).
@@ -339,6 +343,11 @@ impl Core {
             if let (Some(slot), Some(store)) = (sealed.markers.last(), stores.last()) {
                 set_position(&mut sealed.progress, shared, store, slot);
             }
+            if shared.config.transactional {
+                // The WriteBatch follows the transaction's commit (`write_ready`).
+                sealed.ready = true;
+                return Ok(false);
+            }
             let Some(sealed) = self.sealed.take() else {
                 return Ok(true);
             };
@@ -363,6 +372,48 @@ impl Core {
             });
             return Ok(true);
         }
+    }
+}
+
+impl Core {
+    /// Under `exactly_once_v2`: what the ready sealed commit makes durable, for the offsets of
+    /// the transaction (`None`: nothing sealed, or not ready).
+    pub(super) fn ready_report(&self, id: &SubTaskId) -> Option<CommitReport> {
+        self.sealed
+            .as_ref()
+            .filter(|s| s.ready)
+            .map(|s| CommitReport {
+                id: *id,
+                lineage: self.lineage.id,
+                next: s.next.clone(),
+            })
+    }
+
+    /// Under `exactly_once_v2`, once the transaction committed: writes the ready sealed commit
+    /// (state, progress and changelog positions in one WriteBatch). Its report went with
+    /// the transaction's offsets already.
+    pub(super) fn write_ready(&mut self, shared: &Shared) -> Result<(), EngineError> {
+        if !self.sealed.as_ref().is_some_and(|s| s.ready) {
+            return Ok(());
+        }
+        let Some(sealed) = self.sealed.take() else {
+            return Ok(());
+        };
+        if let Some(state) = self.state.as_mut() {
+            match self
+                .fence
+                .unless_fenced(|| state.write_sealed(sealed.progress))
+            {
+                Some(r) => r?,
+                None => return Ok(()),
+            }
+        }
+        shared.metrics.commits.increment(1);
+        shared
+            .metrics
+            .commit_latency
+            .record(sealed.sealed_at.elapsed());
+        Ok(())
     }
 }
 

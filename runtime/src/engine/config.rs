@@ -67,6 +67,9 @@ pub struct EngineConfig {
     /// engine's default, turns caching off so every update reaches the sinks at once (the
     /// service's config sets Kafka Streams' 10 MiB).
     pub cache_max_bytes: usize,
+    /// Whether range commits complete only with the instance's Kafka transaction
+    /// (`processing.guarantee=exactly_once_v2`, see [`super::transaction`]).
+    pub transactional: bool,
 }
 
 impl Default for EngineConfig {
@@ -78,6 +81,7 @@ impl Default for EngineConfig {
             mailbox_capacity: 1000,
             deserialization_handler: RecordErrorHandler::Fail,
             processing_handler: RecordErrorHandler::Fail,
+            transactional: false,
             drop_unserializable_outputs: false,
             changelogs: false,
             cluster_id: String::new(),

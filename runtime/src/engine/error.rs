@@ -75,6 +75,10 @@ pub enum EngineError {
     /// A live change of the parallelising factor could not complete.
     #[error("changing the parallelising factor: {0}")]
     FactorChange(String),
+    /// A task was fenced (its partition lost) while the instance's transaction was open: the
+    /// transaction must be aborted.
+    #[error("a task was fenced (its partition was lost) during the transaction: it is aborted")]
+    Fenced,
     /// Processing stopped earlier on this error; the engine takes no more work.
     #[error("processing stopped: {0}")]
     Stopped(Arc<EngineError>),

@@ -10,6 +10,7 @@
 //! - [`dispatch`]: records to sub-tasks by key range, skipping what a range applied, backpressure;
 //! - `subtask`: scheduling of one sub-task on the worker pool, and processing a record;
 //! - [`commit`]: the range commit (individual commit), from the request to the Kafka offsets;
+//!   [`transaction`]: how range commits meet in one Kafka transaction under `exactly_once_v2`;
 //! - [`changelog`]: the changelog records and why restore is exact; [`origin`]: de-duplication
 //!   across repartition topics; [`progress`]: per-range offsets and the low watermark.
 
@@ -29,6 +30,7 @@ pub mod restore;
 mod stats;
 mod subtask;
 pub mod task;
+pub mod transaction;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -65,6 +67,9 @@ pub(crate) struct Shared {
     topology: Arc<Topology>,
     config: EngineConfig,
     sink: Arc<dyn RecordSink>,
+    /// Where a restore writes its claim and base (see [`restore`]): `sink`, except under
+    /// `exactly_once_v2`, where they must not wait for the instance's next transaction.
+    control_sink: Option<Arc<dyn RecordSink>>,
     pool: rayon::ThreadPool,
     /// Partition count of each internal topic (for choosing the partition of a repartition write).
     internal_partitions: HashMap<Topic, u32>,
@@ -251,6 +256,7 @@ impl Engine {
                 topology,
                 config,
                 sink,
+                control_sink: None,
                 pool,
                 internal_names,
                 internal_partitions,
@@ -297,6 +303,21 @@ impl Engine {
     /// they process anything.
     pub fn restore_from(&mut self, reader: Arc<dyn ChangelogReader>) {
         self.changelog_reader = Some(reader);
+    }
+
+    /// Writes restores' claims and bases through `sink` rather than the engine's sink (under
+    /// `exactly_once_v2`: a producer outside the transaction). Call before any task is assigned.
+    pub fn write_claims_to(&mut self, sink: Arc<dyn RecordSink>) -> Result<(), EngineError> {
+        match Arc::get_mut(&mut self.shared) {
+            Some(shared) => {
+                shared.control_sink = Some(sink);
+                Ok(())
+            }
+            None => Err(EngineError::Config {
+                key: "processing.guarantee",
+                message: "the claim producer must be set before tasks start".into(),
+            }),
+        }
     }
 
     /// The (sub-topology, topic index) reading resolved topic `topic`.
@@ -431,3 +452,5 @@ impl Drop for Engine {
 mod cache_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod transaction_tests;

@@ -68,9 +68,12 @@ fn write_acknowledged(
     stop: &AtomicBool,
 ) -> Result<(), EngineError> {
     let deliveries = Arc::new(Deliveries::default());
-    shared
-        .sink
-        .send(topic, Some(partition), record, deliveries.ticket())?;
+    shared.control_sink.as_ref().unwrap_or(&shared.sink).send(
+        topic,
+        Some(partition),
+        record,
+        deliveries.ticket(),
+    )?;
     let epoch = deliveries.seal();
     deliveries.wait_through_unless(epoch, CLAIM_TIMEOUT, stop)?;
     if stop.load(Ordering::SeqCst) {

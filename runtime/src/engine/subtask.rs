@@ -86,6 +86,9 @@ pub(crate) enum Work {
         done: Option<Sender<()>>,
     },
     Punctuate(i64),
+    /// Under `exactly_once_v2`: seal what was processed for the instance's transaction, then
+    /// park until it commits (see [`super::transaction`]). Queued at the front of the mailbox.
+    Seal,
 }
 
 /// The state only the running job touches (the commit steps in [`super::commit`] too).
@@ -129,6 +132,10 @@ pub(crate) struct SubTask {
     pub done: AtomicU64,
     /// True from the spawn of a job until that job has seen an empty mailbox (see module doc).
     scheduled: AtomicBool,
+    /// Under `exactly_once_v2`: set by the job that handles a [`Work::Seal`], cleared by the
+    /// engine once the transaction committed. Invariant: while set, no job takes work from the
+    /// mailbox, so nothing is processed or sent outside the transaction it belongs to.
+    pub(super) parked: AtomicBool,
     /// Held by the running job, or by readers (store queries) while the engine is idle.
     pub core: Mutex<Core>,
 }
@@ -232,6 +239,7 @@ impl SubTask {
                 depth: AtomicUsize::new(0),
                 done: AtomicU64::new(0),
                 scheduled: AtomicBool::new(false),
+                parked: AtomicBool::new(false),
                 core: Mutex::new(core),
             }),
             resume,
@@ -250,6 +258,37 @@ impl SubTask {
         }
     }
 
+    /// Queues a [`Work::Seal`] before everything already queued, so the transaction waits for
+    /// at most the batch a job is running, not for the whole mailbox.
+    pub fn push_seal(self: &Arc<Self>, shared: &Arc<Shared>) {
+        shared.work_added(1);
+        self.mailbox.lock().push_front(Work::Seal);
+        if !self.scheduled.swap(true, Ordering::SeqCst) {
+            Arc::clone(self).spawn(shared);
+        }
+    }
+
+    /// Lets a parked sub-task take work again (its transaction committed).
+    pub fn unpark(self: &Arc<Self>, shared: &Arc<Shared>) {
+        self.parked.store(false, Ordering::SeqCst);
+        if !self.mailbox.lock().is_empty() && !self.scheduled.swap(true, Ordering::SeqCst) {
+            Arc::clone(self).spawn(shared);
+        }
+    }
+
+    /// Ends a job that may not take work (the mailbox is empty, or the sub-task is parked).
+    fn stand_down(self: Arc<Self>, shared: &Arc<Shared>) {
+        self.scheduled.store(false, Ordering::SeqCst);
+        // Re-check after clearing: a push or an unpark between the look and the clear saw
+        // `scheduled` set and spawned nothing.
+        if !self.parked.load(Ordering::SeqCst)
+            && !self.mailbox.lock().is_empty()
+            && !self.scheduled.swap(true, Ordering::SeqCst)
+        {
+            self.spawn(shared);
+        }
+    }
+
     fn spawn(self: Arc<Self>, shared: &Arc<Shared>) {
         shared.jobs.fetch_add(1, Ordering::SeqCst);
         let sh = Arc::clone(shared);
@@ -261,25 +300,33 @@ impl SubTask {
     }
 
     fn run(self: Arc<Self>, shared: Arc<Shared>) {
-        let batch: Vec<Work> = {
+        let batch: Vec<Work> = if self.parked.load(Ordering::SeqCst) {
+            Vec::new()
+        } else {
             let mut q = self.mailbox.lock();
             let n = q.len().min(BATCH);
             q.drain(..n).collect()
         };
         if batch.is_empty() {
-            self.scheduled.store(false, Ordering::SeqCst);
-            // Re-check after clearing: a push between the drain and the clear saw `scheduled`
-            // set and spawned nothing.
-            if !self.mailbox.lock().is_empty() && !self.scheduled.swap(true, Ordering::SeqCst) {
-                self.spawn(&shared);
-            }
+            self.stand_down(&shared);
             return;
         }
-        let n = batch.len();
+        let mut n = 0;
         let mut records = 0;
         {
             let mut core = self.core.lock();
-            for work in batch {
+            let mut batch = batch.into_iter();
+            while let Some(work) = batch.next() {
+                if self.parked.load(Ordering::SeqCst) {
+                    // A seal parked the sub-task: the rest waits for the next transaction.
+                    let mut q = self.mailbox.lock();
+                    for w in batch.rev() {
+                        q.push_front(w);
+                    }
+                    q.push_front(work);
+                    break;
+                }
+                n += 1;
                 if matches!(work, Work::Record(_)) {
                     records += 1;
                 }
@@ -287,6 +334,7 @@ impl SubTask {
                     Work::Commit { done, .. } => done.clone(),
                     _ => None,
                 };
+                let seal = matches!(work, Work::Seal);
                 if !core.failed
                     && !shared.abandoned.load(Ordering::Relaxed)
                     && !core.fence.is_fenced()
@@ -298,6 +346,10 @@ impl SubTask {
                 }
                 if let Some(done) = done {
                     let _ = done.send(());
+                }
+                if seal {
+                    // Also when failed or fenced: the engine's barrier sees why, not a hang.
+                    self.parked.store(true, Ordering::SeqCst);
                 }
             }
             // Finish a sealed commit as soon as its records are acknowledged, not a commit
@@ -312,6 +364,10 @@ impl SubTask {
         self.depth.fetch_sub(records, Ordering::SeqCst);
         self.done.fetch_add(records as u64, Ordering::Relaxed);
         shared.work_done(n);
+        if self.parked.load(Ordering::SeqCst) {
+            self.stand_down(&shared);
+            return;
+        }
         // Yield the worker between batches; the next job finds the mailbox empty or not.
         self.spawn(&shared);
     }
@@ -322,6 +378,7 @@ impl Core {
         match work {
             Work::Record(input) => self.process(id, input, shared),
             Work::Commit { durable, .. } => self.commit(id, durable, shared),
+            Work::Seal => self.commit(id, false, shared),
             Work::Punctuate(now) => {
                 // No origin: wall-clock outputs depend on time, so a replay cannot reproduce
                 // them; downstream applies them at least once.

@@ -142,9 +142,9 @@ impl Task {
     }
 }
 
-/// A random, non-zero lineage id (the standard library's per-process random hasher keys, mixed
+/// A random, non-zero id (lineages, transactional ids) (the standard library's per-process random hasher keys, mixed
 /// with the time and a counter).
-fn new_lineage_id() -> u64 {
+pub(crate) fn new_lineage_id() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut h = RandomState::new().build_hasher();
     h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));

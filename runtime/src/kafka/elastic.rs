@@ -138,6 +138,12 @@ impl LiveFactor {
 
 fn begin(ctx: &SourceContext, req: FactorRequest) -> Step {
     let started = Instant::now();
+    if ctx.transactions.is_some() {
+        let _ = req.reply.send(Err(
+            "live changes are not supported under processing.guarantee=exactly_once_v2 yet: restart with the new parallelising.factor instead".into(),
+        ));
+        return Step::Idle;
+    }
     let r = ctx
         .engine
         .lock()

@@ -10,6 +10,7 @@
 //! `kafka.*` overrides that would break that are refused ([`ProducerError`]).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::client::ClientContext;
@@ -41,7 +42,11 @@ impl ProducerContext for DeliveryContext {
 
 /// The producer that writes sink, repartition and dead-letter records.
 pub struct KafkaSink {
-    producer: ThreadedProducer<DeliveryContext>,
+    /// Replaced only by [`KafkaSink::renew`] (a fenced transactional producer), while no task
+    /// sends: a send holds the read side for its call.
+    producer: parking_lot::RwLock<Arc<ThreadedProducer<DeliveryContext>>>,
+    /// What the producer was created with (for [`KafkaSink::renew`]).
+    config: ClientConfig,
     /// What to do with an output record librdkafka refuses before sending it.
     handler: ProductionHandler,
     /// Topics starting with this (`<application.id>-`) are rill's own: never skipped.
@@ -49,6 +54,12 @@ pub struct KafkaSink {
     /// Set by [`RecordSink::abort`]; a send waiting for room in librdkafka's queue checks it on
     /// each retry, so a dead broker cannot hold a worker thread for good.
     aborted: std::sync::atomic::AtomicBool,
+    /// Records queued since [`KafkaSink::take_sent`] last looked (under `exactly_once_v2`:
+    /// whether the open transaction holds anything).
+    sent: std::sync::atomic::AtomicU64,
+    /// Set when librdkafka refused a record because the open transaction failed (an abortable
+    /// error): the transaction must be aborted and the work rolled back, not the runtime stopped.
+    transaction_failed: std::sync::atomic::AtomicBool,
 }
 
 /// What the sink does with an output record that librdkafka refuses before sending it (larger
@@ -112,6 +123,27 @@ impl KafkaSink {
     /// An idempotent, gapless producer for `bootstrap` with extra librdkafka settings; refuses
     /// settings that would break either.
     pub fn new(bootstrap: &str, extra: &BTreeMap<String, String>) -> Result<Self, ProducerError> {
+        Self::create(bootstrap, extra, None)
+    }
+
+    /// [`KafkaSink::new`] with `transactional.id` = `id`, for `exactly_once_v2` (see
+    /// [`super::transaction`]). `transaction.timeout.ms` stays librdkafka's 60 s (Kafka Streams
+    /// sets 10 s): above `shutdown.timeout.ms`, which bounds how long a commit waits for the key
+    /// ranges to seal, so the coordinator does not abort a transaction that is committing. A
+    /// crashed instance's open transaction is aborted at once when it restarts on its state dir.
+    pub fn transactional(
+        bootstrap: &str,
+        extra: &BTreeMap<String, String>,
+        id: &str,
+    ) -> Result<Self, ProducerError> {
+        Self::create(bootstrap, extra, Some(id))
+    }
+
+    fn create(
+        bootstrap: &str,
+        extra: &BTreeMap<String, String>,
+        transactional_id: Option<&str>,
+    ) -> Result<Self, ProducerError> {
         for (key, ok, why) in REQUIRED {
             if let Some(value) = extra.get(*key).filter(|v| !ok(v.trim())) {
                 return Err(ProducerError::Unsafe {
@@ -129,15 +161,59 @@ impl KafkaSink {
             .set("compression.type", "lz4")
             // The Java client's partitioner, so keyed outputs land where Kafka Streams puts them.
             .set("partitioner", "murmur2_random");
+        if let Some(id) = transactional_id {
+            cfg.set("transactional.id", id);
+        }
         for (k, v) in extra {
             cfg.set(k, v);
         }
         Ok(KafkaSink {
-            producer: cfg.create_with_context(DeliveryContext)?,
+            producer: parking_lot::RwLock::new(Arc::new(cfg.create_with_context(DeliveryContext)?)),
+            config: cfg,
             handler: ProductionHandler::Fail,
             internal_prefix: String::new(),
             aborted: Default::default(),
+            sent: Default::default(),
+            transaction_failed: Default::default(),
         })
+    }
+
+    /// The librdkafka producer (for its transaction calls).
+    pub(crate) fn producer(&self) -> Arc<ThreadedProducer<DeliveryContext>> {
+        self.producer.read().clone()
+    }
+
+    /// Replaces the producer with a new one of the same settings (and transactional id), after
+    /// the old one failed for good; the old one is dropped on a thread of its own, as closing it
+    /// may wait for its queue.
+    pub(crate) fn renew(&self) -> Result<(), KafkaError> {
+        let fresh = Arc::new(self.config.create_with_context(DeliveryContext)?);
+        let old = std::mem::replace(&mut *self.producer.write(), fresh);
+        let closing = std::thread::Builder::new()
+            .name("rill-producer-close".into())
+            .spawn(move || drop(old));
+        if let Err(e) = closing {
+            tracing::warn!(error = %e, "could not start the thread that closes the old producer");
+        }
+        Ok(())
+    }
+
+    /// Whether a record was refused because the open transaction failed (cleared by
+    /// [`KafkaSink::renew`] and by the abort that follows, see [`super::transaction`]).
+    pub(crate) fn transaction_failed(&self) -> bool {
+        self.transaction_failed
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Forgets a failed transaction (it was aborted).
+    pub(crate) fn clear_transaction_failed(&self) {
+        self.transaction_failed
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Records queued since the last call (and forgets them).
+    pub(crate) fn take_sent(&self) -> u64 {
+        self.sent.swap(0, std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Applies `handler` to records of sink topics; topics starting with `<application_id>-`
@@ -194,9 +270,13 @@ impl RecordSink for KafkaSink {
         if let Some(p) = partition {
             r = r.partition(p as i32);
         }
+        let producer = self.producer.read();
         loop {
-            match self.producer.send(r) {
-                Ok(()) => return Ok(()),
+            match producer.send(r) {
+                Ok(()) => {
+                    self.sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    return Ok(());
+                }
                 // Backpressure from librdkafka's queue: wait for deliveries, then retry.
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     if self.aborted.load(std::sync::atomic::Ordering::SeqCst) {
@@ -206,7 +286,7 @@ impl RecordSink for KafkaSink {
                         });
                     }
                     r = back;
-                    self.producer.poll(Duration::from_millis(10));
+                    producer.poll(Duration::from_millis(10));
                 }
                 Err((e, back))
                     if is_too_large(&e)
@@ -221,6 +301,11 @@ impl RecordSink for KafkaSink {
                     return Ok(());
                 }
                 Err((e, back)) => {
+                    if matches!(e, KafkaError::MessageProduction(RDKafkaErrorCode::State)) {
+                        // Only a transactional producer refuses records for its state.
+                        self.transaction_failed
+                            .store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
                     let bytes =
                         back.payload.map_or(0, <[u8]>::len) + back.key.map_or(0, <[u8]>::len);
                     return Err(SinkError {

@@ -30,6 +30,7 @@ use rill_topology::HASH_ID;
 
 use super::committer::Committer;
 use super::metadata;
+use super::transaction::Transactions;
 use crate::engine::{Engine, PriorClaim, Resume, TopicPartition};
 
 /// Time allowed for metadata and committed-offset requests.
@@ -60,6 +61,12 @@ pub struct SourceContext {
     /// The last high watermark librdkafka's statistics gave per partition (for range lag).
     /// Taken after `engine` when both are held.
     pub high_watermarks: Mutex<HashMap<TopicPartition, u64>>,
+    /// Under `exactly_once_v2`: the instance's transactions (commits go through them instead
+    /// of `committer`).
+    pub transactions: Option<Arc<Transactions>>,
+    /// Under `exactly_once_v2`: set by a callback whose partitions were lost or whose commit
+    /// failed; the loop then aborts the transaction and every task rolls back.
+    pub roll_back: Mutex<Option<String>>,
 }
 
 impl ClientContext for SourceContext {
@@ -217,6 +224,41 @@ pub fn raw_metadata(tpl: &TopicPartitionList) -> Vec<Vec<u8>> {
 }
 
 impl SourceContext {
+    /// Under `exactly_once_v2`: commits the instance's transaction (every task's work, not only
+    /// the revoked ones', as Kafka Streams does), then closes the revoked tasks. Lost partitions,
+    /// or a commit that fails, make the loop roll every task back.
+    fn revoke_in_transaction(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        tx: &Transactions,
+        revoked: &[TopicPartition],
+        lost: bool,
+        started: Instant,
+    ) {
+        let committed = if lost {
+            *self.roll_back.lock() = Some("partitions were lost".into());
+            false
+        } else {
+            match tx.commit(&self.engine, consumer, false, true, self.drain_timeout) {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the transaction did not commit during a revoke");
+                    *self.roll_back.lock() = Some(e.to_string());
+                    false
+                }
+            }
+        };
+        let mut engine = self.engine.lock();
+        // Closed without committing more: what they did is in the committed transaction.
+        engine.revoke(revoked, self.drain_timeout, true);
+        engine.resume_after_transaction();
+        drop(engine);
+        let committed_ms = started.elapsed().as_millis() as u64;
+        for tp in revoked {
+            tracing::info!(topic = %tp.topic, partition = tp.partition, committed_ms, committed, lost, "partition revoked");
+        }
+    }
+
     fn on_assign(
         &self,
         consumer: &BaseConsumer<Self>,
@@ -332,6 +374,10 @@ impl SourceContext {
             .collect();
         self.forget_restoring(&revoked);
         let started = Instant::now();
+        if let Some(tx) = &self.transactions {
+            self.revoke_in_transaction(consumer, tx, &revoked, lost, started);
+            return;
+        }
         let outcome = self
             .engine
             .lock()

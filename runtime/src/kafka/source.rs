@@ -22,6 +22,7 @@ use rill_topology::{Headers, RawRecord};
 use super::backpressure::{single, Backpressure};
 use super::elastic::LiveFactor;
 use super::rebalance::SourceContext;
+use super::transaction::TransactionError;
 use crate::auto_factor::AutoFactor;
 use crate::elastic::FactorRequest;
 use crate::engine::{EngineError, TopicPartition};
@@ -60,6 +61,9 @@ pub enum SourceError {
     /// The engine failed (a processor, a deserialization under `fail`, state).
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// Under `exactly_once_v2`: the instance's transaction did not commit.
+    #[error(transparent)]
+    Transaction(TransactionError),
     /// Kafka failed in a way that cannot be retried.
     #[error("kafka: {0}")]
     Kafka(#[from] KafkaError),
@@ -123,6 +127,13 @@ pub fn run(
         if consumer.assignment_lost() {
             // Fenced out of the group: stop committing at once, before the revoke arrives.
             ctx.engine.lock().fence_all();
+            if ctx.transactions.is_some() && !ctx.engine.lock().assigned_partitions().is_empty() {
+                // The open transaction holds the lost tasks' outputs: it must not commit.
+                break Err(roll_back(&ctx, "this member lost its partitions"));
+            }
+        }
+        if let Some(why) = ctx.roll_back.lock().take() {
+            break Err(roll_back(&ctx, &why));
         }
         if let Some((code, reason)) = consumer.client().fatal_error() {
             // This consumer is dead and its partitions may be another member's already.
@@ -199,8 +210,8 @@ pub fn run(
                     });
                 }
             }
-            let progress = {
-                let mut engine = ctx.engine.lock();
+            {
+                let engine = ctx.engine.lock();
                 if let Some(e) = engine.failure() {
                     break Err(SourceError::Engine(EngineError::Stopped(e)));
                 }
@@ -215,8 +226,19 @@ pub fn run(
                         missing,
                     });
                 }
-                engine.request_commit();
                 engine.publish_metrics(&ctx.high_watermarks.lock());
+            }
+            if let Some(tx) = &ctx.transactions {
+                match tx.commit(&ctx.engine, consumer, true, false, ctx.drain_timeout) {
+                    Ok(_) => continue,
+                    // An engine stopped by a failed transaction rolls back (see below).
+                    Err(TransactionError::Engine(e)) => break Err(SourceError::Engine(e)),
+                    Err(e) => break Err(SourceError::Transaction(e)),
+                }
+            }
+            let progress = {
+                let mut engine = ctx.engine.lock();
+                engine.request_commit();
                 engine.collect_progress()
             };
             if let Err(e) = ctx.committer.commit(consumer, &progress, CommitMode::Async) {
@@ -225,11 +247,42 @@ pub fn run(
             }
         }
     };
+    // Under exactly_once_v2 a record refused because the open transaction failed stops the
+    // engine; what that needs is an abort and a rollback, not a stop.
+    let result = match result {
+        Err(SourceError::Engine(e)) if ctx.transactions.as_ref().is_some_and(|t| t.failed()) => {
+            tracing::warn!(error = %e, "the open transaction failed: rolling back");
+            Err(roll_back(
+                &ctx,
+                &format!("the open transaction failed: {e}"),
+            ))
+        }
+        r => r,
+    };
     if matches!(
         result,
-        Err(SourceError::Fatal { .. } | SourceError::BrokersUnavailable { .. })
+        Err(SourceError::Fatal { .. }
+            | SourceError::BrokersUnavailable { .. }
+            | SourceError::Transaction(_))
     ) {
-        // The tasks are fenced: nothing more is committed (the caller closes them).
+        // The tasks are fenced, or their transaction aborted: nothing more is committed (the
+        // caller closes them).
+        return result;
+    }
+    if let Some(tx) = &ctx.transactions {
+        // Commit what was processed (the rest of the mailboxes replays after a restart), or
+        // nothing when stopping on an error.
+        let committed = match &result {
+            Ok(()) => tx.commit(&ctx.engine, consumer, false, true, ctx.drain_timeout),
+            Err(_) => Err(TransactionError::Aborted("stopping on an error".into())),
+        };
+        if let Err(e) = committed {
+            tracing::warn!(error = %e, "the last transaction did not commit: its work replays after a restart");
+            if !matches!(e, TransactionError::Aborted(_)) || result.is_err() {
+                let aborted = tx.abort(&ctx.engine, "stopping");
+                tracing::debug!(%aborted, "the last transaction");
+            }
+        }
         return result;
     }
     // Drain and commit what was processed, whether stopping cleanly or on an error.
@@ -246,6 +299,15 @@ pub fn run(
         ctx.committer.commit_sync(consumer, &progress);
     }
     result
+}
+
+/// Aborts the open transaction after `why`: every task must close without committing and the
+/// member rejoin (see [`crate::engine::transaction`], "Rollback").
+fn roll_back(ctx: &SourceContext, why: &str) -> SourceError {
+    match &ctx.transactions {
+        Some(tx) => SourceError::Transaction(tx.abort(&ctx.engine, why)),
+        None => SourceError::Transaction(TransactionError::Aborted(why.to_string())),
+    }
 }
 
 /// Milliseconds since the Unix epoch, for wall-clock punctuation.

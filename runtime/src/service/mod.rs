@@ -33,7 +33,9 @@ use rill_state::{StateConfig, StateDb};
 use rill_topology::{Topic, Topology};
 
 use crate::auto_factor::{AutoFactor, AutoPolicy};
-use crate::config::{Config, CorruptionHandler, MetricsAddr, ProductionHandler};
+use crate::config::{
+    Config, CorruptionHandler, MetricsAddr, ProcessingGuarantee, ProductionHandler,
+};
 use crate::control::ControlPlane;
 use crate::elastic::{self, FactorControl};
 use crate::engine::{Engine, EngineConfig, EngineError};
@@ -45,6 +47,7 @@ use crate::kafka::embedded::EmbeddedCluster;
 use crate::kafka::producer::KafkaSink;
 use crate::kafka::rebalance::SourceContext;
 use crate::kafka::source::{self, SourceError};
+use crate::kafka::transaction::{TransactionError, Transactions};
 use crate::sink::RecordSink;
 
 mod running;
@@ -79,6 +82,44 @@ impl Rejoins {
         self.0.push_back(now);
         true
     }
+}
+
+/// The file in the state dir holding the instance's transactional id.
+const TRANSACTIONAL_ID_FILE: &str = "TRANSACTIONAL_ID";
+
+/// The transactional id of this instance under `exactly_once_v2`: kept in the state dir, so
+/// a restart on it fences the producer of the crashed run and aborts its open transaction at
+/// once (rather than after `transaction.timeout.ms`); from `kafka.group.instance.id` for a
+/// topology without state; random otherwise.
+fn transactional_id(c: &Config, db: Option<&StateDb>) -> Result<String, RuntimeError> {
+    let fresh = || {
+        format!(
+            "{}-{:016x}",
+            c.application_id,
+            crate::engine::task::new_lineage_id()
+        )
+    };
+    let Some(db) = db else {
+        return Ok(match c.kafka.get("group.instance.id") {
+            Some(id) => format!("{}-{id}", c.application_id),
+            None => fresh(),
+        });
+    };
+    let path = db.dir().join(TRANSACTIONAL_ID_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => Ok(id.trim().to_string()),
+        Ok(_) => write_id(&path, fresh()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => write_id(&path, fresh()),
+        Err(source) => Err(rill_state::StateError::Io { path, source }.into()),
+    }
+}
+
+fn write_id(path: &std::path::Path, id: String) -> Result<String, RuntimeError> {
+    std::fs::write(path, format!("{id}\n")).map_err(|source| rill_state::StateError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(id)
 }
 
 /// How long to wait for brokers at start before giving up.
@@ -275,10 +316,19 @@ impl Runtime {
         } else {
             None
         };
-        let sink: Arc<dyn RecordSink> = Arc::new(
-            KafkaSink::new(&self.bootstrap, &c.kafka)?
-                .with_production_handler(c.production_handler, &c.application_id),
+        let exactly_once = c.processing_guarantee == ProcessingGuarantee::ExactlyOnceV2;
+        let kafka_sink = Arc::new(
+            match exactly_once {
+                true => KafkaSink::transactional(
+                    &self.bootstrap,
+                    &c.kafka,
+                    &transactional_id(c, db.as_deref())?,
+                )?,
+                false => KafkaSink::new(&self.bootstrap, &c.kafka)?,
+            }
+            .with_production_handler(c.production_handler, &c.application_id),
         );
+        let sink: Arc<dyn RecordSink> = kafka_sink.clone();
         let internal: HashMap<Topic, u32> = self
             .topology
             .internal_topics()
@@ -302,16 +352,25 @@ impl Runtime {
                 changelogs: true,
                 cluster_id: cluster,
                 cache_max_bytes: c.statestore_cache_max_bytes,
+                transactional: exactly_once,
             },
             db,
             sink,
             internal,
         )?;
         let mut engine = engine;
-        engine.restore_from(Arc::new(KafkaChangelogReader::new(client_config(
-            &self.bootstrap,
-            &c.kafka,
-        ))));
+        let mut restore_config = client_config(&self.bootstrap, &c.kafka);
+        let transactions = if exactly_once {
+            // Aborted transactions' changelog records must not be restored.
+            restore_config.set("isolation.level", "read_committed");
+            // Claims must be visible before the restore that follows them, not at the next
+            // transaction's commit: a producer of their own.
+            engine.write_claims_to(Arc::new(KafkaSink::new(&self.bootstrap, &c.kafka)?))?;
+            Some(Arc::new(Transactions::init(kafka_sink.clone())?))
+        } else {
+            None
+        };
+        engine.restore_from(Arc::new(KafkaChangelogReader::new(restore_config)));
         let engine = Arc::new(Mutex::new(engine));
         let mut cfg = client_config(&self.bootstrap, &c.kafka);
         // A sub-topology with several inputs needs partition p of each on one member: `range`
@@ -351,6 +410,10 @@ impl Runtime {
             .set("fetch.error.backoff.ms", "10")
             // Statistics feed rill_consumer_lag_records (see `metrics::set_lag_from_statistics`).
             .set("statistics.interval.ms", "1000");
+        if exactly_once {
+            // Repartition records of aborted transactions must not be processed.
+            cfg.set("isolation.level", "read_committed");
+        }
         for (k, v) in &c.kafka {
             cfg.set(k, v);
         }
@@ -360,6 +423,7 @@ impl Runtime {
             c.mailbox_capacity,
             c.brokers_unavailable_timeout,
         );
+        let renewable = transactions.clone();
         // A context per consumer: a consumer that hit a fatal error is replaced by a new one.
         let context = move || SourceContext {
             engine: engine2.clone(),
@@ -372,6 +436,8 @@ impl Runtime {
             health: health3.clone(),
             unavailable_timeout,
             high_watermarks: Mutex::new(HashMap::new()),
+            transactions: transactions.clone(),
+            roll_back: Mutex::new(None),
         };
         let topics: Vec<String> = self
             .topology
@@ -416,7 +482,12 @@ impl Runtime {
                             consumer.context().lose_assignment();
                             break r;
                         }
-                        Err(e @ SourceError::Fatal { .. }) => e,
+                        Err(
+                            e @ (SourceError::Fatal { .. }
+                            | SourceError::Transaction(
+                                TransactionError::Aborted(_) | TransactionError::Fatal(_),
+                            )),
+                        ) => e,
                         _ => {
                             // Leaving the group fires the last revocation while the engine
                             // exists.
@@ -427,6 +498,19 @@ impl Runtime {
                     consumer.context().lose_assignment();
                     if stop2.load(Ordering::SeqCst) || !rejoins.allow() {
                         break r;
+                    }
+                    if matches!(r, Err(SourceError::Transaction(_))) {
+                        // Rolled back: every task is closed, so the error that stopped the
+                        // engine (a record refused by the failed transaction) is behind us.
+                        consumer.context().engine.lock().clear_failure();
+                    }
+                    if let (Err(SourceError::Transaction(TransactionError::Fatal(_))), Some(tx)) =
+                        (&r, &renewable)
+                    {
+                        if let Err(e) = tx.renew() {
+                            tracing::error!(error = %e, "could not replace the transactional producer");
+                            break r;
+                        }
                     }
                     tracing::warn!(error = %fatal, "rejoining the group with a new consumer: its tasks resume from their last commits");
                     consumer = match join() {

@@ -59,7 +59,7 @@ public final class StreamsPeer {
 
     public static void main(String[] args) throws Exception {
         if (args.length < 7) {
-            System.err.println("usage: SCENARIO BOOTSTRAP APP_ID INPUT OUTPUT STATE_DIR THREADS");
+            System.err.println("usage: SCENARIO BOOTSTRAP APP_ID INPUT OUTPUT STATE_DIR THREADS [GUARANTEE]");
             System.exit(2);
         }
         String scenario = args[0], input = args[3], output = args[4];
@@ -74,6 +74,10 @@ public final class StreamsPeer {
         p.put(StreamsConfig.DEFAULT_KEY_SERDE_CLASS_CONFIG, Serdes.StringSerde.class);
         p.put(StreamsConfig.DEFAULT_VALUE_SERDE_CLASS_CONFIG, Serdes.StringSerde.class);
         p.put(StreamsConfig.consumerPrefix(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG), "earliest");
+        // An optional 8th argument: the processing guarantee (at_least_once, exactly_once_v2).
+        if (args.length > 7) {
+            p.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, args[7]);
+        }
 
         StreamsBuilder b = new StreamsBuilder();
         KStream<String, String> in = b.<String, String>stream(input).peek((k, v) -> first());

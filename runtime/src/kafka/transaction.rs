@@ -1,0 +1,268 @@
+//! The instance's Kafka transaction under `processing.guarantee=exactly_once_v2`: one
+//! transactional producer, one transaction per commit interval over every key range (why, and
+//! how the ranges seal and park, is in [`crate::engine::transaction`]).
+//!
+//! [`Transactions::commit`] runs the whole commit from the source loop's thread (also inside a
+//! revoke callback, and at shutdown): seal every range, wait until their records and markers are
+//! acknowledged, send each partition's low watermark and range offsets with the consumer's group
+//! metadata (`send_offsets_to_transaction`: the coordinator refuses a member of an older
+//! generation, so a zombie cannot commit: KIP-447), commit, write the ranges' WriteBatches,
+//! begin the next transaction.
+//!
+//! Failures, as Kafka Streams handles them: an error the transaction can recover from
+//! (`txn_requires_abort`: a refused offset commit, a timeout, a fenced task) aborts it and
+//! reports [`TransactionError::Aborted`], on which the runtime closes every task without
+//! committing and rejoins the group with a new consumer (the aborted work is processed again); a
+//! retriable commit error is retried; a fatal producer error (`ProducerFenced`: another producer
+//! with this transactional id) is [`TransactionError::Fatal`] and stops the runtime.
+
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::Producer;
+use rdkafka::{Offset, TopicPartitionList};
+use rill_topology::HASH_ID;
+
+use super::metadata::{self, RangeOffsets};
+use super::producer::KafkaSink;
+use crate::engine::{Engine, EngineError, PartitionProgress};
+
+/// Time allowed for one transactional request (offsets, commit, abort, init).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// A commit slower than this is logged with where its time went.
+const SLOW_COMMIT: Duration = Duration::from_secs(2);
+
+/// How long an abort waits for the key ranges to stop sending.
+const HALT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Why a transaction did not commit.
+#[derive(Debug, thiserror::Error)]
+pub enum TransactionError {
+    /// Aborted: every task must close without committing and processing starts again from
+    /// the last committed transaction.
+    #[error("the transaction was aborted ({0}); every task restarts from the last committed transaction")]
+    Aborted(String),
+    /// The producer cannot go on (fenced by another producer with its transactional id).
+    #[error("the transactional producer failed for good ({0}): if two instances share a state directory or kafka.group.instance.id, give each its own")]
+    Fatal(String),
+    /// Processing failed, or the state could not be written.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+/// The transactional producer's commit cycle.
+pub struct Transactions {
+    sink: std::sync::Arc<KafkaSink>,
+    /// Held across a commit: the source loop and a revoke callback never commit at once.
+    commit: Mutex<()>,
+}
+
+/// Aborts the open transaction and begins the next one; counted.
+fn abort_and_begin(sink: &KafkaSink) -> Result<(), String> {
+    metrics::counter!(crate::metrics::TRANSACTION_ABORTS).increment(1);
+    sink.clear_transaction_failed();
+    let p = sink.producer();
+    // Aborting when no transaction holds anything is accepted; a state error changes nothing.
+    if let Err(e) = p.abort_transaction(REQUEST_TIMEOUT) {
+        match &e {
+            KafkaError::Transaction(t) if t.is_fatal() => return Err(e.to_string()),
+            _ => tracing::debug!(error = %e, "aborting the transaction"),
+        }
+    }
+    p.begin_transaction().map_err(|e| e.to_string())
+}
+
+/// Aborts the transaction after `what` failed with `e` (fatal errors are not aborted), once
+/// no task can send anything more into it.
+fn aborted(
+    sink: &KafkaSink,
+    engine: &Mutex<Engine>,
+    what: &str,
+    e: Option<KafkaError>,
+) -> TransactionError {
+    let why = match &e {
+        Some(e) => format!("{what}: {e}"),
+        None => what.to_string(),
+    };
+    if let Some(KafkaError::Transaction(t)) = &e {
+        if t.is_fatal() {
+            return TransactionError::Fatal(why);
+        }
+    }
+    if !engine.lock().halt(HALT_TIMEOUT) {
+        return TransactionError::Fatal(format!(
+            "{why}; then the key ranges did not stop within {HALT_TIMEOUT:?}"
+        ));
+    }
+    match abort_and_begin(sink) {
+        Ok(()) => TransactionError::Aborted(why),
+        Err(a) => TransactionError::Fatal(format!("{why}; then aborting it: {a}")),
+    }
+}
+
+impl Transactions {
+    /// Registers the producer's transactional id with the coordinator (fencing an earlier
+    /// producer with that id and aborting its open transaction) and begins the first transaction.
+    pub fn init(sink: std::sync::Arc<KafkaSink>) -> Result<Self, KafkaError> {
+        sink.producer().init_transactions(REQUEST_TIMEOUT)?;
+        sink.producer().begin_transaction()?;
+        Ok(Transactions {
+            sink,
+            commit: Mutex::new(()),
+        })
+    }
+
+    /// Commits what every range processed so far, with the consumed offsets, in the open
+    /// transaction, then begins the next one. `force` commits even when nothing was processed
+    /// or sent (a revoke, a shutdown). With `resume` the ranges go on afterwards; without, they
+    /// stay parked (the caller closes them). False when there was nothing to commit.
+    pub fn commit<C: ConsumerContext>(
+        &self,
+        engine: &Mutex<Engine>,
+        consumer: &BaseConsumer<C>,
+        resume: bool,
+        force: bool,
+        timeout: Duration,
+    ) -> Result<bool, TransactionError> {
+        let _one = self.commit.lock();
+        let started = Instant::now();
+        {
+            let mut e = engine.lock();
+            let sent = self.sink.take_sent();
+            if !force && sent == 0 && e.uncommitted() == 0 {
+                return Ok(false);
+            }
+            e.seal_for_transaction();
+        }
+        let deadline = started + timeout;
+        loop {
+            match engine.lock().transaction_ready() {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(EngineError::Fenced) => {
+                    return Err(aborted(
+                        &self.sink,
+                        engine,
+                        "a task was fenced while sealing",
+                        None,
+                    ))
+                }
+                Err(e) => return Err(e.into()),
+            }
+            if Instant::now() > deadline {
+                return Err(aborted(
+                    &self.sink,
+                    engine,
+                    &format!("the key ranges did not seal within {timeout:?}"),
+                    None,
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let sealed = started.elapsed();
+        let progress = engine.lock().prepare_transaction();
+        let offsets = offsets(&progress)?;
+        if offsets.count() > 0 {
+            let group = consumer.group_metadata().ok_or_else(|| {
+                aborted(
+                    &self.sink,
+                    engine,
+                    "the consumer has no group metadata",
+                    None,
+                )
+            });
+            let sent = group.and_then(|g| {
+                self.sink
+                    .producer()
+                    .send_offsets_to_transaction(&offsets, &g, REQUEST_TIMEOUT)
+                    .map_err(|e| aborted(&self.sink, engine, "sending the offsets", Some(e)))
+            });
+            sent?;
+        }
+        loop {
+            match self.sink.producer().commit_transaction(REQUEST_TIMEOUT) {
+                Ok(()) => break,
+                Err(KafkaError::Transaction(t)) if t.is_retriable() => {
+                    tracing::debug!(error = %t, "committing the transaction (retrying)");
+                }
+                Err(e) => return Err(aborted(&self.sink, engine, "committing", Some(e))),
+            }
+        }
+        engine.lock().finish_transaction()?;
+        // Begun before any range goes on: a send outside a transaction is refused.
+        self.sink
+            .producer()
+            .begin_transaction()
+            .map_err(|e| TransactionError::Fatal(format!("beginning a transaction: {e}")))?;
+        if resume {
+            engine.lock().resume_after_transaction();
+        }
+        metrics::histogram!(crate::metrics::TRANSACTION_COMMIT_LATENCY).record(started.elapsed());
+        if started.elapsed() > SLOW_COMMIT {
+            tracing::warn!(
+                sealed_ms = sealed.as_millis() as u64,
+                total_ms = started.elapsed().as_millis() as u64,
+                "a transaction commit was slow (the key ranges took sealed_ms to seal and park)"
+            );
+        }
+        Ok(true)
+    }
+
+    /// Whether a record was refused because the open transaction failed: processing stopped
+    /// on it, and what it needs is an abort and a rollback.
+    pub fn failed(&self) -> bool {
+        self.sink.transaction_failed()
+    }
+
+    /// After [`TransactionError::Fatal`] (the producer was fenced, or the coordinator bumped
+    /// its epoch): a new producer with the same transactional id, registered, with a
+    /// transaction begun. The tasks must have been closed first.
+    pub fn renew(&self) -> Result<(), KafkaError> {
+        let _one = self.commit.lock();
+        self.sink.renew()?;
+        self.sink.clear_transaction_failed();
+        let p = self.sink.producer();
+        p.init_transactions(REQUEST_TIMEOUT)?;
+        p.begin_transaction()
+    }
+
+    /// Aborts the open transaction once no task sends into it any more (its work is rolled
+    /// back by closing the tasks, which this fences) and begins the next one.
+    pub fn abort(&self, engine: &Mutex<Engine>, why: &str) -> TransactionError {
+        let _one = self.commit.lock();
+        aborted(&self.sink, engine, why, None)
+    }
+}
+
+/// Each partition's low watermark with every range's offset and the lineage as metadata. Under
+/// `exactly_once_v2` the range offsets must fit: the low watermark alone would make a restart
+/// re-emit outputs of the ranges ahead of it that this transaction commits.
+fn offsets(progress: &[PartitionProgress]) -> Result<TopicPartitionList, TransactionError> {
+    let mut tpl = TopicPartitionList::new();
+    for p in progress {
+        let text = metadata::encode(
+            &RangeOffsets {
+                hash_id: HASH_ID,
+                ranges: p.ranges.clone(),
+                lineage: p.lineage,
+            },
+            p.low_watermark,
+        )
+        .map_err(|e| {
+            TransactionError::Engine(EngineError::Config {
+                key: "parallelising.factor",
+                message: format!(
+                    "the range offsets of {}-{} do not fit in the commit metadata ({e}): lower it",
+                    p.topic, p.partition
+                ),
+            })
+        })?;
+        let mut elem = tpl.add_partition(&p.topic, p.partition as i32);
+        elem.set_offset(Offset::Offset(p.low_watermark as i64))
+            .map_err(|e| TransactionError::Fatal(format!("offsets: {e}")))?;
+        elem.set_metadata(text);
+    }
+    Ok(tpl)
+}
