@@ -14,17 +14,7 @@ use rill_topology::RawRecord;
 use super::*;
 use crate::sink::{MemorySink, Sent};
 
-/// in -> group_by_key -> count("counts") -> out (key, big-endian i64).
-fn counting() -> Arc<Topology> {
-    let builder = StreamsBuilder::new();
-    builder
-        .stream("in", StringSerde, StringSerde)
-        .group_by_key()
-        .count("counts")
-        .to_stream()
-        .to_with("out", Produced::with(StringSerde, I64Serde));
-    Arc::new(builder.build().unwrap())
-}
+use super::test_topologies::counting;
 
 fn engine(
     topology: Arc<Topology>,

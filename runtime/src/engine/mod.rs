@@ -451,6 +451,8 @@ impl Drop for Engine {
 #[cfg(test)]
 mod cache_tests;
 #[cfg(test)]
+mod test_topologies;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod transaction_tests;

@@ -9,22 +9,12 @@ use std::time::{Duration, Instant};
 
 use rill_state::{StateConfig, StateDb};
 use rill_topology::prelude::*;
-use rill_topology::{RawRecord, Topology};
+use rill_topology::RawRecord;
 
 use crate::engine::changelog::{changelog_topic, MemoryChangelog};
 use crate::engine::{Dispatch, Engine, EngineConfig, PartitionProgress, PriorClaim, Resume};
 
-/// in -> group_by_key -> count("counts") -> out.
-fn counting() -> Arc<Topology> {
-    let builder = StreamsBuilder::new();
-    builder
-        .stream("in", StringSerde, StringSerde)
-        .group_by_key()
-        .count("counts")
-        .to_stream()
-        .to_with("out", Produced::with(StringSerde, I64Serde));
-    Arc::new(builder.build().unwrap())
-}
+use crate::engine::test_topologies::counting;
 
 /// A transactional engine at P = 3 over `dir`, writing to and restoring from `log`, assigned
 /// partition 0 of `in` as the last committed transaction left it (`after`).

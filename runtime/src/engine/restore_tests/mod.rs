@@ -11,6 +11,7 @@ use rill_topology::prelude::*;
 use rill_topology::{key_hash, range_of, RawRecord, Topology};
 
 use crate::engine::changelog::{changelog_topic, MemoryChangelog, MARKER_HEADER};
+use crate::engine::test_topologies::counting;
 use crate::engine::{Engine, EngineConfig, PriorClaim, Resume, TopicPartition};
 use crate::sink::{RecordSink, SinkError, Ticket};
 
@@ -104,16 +105,6 @@ fn topology() -> Arc<Topology> {
     b.stream("in", StringSerde, StringSerde)
         .process("key-value", || KeyValue, &["kv", "by_value"])
         .to_with("out", Produced::with(StringSerde, StringSerde));
-    Arc::new(b.build().unwrap())
-}
-
-fn counting() -> Arc<Topology> {
-    let b = StreamsBuilder::new();
-    b.stream("in", StringSerde, StringSerde)
-        .group_by_key()
-        .count("counts")
-        .to_stream()
-        .to("out");
     Arc::new(b.build().unwrap())
 }
 
