@@ -31,6 +31,9 @@ use crate::engine::{Engine, EngineError, PartitionProgress};
 
 /// Time allowed for one transactional request (offsets, commit, abort, init).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Attempts of `commit_transaction` while it fails with a retriable error (each up to
+/// [`REQUEST_TIMEOUT`]).
+const COMMIT_ATTEMPTS: u32 = 4;
 /// A commit slower than this is logged with where its time went.
 const SLOW_COMMIT: Duration = Duration::from_secs(2);
 
@@ -181,11 +184,16 @@ impl Transactions {
             });
             sent?;
         }
+        let mut attempts = 0;
         loop {
+            attempts += 1;
             match self.sink.producer().commit_transaction(REQUEST_TIMEOUT) {
                 Ok(()) => break,
-                Err(KafkaError::Transaction(t)) if t.is_retriable() => {
-                    tracing::debug!(error = %t, "committing the transaction (retrying)");
+                // Bounded: the loop polls nothing meanwhile, and its members' sessions run out.
+                Err(KafkaError::Transaction(t))
+                    if t.is_retriable() && attempts < COMMIT_ATTEMPTS =>
+                {
+                    tracing::warn!(error = %t, attempts, "committing the transaction (retrying)");
                 }
                 Err(e) => return Err(aborted(&self.sink, engine, "committing", Some(e))),
             }
