@@ -249,7 +249,7 @@ pub(crate) fn write_markdown(all: &[ScenarioResult], path: &Path) {
 
 pub(crate) const NOTES: &str = "## What is and is not comparable\n\n\
 - The broker, the orchestrator (producing S4's input and reading outputs) and the system under test share the same 2 cores: absolute figures are low and every system pays the same tax. Other work on the machine (other engineers' builds and tests) was not under our control; the load average at the start of each run is listed with it.\n\
-- Kafka Streams writes a changelog for S2's count store (its default); rill does not have changelog topics yet, so rill does less I/O in S2 than Kafka Streams.\n\
+- Both write a changelog for S2's count store (their default): Kafka Streams one record per cache flush, rill one record per changed key per range commit.\n\
 - Kafka Streams runs with `commit.interval.ms=100` (rill's default) instead of its 30 s default, which would hold cached count updates back for that long; record caching stays at its default (10 MB).\n\
 - Java peers run with the JVM's defaults (heap up to 1/4 of RAM); their peak RSS mostly reflects that default, and their CPU includes JIT compilation during the run (JVM start-up is excluded: CPU is counted from the first record on).\n\
 - The bare loop is the ceiling for rill: one consumer and one producer with rill's producer settings, no state, no framework.\n\

@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::record::Record;
 use crate::serdes::{Serde, SerdeError};
 use crate::store::{KeyValueBytes, KeyValueStore, StoreError, TimedStore};
-use crate::window::store::{SessionStore, WindowStore};
+use crate::window::{SessionStore, WindowStore};
 
 /// A value that can travel through a topology: any cloneable `Send` type.
 pub trait Datum: Any + Send {

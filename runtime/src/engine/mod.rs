@@ -25,6 +25,7 @@ mod ids;
 pub mod origin;
 pub mod progress;
 mod query;
+mod record_errors;
 mod replay;
 pub mod restore;
 mod stats;

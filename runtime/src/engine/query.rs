@@ -1,9 +1,10 @@
 //! Reads of the stores of the running sub-tasks, for the TestDriver and interactive queries: a
 //! key is read in the range of its hash in every partition; a scan visits every range.
 
-use rill_topology::store::{Entries, StoreError, TimedStore};
+use rill_topology::store::{Entries, StoreError, StoreKind, TimedStore};
 use rill_topology::{key_hash, range_of};
 
+use super::subtask::Core;
 use super::{Engine, EngineError};
 
 impl Engine {
@@ -61,5 +62,44 @@ impl Engine {
             }
         }
         Ok(None)
+    }
+}
+
+impl Core {
+    /// Every entry of `store` in this sub-task's range (committed and cached).
+    pub fn store_entries(&mut self, store: &str) -> Result<Entries, StoreError> {
+        match self.state.as_mut().and_then(|s| s.store(store)) {
+            Some(s) => s.all(),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Runs `read` on `store` opened as a `kind` store, at this sub-task's stream time.
+    pub fn read_timed_store(
+        &mut self,
+        store: &str,
+        kind: StoreKind,
+        read: &mut dyn FnMut(TimedStore<'_>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let stream_time = self.instance.stream_time();
+        let Some(bytes) = self.state.as_mut().and_then(|s| s.store(store)) else {
+            return Ok(());
+        };
+        // Reads never expire anything: the position is a throwaway.
+        let mut expired_below = i64::MIN;
+        read(TimedStore {
+            bytes,
+            kind,
+            stream_time,
+            expired_below: &mut expired_below,
+        })
+    }
+
+    /// The value of `key` in `store`.
+    pub fn store_get(&mut self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.state.as_mut().and_then(|s| s.store(store)) {
+            Some(s) => s.get(key),
+            None => Ok(None),
+        }
     }
 }

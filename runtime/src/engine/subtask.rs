@@ -21,8 +21,7 @@ use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 use rill_state::SubTaskState;
 use rill_topology::exec::{TaskError, TaskInstance};
-use rill_topology::processor::{ProcessError, PunctuationType, RecordMeta};
-use rill_topology::store::{Entries, StoreError, StoreKind, TimedStore};
+use rill_topology::processor::{PunctuationType, RecordMeta};
 use rill_topology::{KeyRange, RawRecord};
 
 /// Who owns a task now: what every commit of its ranges is attributed to.
@@ -41,8 +40,9 @@ use super::env::Env;
 use super::origin::{
     is_duplicate, record_applied, topic_id, Origin, OriginEntry, OriginKey, ORIGIN_HEADER,
 };
+use super::record_errors::{record_error_node, settle_unsourced, Failed};
 use super::task::Fence;
-use super::{EngineConfig, EngineError, RecordErrorHandler, Shared, Source};
+use super::{EngineError, Shared, Source};
 use crate::sink::Deliveries;
 
 /// (source topic index, next offset) pairs.
@@ -454,24 +454,7 @@ impl Core {
                     error: &e.to_string(),
                     node: None,
                 };
-                match &shared.config.deserialization_handler {
-                    RecordErrorHandler::Fail => {
-                        return Err(EngineError::Deserialization {
-                            topic: resolved.to_string(),
-                            partition: id.partition,
-                            offset: input.offset,
-                            message: e.to_string(),
-                        })
-                    }
-                    RecordErrorHandler::LogAndContinue => {
-                        tracing::warn!(topic = %resolved, partition = id.partition, offset = input.offset, error = %e, "skipping a record that does not deserialize (log_and_continue)");
-                    }
-                    RecordErrorHandler::DeadLetter(topic) => {
-                        tracing::warn!(topic = %resolved, partition = id.partition, offset = input.offset, error = %e, dead_letter = %topic, "sending a record that does not deserialize to the dead-letter topic");
-                        self.dead_letter(topic, &failed, shared)?;
-                    }
-                }
-                shared.stats.count_discarded("deserialization");
+                self.skip_undecodable(&failed, shared)?;
                 None
             }
             Err(e) => {
@@ -520,134 +503,5 @@ impl Core {
         }
         self.processed[source.index] = Some(input.offset + 1);
         Ok(())
-    }
-
-    /// Skips an input record whose processing failed, as `processing.exception.handler` says
-    /// (not `fail`: [`record_error_node`] returned its node). What the record did before it
-    /// failed stays, as in Kafka Streams: state writes and outputs of the nodes before the
-    /// failing one (a replay repeats them the same way).
-    fn skip_failed(&self, failed: &Failed<'_>, shared: &Shared) -> Result<(), EngineError> {
-        let (topic, partition, offset) = (failed.topic, failed.partition, failed.offset);
-        let (node, error) = (failed.node.unwrap_or_default(), failed.error);
-        match &shared.config.processing_handler {
-            RecordErrorHandler::DeadLetter(dlq) => {
-                tracing::warn!(%topic, partition, offset, node, error, dead_letter = %dlq, "sending a record whose processing failed to the dead-letter topic");
-                self.dead_letter(dlq, failed, shared)?;
-            }
-            _ => {
-                tracing::warn!(%topic, partition, offset, node, error, "skipping a record whose processing failed (log_and_continue)");
-            }
-        }
-        shared.stats.count_discarded("processing_error");
-        Ok(())
-    }
-
-    /// Sends the raw input record to the dead-letter topic with headers saying what failed
-    /// where; it is an output of the range, acknowledged before the range commits past it.
-    fn dead_letter(
-        &self,
-        dlq: &str,
-        failed: &Failed<'_>,
-        shared: &Shared,
-    ) -> Result<(), EngineError> {
-        let mut dead = failed.raw.clone();
-        dead.headers
-            .add("rill.error", failed.error)
-            .add("rill.source.topic", failed.topic)
-            .add("rill.source.partition", failed.partition.to_string())
-            .add("rill.source.offset", failed.offset.to_string());
-        if let Some(node) = failed.node {
-            dead.headers.add("rill.error.node", node);
-        }
-        shared
-            .sink
-            .send(dlq, None, dead, self.deliveries.ticket())?;
-        Ok(())
-    }
-
-    /// Every entry of `store` in this sub-task's range (committed and cached).
-    pub fn store_entries(&mut self, store: &str) -> Result<Entries, StoreError> {
-        match self.state.as_mut().and_then(|s| s.store(store)) {
-            Some(s) => s.all(),
-            None => Ok(Vec::new()),
-        }
-    }
-
-    /// Runs `read` on `store` opened as a `kind` store, at this sub-task's stream time.
-    pub fn read_timed_store(
-        &mut self,
-        store: &str,
-        kind: StoreKind,
-        read: &mut dyn FnMut(TimedStore<'_>) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
-        let stream_time = self.instance.stream_time();
-        let Some(bytes) = self.state.as_mut().and_then(|s| s.store(store)) else {
-            return Ok(());
-        };
-        // Reads never expire anything: the position is a throwaway.
-        let mut expired_below = i64::MIN;
-        read(TimedStore {
-            bytes,
-            kind,
-            stream_time,
-            expired_below: &mut expired_below,
-        })
-    }
-
-    /// The value of `key` in `store`.
-    pub fn store_get(&mut self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        match self.state.as_mut().and_then(|s| s.store(store)) {
-            Some(s) => s.get(key),
-            None => Ok(None),
-        }
-    }
-}
-
-/// An input record that failed, and where.
-struct Failed<'a> {
-    raw: &'a RawRecord,
-    topic: &'a str,
-    partition: u32,
-    offset: u64,
-    error: &'a str,
-    /// The node that failed (`None`: the record did not deserialize).
-    node: Option<&'a str>,
-}
-
-/// The failing node of `e` when `processing.exception.handler` skips it rather than stopping:
-/// errors of user code (returned, panicked, or a serde inside the topology). Store and buffer
-/// errors and rill's own always stop, as Kafka Streams' framework errors do.
-/// The outcome of work that no input record caused (a wall-clock punctuation, a cache flush):
-/// under a handler that goes on, a failure is logged and counted only (there is no record to
-/// skip or dead-letter).
-fn settle_unsourced(
-    r: Result<(), TaskError>,
-    what: &str,
-    id: &SubTaskId,
-    shared: &Shared,
-) -> Result<(), EngineError> {
-    match r {
-        Err(e) if record_error_node(&e, &shared.config).is_some() => {
-            tracing::warn!(?id, error = %e, "{what} failed; going on ({})", shared.config.processing_handler);
-            shared.stats.count_discarded("processing_error");
-            Ok(())
-        }
-        r => r.map_err(|e| EngineError::Task {
-            what: format!("{what} of {id:?}"),
-            source: e,
-        }),
-    }
-}
-
-fn record_error_node<'e>(e: &'e TaskError, config: &EngineConfig) -> Option<&'e str> {
-    if config.processing_handler == RecordErrorHandler::Fail {
-        return None;
-    }
-    match e {
-        TaskError::Process {
-            node,
-            source: ProcessError::User(_) | ProcessError::Panicked(_) | ProcessError::Serde(_),
-        } => Some(node),
-        _ => None,
     }
 }

@@ -73,15 +73,16 @@ pub mod sliding;
 pub mod store;
 pub mod suppress;
 pub mod time;
+mod typed;
 
 use std::fmt;
 
 pub use self::serde::{SessionWindowedSerde, TimeWindowedSerde, ValueAndTimestamp};
 pub use session::SessionWindows;
 pub use sliding::SlidingWindows;
-pub use store::{SessionStore, WindowStore};
 pub use suppress::{BufferConfig, Suppressed};
 pub use time::TimeWindows;
+pub use typed::{SessionStore, WindowStore};
 
 /// A time interval in milliseconds. Whether `end` is included depends on the window type:
 /// excluded for [`TimeWindows`], included for sliding and session windows (as in Kafka Streams).

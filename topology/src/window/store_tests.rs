@@ -3,6 +3,7 @@
 use super::*;
 use crate::serdes::{I64Serde, StringSerde};
 use crate::store::MemoryKeyValue;
+use crate::window::WindowStore;
 
 fn window_kind(retention_ms: i64, indexed: bool) -> StoreKind {
     StoreKind::Window(WindowStoreSpec {
