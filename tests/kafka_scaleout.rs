@@ -112,7 +112,7 @@ fn three_instances_survive_rolling_restarts_under_load() {
     }
     producer.join().expect("producer");
     let got = final_counts(&output, &truth, Duration::from_secs(180));
-    let clean: Vec<bool> = children.iter_mut().map(terminate).collect();
+    let clean: Vec<bool> = children.iter_mut().map(|c| terminate(c)).collect();
     assert_eq!(
         got,
         truth,

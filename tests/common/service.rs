@@ -114,8 +114,9 @@ impl Service {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Starts the process.
-    pub fn spawn(&self) -> Child {
+    /// Starts the process; it is killed when the handle drops (a failing test leaves no
+    /// service running).
+    pub fn spawn(&self) -> ServiceChild {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -127,6 +128,7 @@ impl Service {
             .stdout(log.try_clone().expect("log file"))
             .stderr(log)
             .spawn()
+            .map(ServiceChild)
             .expect("spawn the example")
     }
 
@@ -168,6 +170,31 @@ fn strip_ansi(s: &str) -> String {
         }
     }
     out
+}
+
+/// A running service process, SIGKILLed and reaped on drop unless it has exited already.
+pub struct ServiceChild(pub Child);
+
+impl std::ops::Deref for ServiceChild {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ServiceChild {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for ServiceChild {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
 }
 
 /// Ends a child with SIGTERM and returns whether it exited 0.
