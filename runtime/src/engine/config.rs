@@ -68,7 +68,7 @@ pub struct EngineConfig {
     /// service's config sets Kafka Streams' 10 MiB).
     pub cache_max_bytes: usize,
     /// Whether range commits complete only with the instance's Kafka transaction
-    /// (`processing.guarantee=exactly_once_v2`, see [`super::transaction`]).
+    /// (`processing.guarantee=exactly_once_v2`, see the engine's `transaction` module).
     pub transactional: bool,
 }
 
