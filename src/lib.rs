@@ -39,7 +39,8 @@ pub use rill_topology as topology;
 pub mod prelude {
     #[cfg(feature = "test-util")]
     pub use rill_runtime::driver::{
-        TestDriver, TestInputTopic, TestOutputTopic, TestSessionStore, TestStore, TestWindowStore,
+        TestDriver, TestInputTopic, TestOutputTopic, TestSessionStore, TestStore,
+        TestVersionedStore, TestWindowStore,
     };
     pub use rill_runtime::RecordErrorHandler;
     pub use rill_topology::prelude::*;

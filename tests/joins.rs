@@ -68,18 +68,7 @@ fn a_tombstone_deletes_the_customer() {
     let customers = driver.input_topic("customers", StringSerde, StringSerde);
     let orders = driver.input_topic("orders", StringSerde, StringSerde);
     customers.pipe_input("c2".into(), "gold".into());
-    driver
-        .pipe_raw(
-            "customers",
-            None,
-            RawRecord {
-                key: Some(b"c2".to_vec()),
-                value: None,
-                timestamp: 1,
-                headers: Headers::new(),
-            },
-        )
-        .unwrap();
+    delete_customer(&driver, 2, 1);
     orders.pipe_input("c2".into(), "3".into());
     let out = driver.output_topic("orders-enriched", StringSerde, StringSerde);
     assert!(out.read_key_values().is_empty());
@@ -228,21 +217,31 @@ fn run(ops: &[Op], left: bool, p: usize) -> BTreeMap<String, Vec<String>> {
     for op in ops {
         match op {
             Op::Upsert(c, t) => customers.pipe_input(format!("c{c}"), format!("tier{t}")),
-            Op::Delete(c) => driver
-                .pipe_raw(
-                    "customers",
-                    None,
-                    RawRecord {
-                        key: Some(format!("c{c}").into_bytes()),
-                        value: None,
-                        timestamp: 0,
-                        headers: Headers::new(),
-                    },
-                )
-                .unwrap(),
+            Op::Delete(c) => delete_customer(&driver, *c, 0),
             Op::Order(c, a) => orders.pipe_input(format!("c{c}"), a.to_string()),
         }
     }
+    joined(&driver)
+}
+
+/// Pipes a tombstone for customer `c` at `timestamp`.
+fn delete_customer(driver: &TestDriver, c: u8, timestamp: i64) {
+    driver
+        .pipe_raw(
+            "customers",
+            None,
+            RawRecord {
+                key: Some(format!("c{c}").into_bytes()),
+                value: None,
+                timestamp,
+                headers: Headers::new(),
+            },
+        )
+        .unwrap();
+}
+
+/// The joined values per customer, in order.
+fn joined(driver: &TestDriver) -> BTreeMap<String, Vec<String>> {
     let mut got: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (k, v) in driver
         .output_topic("orders-enriched", StringSerde, StringSerde)
@@ -265,6 +264,171 @@ proptest! {
         let expected = oracle(&ops, left);
         for p in [1, 3] {
             prop_assert_eq!(&run(&ops, left, p), &expected, "P = {}", p);
+        }
+    }
+}
+
+/// `enrich(false)` over a versioned `customers` table keeping an hour of history.
+fn enrich_versioned() -> Topology {
+    let builder = StreamsBuilder::new();
+    let customers = builder.table(
+        "customers",
+        StringSerde,
+        StringSerde,
+        Materialized::named("customers-store").versioned(std::time::Duration::from_secs(3600)),
+    );
+    customers
+        .to_stream()
+        .to_with("tier-changes", Produced::with(StringSerde, StringSerde));
+    builder
+        .stream("orders", StringSerde, StringSerde)
+        .join(&customers, |amount: String, tier: String| {
+            format!("{amount}|{tier}")
+        })
+        .to_with("orders-enriched", Produced::with(StringSerde, StringSerde));
+    builder.build().unwrap()
+}
+
+fn versioned_driver(p: usize) -> TestDriver {
+    TestDriver::builder(enrich_versioned())
+        .parallelising_factor(p)
+        .partitions("customers", 2)
+        .partitions("orders", 2)
+        .partitions("orders-enriched", 2)
+        .partitions("tier-changes", 2)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_versioned_table_joins_each_order_with_the_tier_valid_at_its_time() {
+    let driver = versioned_driver(2);
+    let customers = driver.input_topic("customers", StringSerde, StringSerde);
+    let orders = driver.input_topic("orders", StringSerde, StringSerde);
+    customers.pipe_input_at("c1".into(), "gold".into(), 100);
+    customers.pipe_input_at("c1".into(), "silver".into(), 300);
+    // Out of order: history between 250 and 300, not the table's current value.
+    customers.pipe_input_at("c1".into(), "platinum".into(), 250);
+    orders.pipe_input_at("c1".into(), "1".into(), 50);
+    orders.pipe_input_at("c1".into(), "2".into(), 200);
+    orders.pipe_input_at("c1".into(), "3".into(), 260);
+    orders.pipe_input_at("c1".into(), "4".into(), 400);
+    let out = driver.output_topic("orders-enriched", StringSerde, StringSerde);
+    let values: Vec<String> = out.read_key_values().into_iter().map(|(_, v)| v).collect();
+    assert_eq!(values, ["2|gold", "3|platinum", "4|silver"]);
+    assert_eq!(driver.with_stats(|s| s.discarded("unmatched_join")), 1);
+    let changes = driver.output_topic("tier-changes", StringSerde, StringSerde);
+    let tiers: Vec<String> = changes
+        .read_key_values()
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(
+        tiers,
+        ["gold", "silver"],
+        "an out-of-order version is not forwarded"
+    );
+    let store = driver.versioned_store("customers-store", StringSerde, StringSerde);
+    let latest = store.get(&"c1".into()).expect("c1 has a latest version");
+    assert_eq!((latest.value.as_str(), latest.timestamp), ("silver", 300));
+    let then = store.get_as_of(&"c1".into(), 260).expect("valid at 260");
+    assert_eq!(
+        (then.value.as_str(), then.timestamp, then.valid_to),
+        ("platinum", 250, Some(300))
+    );
+    assert!(store.get_as_of(&"c1".into(), 99).is_none());
+}
+
+#[test]
+fn only_a_table_from_a_topic_can_be_versioned() {
+    let builder = StreamsBuilder::new();
+    builder
+        .stream("orders", StringSerde, StringSerde)
+        .group_by_key()
+        .count(Materialized::named("counts").versioned(std::time::Duration::from_secs(60)));
+    let err = builder.build().err();
+    assert!(
+        matches!(err, Some(TopologyError::VersionedNotSupported { ref store }) if store == "counts"),
+        "{err:?}"
+    );
+}
+
+/// One input record of the versioned property test, with its timestamp.
+#[derive(Clone, Debug)]
+enum TimedOp {
+    Upsert(u8, u8, i64),
+    Delete(u8, i64),
+    Order(u8, u16, i64),
+}
+
+fn timed_op() -> impl Strategy<Value = TimedOp> {
+    prop_oneof![
+        2 => (0u8..6, 0u8..4, 0i64..1000).prop_map(|(c, t, ts)| TimedOp::Upsert(c, t, ts)),
+        1 => (0u8..6, 0i64..1000).prop_map(|(c, ts)| TimedOp::Delete(c, ts)),
+        4 => (0u8..6, 0u16..1000, 0i64..1000).prop_map(|(c, a, ts)| TimedOp::Order(c, a, ts)),
+    ]
+}
+
+/// Per customer, the joined values in order: each order meets the version of its customer
+/// valid at the order's timestamp among the updates processed before it.
+fn versioned_oracle(ops: &[TimedOp]) -> BTreeMap<String, Vec<String>> {
+    let mut history: BTreeMap<u8, BTreeMap<i64, Option<String>>> = BTreeMap::new();
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for op in ops {
+        match op {
+            TimedOp::Upsert(c, t, ts) => {
+                history
+                    .entry(*c)
+                    .or_default()
+                    .insert(*ts, Some(format!("tier{t}")));
+            }
+            TimedOp::Delete(c, ts) => {
+                history.entry(*c).or_default().insert(*ts, None);
+            }
+            TimedOp::Order(c, a, ts) => {
+                let tier = history
+                    .get(c)
+                    .and_then(|h| h.range(..=*ts).next_back())
+                    .and_then(|(_, v)| v.clone());
+                if let Some(t) = tier {
+                    out.entry(format!("c{c}"))
+                        .or_default()
+                        .push(format!("{a}|{t}"));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn run_versioned(ops: &[TimedOp], p: usize) -> BTreeMap<String, Vec<String>> {
+    let driver = versioned_driver(p);
+    let customers = driver.input_topic("customers", StringSerde, StringSerde);
+    let orders = driver.input_topic("orders", StringSerde, StringSerde);
+    for op in ops {
+        match op {
+            TimedOp::Upsert(c, t, ts) => {
+                customers.pipe_input_at(format!("c{c}"), format!("tier{t}"), *ts)
+            }
+            TimedOp::Delete(c, ts) => delete_customer(&driver, *c, *ts),
+            TimedOp::Order(c, a, ts) => orders.pipe_input_at(format!("c{c}"), a.to_string(), *ts),
+        }
+    }
+    joined(&driver)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// With a versioned table, out-of-order updates and orders: per customer, the joined
+    /// outputs equal the oracle's, in order, at P = 1 and P = 3.
+    #[test]
+    fn versioned_joins_match_the_oracle_at_every_factor(
+        ops in proptest::collection::vec(timed_op(), 1..80),
+    ) {
+        let expected = versioned_oracle(&ops);
+        for p in [1, 3] {
+            prop_assert_eq!(&run_versioned(&ops, p), &expected, "P = {}", p);
         }
     }
 }

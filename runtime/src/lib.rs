@@ -33,7 +33,7 @@ pub use config::{Config, ConfigBuilder, ConfigError};
 #[cfg(feature = "test-util")]
 pub use driver::{
     TestDriver, TestDriverBuilder, TestInputTopic, TestOutputTopic, TestSessionStore, TestStore,
-    TestWindowStore,
+    TestVersionedStore, TestWindowStore,
 };
 pub use engine::{EngineError, RecordErrorHandler};
 pub use health::Health;

@@ -110,6 +110,7 @@ const DISCARD_REASONS: &[&str] = &[
     "deserialization",
     "processing_error",
     "unmatched_join",
+    "expired_version",
     "null_key",
     "invalid_timestamp",
     "record_too_large",

@@ -27,6 +27,7 @@ pub mod record;
 pub mod serdes;
 pub mod store;
 pub mod time;
+pub mod versioned;
 pub mod window;
 
 pub use dsl::{
@@ -58,6 +59,7 @@ pub mod prelude {
         UsePartitionTimeOnInvalidTimestamp, UseWallclockTimeOnInvalidTimestamp,
         WallclockTimestampExtractor,
     };
+    pub use crate::versioned::{PutOutcome, VersionedRecord, VersionedStore};
     pub use crate::window::{
         BufferConfig, EmitStrategy, SessionStore, SessionWindowedSerde, SessionWindows,
         SlidingWindows, Suppressed, TimeWindowedSerde, TimeWindows, Window, WindowStore, Windowed,

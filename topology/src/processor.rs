@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::record::Record;
 use crate::serdes::{Serde, SerdeError};
 use crate::store::{KeyValueBytes, KeyValueStore, StoreError, TimedStore};
+use crate::versioned::VersionedStore;
 use crate::window::{SessionStore, WindowStore};
 
 /// A value that can travel through a topology: any cloneable `Send` type.
@@ -225,6 +226,17 @@ impl<'a, KOut: Datum, VOut: Datum> ProcessorContext<'a, KOut, VOut> {
         value_serde: &'s dyn Serde<V>,
     ) -> Result<SessionStore<'s, K, V>, StoreError> {
         SessionStore::new(self.host.timed_store(name)?, name, key_serde, value_serde)
+    }
+
+    /// A typed view of a connected versioned key-value store (Kafka Streams'
+    /// `VersionedKeyValueStore`); see [`crate::versioned`].
+    pub fn versioned_store<'s, K: 'static, V: 'static>(
+        &'s mut self,
+        name: &str,
+        key_serde: &'s dyn Serde<K>,
+        value_serde: &'s dyn Serde<V>,
+    ) -> Result<VersionedStore<'s, K, V>, StoreError> {
+        VersionedStore::new(self.host.timed_store(name)?, name, key_serde, value_serde)
     }
 
     /// The sub-task's stream time: the largest record timestamp its key range has seen, the

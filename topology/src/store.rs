@@ -68,6 +68,8 @@ pub enum StoreKind {
     Session(SessionStoreSpec),
     /// The buffer of a `suppress` (internal).
     SuppressionBuffer,
+    /// Every version of each key, by timestamp ([`crate::versioned`]).
+    Versioned(VersionedStoreSpec),
 }
 
 impl StoreKind {
@@ -78,6 +80,7 @@ impl StoreKind {
             StoreKind::Window(_) => "window",
             StoreKind::Session(_) => "session",
             StoreKind::SuppressionBuffer => "suppression buffer",
+            StoreKind::Versioned(_) => "versioned key-value",
         }
     }
 }
@@ -101,6 +104,14 @@ pub struct WindowStoreSpec {
 pub struct SessionStoreSpec {
     /// Sessions that ended more than this before stream time are expired (ms).
     pub retention_ms: i64,
+}
+
+/// How a versioned key-value store keeps its history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VersionedStoreSpec {
+    /// How far behind the store's observed stream time reads as of a time still answer, and
+    /// puts are still taken (ms; Kafka Streams' `historyRetention`).
+    pub history_retention_ms: i64,
 }
 
 /// A window or session store as a processor opens it: its bytes, its layout, the stream time
@@ -217,11 +228,56 @@ pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
+/// A store's name and serdes: (de)serializes its keys and values, naming the store in errors.
+pub(crate) struct StoreSerdes<'a, K, V> {
+    name: String,
+    key_serde: &'a dyn Serde<K>,
+    value_serde: &'a dyn Serde<V>,
+}
+
+impl<'a, K: 'static, V: 'static> StoreSerdes<'a, K, V> {
+    pub(crate) fn new(
+        name: &str,
+        key_serde: &'a dyn Serde<K>,
+        value_serde: &'a dyn Serde<V>,
+    ) -> Self {
+        StoreSerdes {
+            name: name.to_string(),
+            key_serde,
+            value_serde,
+        }
+    }
+
+    pub(crate) fn error(&self, source: SerdeError) -> StoreError {
+        StoreError::Serde {
+            store: self.name.clone(),
+            source,
+        }
+    }
+
+    pub(crate) fn key(&self, key: &K) -> Result<Vec<u8>, StoreError> {
+        self.key_serde.serialize(key).map_err(|e| self.error(e))
+    }
+
+    pub(crate) fn key_from(&self, bytes: &[u8]) -> Result<K, StoreError> {
+        self.key_serde.deserialize(bytes).map_err(|e| self.error(e))
+    }
+
+    pub(crate) fn value(&self, value: &V) -> Result<Vec<u8>, StoreError> {
+        self.value_serde.serialize(value).map_err(|e| self.error(e))
+    }
+
+    pub(crate) fn value_from(&self, bytes: &[u8]) -> Result<V, StoreError> {
+        self.value_serde
+            .deserialize(bytes)
+            .map_err(|e| self.error(e))
+    }
+}
+
 /// A typed view of a key-value store, as `ctx.store(name)` hands it to processors.
 pub struct KeyValueStore<'a, K, V> {
     inner: &'a mut dyn KeyValueBytes,
-    key_serde: &'a dyn Serde<K>,
-    value_serde: &'a dyn Serde<V>,
+    serdes: StoreSerdes<'a, K, V>,
 }
 
 impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
@@ -231,55 +287,29 @@ impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
         key_serde: &'a dyn Serde<K>,
         value_serde: &'a dyn Serde<V>,
     ) -> Self {
-        KeyValueStore {
-            inner,
-            key_serde,
-            value_serde,
-        }
-    }
-
-    fn serde_err(&self, source: SerdeError) -> StoreError {
-        StoreError::Serde {
-            store: self.inner.name().to_string(),
-            source,
-        }
+        let serdes = StoreSerdes::new(inner.name(), key_serde, value_serde);
+        KeyValueStore { inner, serdes }
     }
 
     /// The value of `key`.
     pub fn get(&self, key: &K) -> Result<Option<V>, StoreError> {
-        let k = self
-            .key_serde
-            .serialize(key)
-            .map_err(|e| self.serde_err(e))?;
-        match self.inner.get(&k)? {
-            Some(v) => self
-                .value_serde
-                .deserialize(&v)
-                .map(Some)
-                .map_err(|e| self.serde_err(e)),
-            None => Ok(None),
-        }
+        let k = self.serdes.key(key)?;
+        self.inner
+            .get(&k)?
+            .map(|v| self.serdes.value_from(&v))
+            .transpose()
     }
 
     /// Sets `key` to `value`.
     pub fn put(&mut self, key: &K, value: &V) -> Result<(), StoreError> {
-        let k = self
-            .key_serde
-            .serialize(key)
-            .map_err(|e| self.serde_err(e))?;
-        let v = self
-            .value_serde
-            .serialize(value)
-            .map_err(|e| self.serde_err(e))?;
+        let k = self.serdes.key(key)?;
+        let v = self.serdes.value(value)?;
         self.inner.put(&k, &v)
     }
 
     /// Removes `key`.
     pub fn delete(&mut self, key: &K) -> Result<(), StoreError> {
-        let k = self
-            .key_serde
-            .serialize(key)
-            .map_err(|e| self.serde_err(e))?;
+        let k = self.serdes.key(key)?;
         self.inner.delete(&k)
     }
 
@@ -293,7 +323,7 @@ impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
     /// serialized keys, which for strings and big-endian numbers of one sign is their natural
     /// order).
     pub fn range(&self, from: &K, to: &K) -> Result<Vec<(K, V)>, StoreError> {
-        let (f, t) = (self.key(from)?, self.key(to)?);
+        let (f, t) = (self.serdes.key(from)?, self.serdes.key(to)?);
         self.decode(self.inner.range(Bound::Included(&f), Bound::Included(&t))?)
     }
 
@@ -313,28 +343,14 @@ impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
     ) -> Result<Vec<(K, V)>, StoreError> {
         let p = prefix_serde
             .serialize(prefix)
-            .map_err(|e| self.serde_err(e))?;
+            .map_err(|e| self.serdes.error(e))?;
         self.decode(self.inner.prefix_scan(&p)?)
-    }
-
-    fn key(&self, key: &K) -> Result<Vec<u8>, StoreError> {
-        self.key_serde.serialize(key).map_err(|e| self.serde_err(e))
     }
 
     fn decode(&self, entries: Entries) -> Result<Vec<(K, V)>, StoreError> {
         entries
             .into_iter()
-            .map(|(k, v)| {
-                let k = self
-                    .key_serde
-                    .deserialize(&k)
-                    .map_err(|e| self.serde_err(e))?;
-                let v = self
-                    .value_serde
-                    .deserialize(&v)
-                    .map_err(|e| self.serde_err(e))?;
-                Ok((k, v))
-            })
+            .map(|(k, v)| Ok((self.serdes.key_from(&k)?, self.serdes.value_from(&v)?)))
             .collect()
     }
 }

@@ -455,6 +455,23 @@ impl TestDriver {
         }
     }
 
+    /// A typed read view of versioned store `store` (a table materialized with
+    /// `Materialized::versioned`) over every partition; the counterpart of
+    /// `getVersionedKeyValueStore`.
+    pub fn versioned_store<K, V>(
+        &self,
+        store: &str,
+        key_serde: impl Serde<K>,
+        value_serde: impl Serde<V>,
+    ) -> TestVersionedStore<K, V> {
+        TestVersionedStore {
+            inner: self.inner.clone(),
+            store: store.to_string(),
+            key_serde: Box::new(key_serde),
+            value_serde: Box::new(value_serde),
+        }
+    }
+
     /// Pipes a raw record into `topic` (partition chosen by key hash unless given).
     pub fn pipe_raw(
         &self,
@@ -505,5 +522,5 @@ impl TestDriver {
 mod stores;
 mod topics;
 
-pub use stores::{TestSessionStore, TestStore, TestWindowStore};
+pub use stores::{TestSessionStore, TestStore, TestVersionedStore, TestWindowStore};
 pub use topics::{TestInputTopic, TestOutputTopic};

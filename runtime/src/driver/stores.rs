@@ -7,6 +7,7 @@ use parking_lot::Mutex;
 use rill_topology::key_hash;
 use rill_topology::serdes::Serde;
 use rill_topology::store::{StoreError, StoreKind, TimedStore};
+use rill_topology::versioned::{VersionedBytes, VersionedRecord};
 use rill_topology::window::store::{SessionBytes, SessionEntries, WindowBytes, WindowEntries};
 use rill_topology::window::{Window, Windowed};
 
@@ -259,5 +260,52 @@ impl<K: Ord + 'static, V: 'static> TestSessionStore<K, V> {
         let mut out = self.decode(entries);
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
+    }
+}
+
+/// A typed read view of one versioned key-value store (a table materialized with
+/// `Materialized::versioned`); the counterpart of `getVersionedKeyValueStore`.
+pub struct TestVersionedStore<K, V> {
+    pub(super) inner: Arc<Mutex<Inner>>,
+    pub(super) store: String,
+    pub(super) key_serde: Box<dyn Serde<K>>,
+    pub(super) value_serde: Box<dyn Serde<V>>,
+}
+
+impl<K: 'static, V: 'static> TestVersionedStore<K, V> {
+    /// The latest version of `key` (`get(key)`).
+    pub fn get(&self, key: &K) -> Option<VersionedRecord<V>> {
+        self.read(key, None)
+    }
+
+    /// The version of `key` valid at `as_of` (`get(key, asOfTimestamp)`).
+    pub fn get_as_of(&self, key: &K, as_of: i64) -> Option<VersionedRecord<V>> {
+        self.read(key, Some(as_of))
+    }
+
+    fn read(&self, key: &K, as_of: Option<i64>) -> Option<VersionedRecord<V>> {
+        let k = self.key_serde.serialize(key).expect("store key serializes");
+        let mut found = None;
+        read_timed(&self.inner, &self.store, Some(&k), &mut |t| {
+            let store = VersionedBytes::open(t)?;
+            let got = match as_of {
+                Some(at) => store.get_as_of(&k, at)?,
+                None => store.get(&k)?.map(|(value, timestamp)| VersionedRecord {
+                    value,
+                    timestamp,
+                    valid_to: None,
+                }),
+            };
+            found = found.take().or(got);
+            Ok(())
+        });
+        found.map(|r| VersionedRecord {
+            value: self
+                .value_serde
+                .deserialize(&r.value)
+                .unwrap_or_else(|e| panic!("store `{}` value: {e}", self.store)),
+            timestamp: r.timestamp,
+            valid_to: r.valid_to,
+        })
     }
 }

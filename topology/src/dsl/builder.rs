@@ -16,7 +16,7 @@ use super::{
 use crate::graph::{Extractor, Node, NodeKind, SubTopology, Supplier, Topic, Topology};
 use crate::processor::{Datum, ErasedRecord, Typed};
 use crate::serdes::Serde;
-use crate::store::{SessionStoreSpec, StoreKind, WindowStoreSpec};
+use crate::store::{SessionStoreSpec, StoreKind, VersionedStoreSpec, WindowStoreSpec};
 use crate::time::millis;
 
 /// Builds a topology with the DSL; the counterpart of Kafka Streams' `StreamsBuilder`.
@@ -117,7 +117,10 @@ impl StreamsBuilder {
     /// store `materialized` names, a record with a null value (a tombstone) deletes it, a record
     /// without a key is dropped and counted (`null_key`). The store restores from its own
     /// changelog (`<application.id>-<store>-changelog`), not from `topic`. The table's
-    /// `to_stream` carries the upserts; deletions are not forwarded yet.
+    /// `to_stream` carries the upserts; deletions are not forwarded yet. With
+    /// [`Materialized::versioned`] the store keeps each key's history: a record older than the
+    /// key's latest version is stored as history and not forwarded, and one older than the
+    /// history retention is dropped (`rill_discarded_records_total{reason="expired_version"}`).
     pub fn table_with<K, V>(
         &self,
         topic: &str,
@@ -153,6 +156,9 @@ impl StreamsBuilder {
             })
         });
         let (ks, vs) = (key_serde.clone(), value_serde.clone());
+        let versioned = materialized.history_ms.map(|h| VersionedStoreSpec {
+            history_retention_ms: h,
+        });
         let mut g = self.inner.borrow_mut();
         let store = g.name_or_generated(materialized.name.as_deref(), "table-store");
         let source_name = g.name_or_generated(name.as_deref(), "table-source");
@@ -172,9 +178,13 @@ impl StreamsBuilder {
                 store: st.clone(),
                 key_serde: ks.clone(),
                 value_serde: vs.clone(),
+                versioned: versioned.is_some(),
             }))
         });
-        g.add_store(&store, StoreKind::KeyValue);
+        g.add_store(
+            &store,
+            versioned.map_or(StoreKind::KeyValue, StoreKind::Versioned),
+        );
         let name = g.generated_name("table");
         let node = g.add(
             name,
@@ -195,6 +205,7 @@ impl StreamsBuilder {
             },
             store,
             window: None,
+            versioned: versioned.is_some(),
         }
     }
 

@@ -5,7 +5,7 @@ use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use super::{KStream, KTable, Materialized, NoSerde};
+use super::{KStream, KTable, Materialized, NoSerde, TopologyError};
 use crate::graph::{NodeKind, Supplier};
 use crate::processor::{Datum, ProcessError, Processor, ProcessorContext, Typed};
 use crate::record::Record;
@@ -180,6 +180,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
             },
             store: r.store,
             window: None,
+            versioned: false,
         }
     }
 
@@ -197,13 +198,18 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
             key_serde: store_key_serde,
             value_serde,
             retention_ms,
+            history_ms,
         } = materialized;
-        let store = self
-            .stream
-            .builder
-            .inner
-            .borrow_mut()
-            .name_or_generated(name.as_deref(), op);
+        let store = {
+            let mut g = self.stream.builder.inner.borrow_mut();
+            let store = g.name_or_generated(name.as_deref(), op);
+            if history_ms.is_some() {
+                g.error(TopologyError::VersionedNotSupported {
+                    store: store.clone(),
+                });
+            }
+            store
+        };
         let agg_serde = match value_serde.or(agg_serde) {
             Some(s) => s,
             None => {
@@ -301,6 +307,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
             },
             store,
             window: None,
+            versioned: false,
         }
     }
 }

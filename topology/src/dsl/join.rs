@@ -8,9 +8,14 @@
 //! and split by the same key ranges, so a join never leaves its range. A stream whose key
 //! changed upstream is repartitioned first, as in Kafka Streams.
 //!
+//! With a versioned table (`Materialized::versioned`), a stream record is joined with the table
+//! version valid at its own timestamp (KIP-914), whatever order the two topics' records arrive
+//! in, as long as the table's record was processed first and is within the history retention.
+//!
 //! Not yet as in Kafka Streams: records of the two topics are processed in arrival order, not
-//! by timestamp (`max.task.idle.ms`), so with both topics already populated an order may be
-//! joined with a table version newer or older than the one current at its timestamp.
+//! by timestamp (`max.task.idle.ms`), so with both topics already populated and an unversioned
+//! table, an order may be joined with a table version newer or older than the one current at
+//! its timestamp.
 
 use std::sync::Arc;
 
@@ -19,6 +24,7 @@ use crate::graph::Supplier;
 use crate::processor::{Datum, ProcessError, Processor, ProcessorContext, Typed};
 use crate::record::Record;
 use crate::serdes::Serde;
+use crate::versioned::VersionedBytes;
 
 /// A joiner over the table's value when there is one; `None` drops the record.
 type JoinFn<V, VT, VR> = Arc<dyn Fn(V, Option<VT>) -> Option<VR> + Send + Sync>;
@@ -31,6 +37,8 @@ struct StreamTableJoin<K, V, VT, VR> {
     joiner: JoinFn<V, VT, VR>,
     /// A left join: records without a key or a match still produce a result.
     left: bool,
+    /// The table is versioned: look it up as of the record's timestamp.
+    versioned: bool,
 }
 
 impl<K, V, VT, VR> Processor<K, V, K, VR> for StreamTableJoin<K, V, VT, VR>
@@ -48,10 +56,16 @@ where
         let table = match &record.key {
             Some(key) => {
                 let kb = self.key_serde.serialize(key)?;
-                match ctx.store(&self.store)?.get(&kb)? {
-                    Some(bytes) => Some(self.table_serde.deserialize(&bytes)?),
-                    None => None,
-                }
+                let bytes = if self.versioned {
+                    VersionedBytes::open(ctx.timed_store(&self.store)?)?
+                        .get_as_of(&kb, record.timestamp)?
+                        .map(|r| r.value)
+                } else {
+                    ctx.store(&self.store)?.get(&kb)?
+                };
+                bytes
+                    .map(|b| self.table_serde.deserialize(&b))
+                    .transpose()?
             }
             // A left join passes a record without a key through with no table value (KIP-962);
             // an inner join drops it.
@@ -139,7 +153,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KStream<K, V> {
             return stream.stateless(op, false, |_, _| {});
         };
         let store = table.store.clone();
-        let st = store.clone();
+        let (st, versioned) = (store.clone(), table.versioned);
         let supplier: Supplier = Arc::new(move || {
             Box::new(Typed::<_, K, V, K, VR>::new(StreamTableJoin {
                 store: st.clone(),
@@ -147,6 +161,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KStream<K, V> {
                 table_serde: table_serde.clone(),
                 joiner: joiner.clone(),
                 left,
+                versioned,
             }))
         });
         let mut joined: KStream<K, VR> =

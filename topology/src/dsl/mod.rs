@@ -106,6 +106,12 @@ pub enum TopologyError {
         /// The suppression's node.
         name: String,
     },
+    /// `Materialized::versioned` on a store other than a table's read from a topic.
+    #[error("store `{store}`: only a table read from a topic (StreamsBuilder::table) can be versioned; aggregations keep the latest value per key")]
+    VersionedNotSupported {
+        /// The store.
+        store: String,
+    },
     /// `suppress(until_window_closes)` with a buffer that may emit early.
     #[error("suppress `{name}`: until_window_closes needs a strict buffer (BufferConfig::unbounded() or shutdown_when_full()): an early result would not be final")]
     SuppressBufferNotStrict {

@@ -136,7 +136,9 @@ named_serde_options!(
     Materialized,
     "store";
     /// How long a window or session store keeps entries, in ms (`None`: the windows' minimum).
-    retention_ms: Option<i64>
+    retention_ms: Option<i64>;
+    /// A versioned store's history retention, in ms (`None`: not versioned).
+    history_ms: Option<i64>
 );
 from_name!(Materialized);
 
@@ -147,6 +149,16 @@ impl<K, V> Materialized<K, V> {
     /// SessionWindows: gap + grace), checked by `build`.
     pub fn with_retention(mut self, retention: std::time::Duration) -> Self {
         self.retention_ms = Some(crate::time::millis(retention));
+        self
+    }
+
+    /// Makes the store versioned, keeping each key's older values for `history_retention` of
+    /// the store's stream time (Kafka Streams' `Stores.persistentVersionedKeyValueStore(name,
+    /// historyRetention)`): a stream-table join then reads the table as of each stream record's
+    /// timestamp. Only for tables read from topics ([`super::StreamsBuilder::table`]); see
+    /// [`crate::versioned`].
+    pub fn versioned(mut self, history_retention: std::time::Duration) -> Self {
+        self.history_ms = Some(crate::time::millis(history_retention));
         self
     }
 }

@@ -8,6 +8,7 @@ use crate::processor::{Datum, ProcessError, Processor, ProcessorContext, Typed};
 use crate::record::Record;
 use crate::serdes::Serde;
 use crate::store::StoreKind;
+use crate::versioned::{PutOutcome, VersionedBytes};
 use crate::window::suppress::{SuppressProcessor, Suppressed, TimeOf, Until};
 
 /// What a windowed table knows of its windows, for `suppress(until_window_closes)`.
@@ -36,6 +37,8 @@ pub(super) struct TableSource<K, V> {
     pub store: String,
     pub key_serde: Arc<dyn Serde<K>>,
     pub value_serde: Arc<dyn Serde<V>>,
+    /// The store is versioned: each record is a version at its timestamp.
+    pub versioned: bool,
 }
 
 impl<K: Datum + Clone, V: Datum + Clone> Processor<K, Option<V>, K, V> for TableSource<K, V> {
@@ -49,18 +52,38 @@ impl<K: Datum + Clone, V: Datum + Clone> Processor<K, Option<V>, K, V> for Table
             return Ok(());
         };
         let kb = self.key_serde.serialize(&key)?;
-        match record.value {
-            None => ctx.store(&self.store)?.delete(&kb)?,
-            Some(value) => {
-                let vb = self.value_serde.serialize(&value)?;
-                ctx.store(&self.store)?.put(&kb, &vb)?;
-                ctx.forward(Record {
-                    key: Some(key),
-                    value,
-                    timestamp: record.timestamp,
-                    headers: record.headers,
-                });
+        let vb = record
+            .value
+            .as_ref()
+            .map(|v| self.value_serde.serialize(v))
+            .transpose()?;
+        if self.versioned {
+            let mut store = VersionedBytes::open(ctx.timed_store(&self.store)?)?;
+            match store.put(&kb, vb.as_deref(), record.timestamp)? {
+                PutOutcome::Latest => {}
+                // Older than the history retention reaches: not stored (Kafka Streams drops it).
+                PutOutcome::Expired => {
+                    ctx.record_dropped("expired_version");
+                    return Ok(());
+                }
+                // Out of order: stored as history, but the table's current value is unchanged,
+                // so nothing goes downstream (as in Kafka Streams).
+                PutOutcome::ValidTo(_) => return Ok(()),
             }
+        } else {
+            let store = ctx.store(&self.store)?;
+            match &vb {
+                Some(vb) => store.put(&kb, vb)?,
+                None => store.delete(&kb)?,
+            }
+        }
+        if let Some(value) = record.value {
+            ctx.forward(Record {
+                key: Some(key),
+                value,
+                timestamp: record.timestamp,
+                headers: record.headers,
+            });
         }
         Ok(())
     }
@@ -73,6 +96,8 @@ pub struct KTable<K, V> {
     pub(super) store: String,
     /// Set for the tables of windowed aggregations.
     pub(super) window: Option<WindowedTable<K>>,
+    /// Whether its store is versioned (a stream-table join reads it as of each record's time).
+    pub(super) versioned: bool,
 }
 
 impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
@@ -176,6 +201,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
                 .window
                 .clone()
                 .map(|w| WindowedTable { updates: None, ..w }),
+            versioned: self.versioned,
         }
     }
 }
@@ -186,6 +212,7 @@ impl<K, V> Clone for KTable<K, V> {
             stream: self.stream.clone(),
             store: self.store.clone(),
             window: self.window.clone(),
+            versioned: self.versioned,
         }
     }
 }

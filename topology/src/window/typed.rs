@@ -3,50 +3,8 @@
 
 use super::store::{SessionBytes, SessionEntries, WindowBytes};
 use super::{Window, Windowed};
-use crate::serdes::{Serde, SerdeError};
-use crate::store::{StoreError, TimedStore};
-
-/// A store's name and serdes: (de)serializes its keys and values, naming the store in errors.
-struct StoreSerdes<'a, K, V> {
-    name: String,
-    key_serde: &'a dyn Serde<K>,
-    value_serde: &'a dyn Serde<V>,
-}
-
-impl<'a, K: 'static, V: 'static> StoreSerdes<'a, K, V> {
-    fn new(name: &str, key_serde: &'a dyn Serde<K>, value_serde: &'a dyn Serde<V>) -> Self {
-        StoreSerdes {
-            name: name.to_string(),
-            key_serde,
-            value_serde,
-        }
-    }
-
-    fn error(&self, source: SerdeError) -> StoreError {
-        StoreError::Serde {
-            store: self.name.clone(),
-            source,
-        }
-    }
-
-    fn key(&self, key: &K) -> Result<Vec<u8>, StoreError> {
-        self.key_serde.serialize(key).map_err(|e| self.error(e))
-    }
-
-    fn key_from(&self, bytes: &[u8]) -> Result<K, StoreError> {
-        self.key_serde.deserialize(bytes).map_err(|e| self.error(e))
-    }
-
-    fn value(&self, value: &V) -> Result<Vec<u8>, StoreError> {
-        self.value_serde.serialize(value).map_err(|e| self.error(e))
-    }
-
-    fn value_from(&self, bytes: &[u8]) -> Result<V, StoreError> {
-        self.value_serde
-            .deserialize(bytes)
-            .map_err(|e| self.error(e))
-    }
-}
+use crate::serdes::Serde;
+use crate::store::{StoreError, StoreSerdes, TimedStore};
 
 /// A typed view of a window store (Kafka Streams' `WindowStore`), from
 /// `ProcessorContext::window_store`. On the DSL's timestamped stores, reads drop the stored
