@@ -141,10 +141,11 @@ fn slow_count(input: &str, output: &str) -> Topology {
 }
 
 /// Issue 13, item 3: with `parallelising.auto=true` a partition whose one range cannot keep up
-/// is split live (1 -> 2, at most `parallelising.factor.max` = 4) and the counts stay exact.
+/// is split live (1 -> 2, at most `parallelising.factor.max` = 4), halved again after a minute
+/// with nothing queued, and the counts stay exact through both.
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test"]
-fn parallelising_auto_splits_a_slow_partition_and_counts_stay_exact() {
+fn parallelising_auto_splits_a_slow_partition_merges_it_back_when_idle_and_counts_stay_exact() {
     let (input, output, app) = (unique("auto-in"), unique("auto-out"), unique("auto"));
     create_topic(&input, 1);
     create_topic(&output, 1);
@@ -192,6 +193,17 @@ fn parallelising_auto_splits_a_slow_partition_and_counts_stay_exact() {
         l.len() == keys && l.values().all(|v| long(v) == 12_000 / keys as i64)
     });
     let last = factor();
+    // Idle from here on: after 60 s without anything queued the factor halves. More records
+    // after the merge must count on top of the split ranges' counts.
+    let merged = eventually(Duration::from_secs(120), || {
+        factor().is_some_and(|f| f < highest)
+    });
+    let after_merge = factor();
+    produce(&input, &records[..1_200]);
+    let per_key = (12_000 + 1_200) / keys as i64;
+    let (relatest, _) = read_until(&output, Duration::from_secs(120), |l| {
+        l.len() == keys && l.values().all(|v| long(v) == per_key)
+    });
     running.shutdown().expect("clean shutdown");
     assert!(split, "partition 0 still runs factor {last:?} after 60 s");
     assert!(
@@ -212,4 +224,15 @@ fn parallelising_auto_splits_a_slow_partition_and_counts_stay_exact() {
         .map(|k| (format!("k{k}"), 12_000 / keys as i64))
         .collect();
     assert_eq!(got, truth, "counts after live splits");
+    assert!(
+        merged,
+        "factor {after_merge:?} still at the highest, {highest}, after 120 s idle"
+    );
+    eprintln!("factor after a minute idle: {after_merge:?}");
+    let regot: HashMap<String, i64> = relatest
+        .iter()
+        .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), long(v)))
+        .collect();
+    let retruth: HashMap<String, i64> = (0..keys).map(|k| (format!("k{k}"), per_key)).collect();
+    assert_eq!(regot, retruth, "counts after the merge back");
 }
