@@ -7,10 +7,16 @@ use proptest::prelude::*;
 use rill::prelude::*;
 use rill::topology::RawRecord;
 
-/// `customers` (id -> tier) as a table; `orders` (customer id -> amount) joined with it.
-fn enrich(left: bool) -> Topology {
+/// `customers` (id -> tier) as a table; `orders` (customer id -> amount) joined with it. With
+/// `view`, joined with a view of the table instead: tiers other than `tier0`, upper-cased.
+fn enrich(left: bool, view: bool) -> Topology {
     let builder = StreamsBuilder::new();
-    let customers = builder.table("customers", StringSerde, StringSerde, "customers-store");
+    let mut customers = builder.table("customers", StringSerde, StringSerde, "customers-store");
+    if view {
+        customers = customers
+            .filter_not(|_id, tier| tier == "tier0")
+            .map_values(|tier: String| tier.to_uppercase());
+    }
     let orders = builder.stream("orders", StringSerde, StringSerde);
     let enriched = if left {
         orders.left_join(&customers, |amount: String, tier: Option<String>| {
@@ -37,7 +43,7 @@ fn driver(topology: Topology, p: usize) -> TestDriver {
 
 #[test]
 fn orders_meet_the_current_tier_and_unknown_customers_are_counted() {
-    let driver = driver(enrich(false), 1);
+    let driver = driver(enrich(false, false), 1);
     let customers = driver.input_topic("customers", StringSerde, StringSerde);
     let orders = driver.input_topic("orders", StringSerde, StringSerde);
     let out = driver.output_topic("orders-enriched", StringSerde, StringSerde);
@@ -64,7 +70,7 @@ fn orders_meet_the_current_tier_and_unknown_customers_are_counted() {
 
 #[test]
 fn a_tombstone_deletes_the_customer() {
-    let driver = driver(enrich(false), 3);
+    let driver = driver(enrich(false, false), 3);
     let customers = driver.input_topic("customers", StringSerde, StringSerde);
     let orders = driver.input_topic("orders", StringSerde, StringSerde);
     customers.pipe_input("c2".into(), "gold".into());
@@ -81,8 +87,37 @@ fn a_tombstone_deletes_the_customer() {
 }
 
 #[test]
+fn a_filtered_and_mapped_table_is_what_the_join_sees_and_what_to_stream_carries() {
+    let builder = StreamsBuilder::new();
+    let customers = builder
+        .table("customers", StringSerde, StringSerde, "customers-store")
+        .filter(|_id, tier| tier != "banned")
+        .map_values(|tier: String| tier.to_uppercase());
+    let driver = driver_with_changes(join_with_changes(&builder, &customers), 2);
+    let customers = driver.input_topic("customers", StringSerde, StringSerde);
+    let orders = driver.input_topic("orders", StringSerde, StringSerde);
+    customers.pipe_input("c1".into(), "gold".into());
+    orders.pipe_input("c1".into(), "1".into());
+    customers.pipe_input("c1".into(), "banned".into());
+    orders.pipe_input("c1".into(), "2".into());
+    customers.pipe_input("c1".into(), "silver".into());
+    orders.pipe_input("c1".into(), "3".into());
+    let values = |topic: &str| -> Vec<String> {
+        driver
+            .output_topic(topic, StringSerde, StringSerde)
+            .read_key_values()
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect()
+    };
+    assert_eq!(values("orders-enriched"), ["1|GOLD", "3|SILVER"]);
+    assert_eq!(values("tier-changes"), ["GOLD", "SILVER"]);
+    assert_eq!(driver.with_stats(|s| s.discarded("unmatched_join")), 1);
+}
+
+#[test]
 fn a_left_join_keeps_orders_without_customer_or_key() {
-    let driver = driver(enrich(true), 2);
+    let driver = driver(enrich(true, false), 2);
     let customers = driver.input_topic("customers", StringSerde, StringSerde);
     let orders = driver.input_topic("orders", StringSerde, StringSerde);
     orders.pipe_input("c3".into(), "1".into());
@@ -137,7 +172,7 @@ fn a_rekeyed_stream_is_repartitioned_before_the_join() {
 
 #[test]
 fn the_table_store_answers_range_and_prefix_scans_across_ranges() {
-    let driver = driver(enrich(false), 3);
+    let driver = driver(enrich(false, false), 3);
     let customers = driver.input_topic("customers", StringSerde, StringSerde);
     for (c, tier) in [
         ("a1", "x"),
@@ -183,7 +218,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 /// Per customer, the enriched values in order, from the oracle: a map of the current tiers.
-fn oracle(ops: &[Op], left: bool) -> BTreeMap<String, Vec<String>> {
+fn oracle(ops: &[Op], left: bool, view: bool) -> BTreeMap<String, Vec<String>> {
     let mut tiers: BTreeMap<u8, String> = BTreeMap::new();
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for op in ops {
@@ -194,7 +229,7 @@ fn oracle(ops: &[Op], left: bool) -> BTreeMap<String, Vec<String>> {
             Op::Delete(c) => {
                 tiers.remove(c);
             }
-            Op::Order(c, a) => match (tiers.get(c), left) {
+            Op::Order(c, a) => match (tiers.get(c).and_then(|t| seen(t, view)), left) {
                 (Some(t), _) => out
                     .entry(format!("c{c}"))
                     .or_default()
@@ -210,8 +245,16 @@ fn oracle(ops: &[Op], left: bool) -> BTreeMap<String, Vec<String>> {
     out
 }
 
-fn run(ops: &[Op], left: bool, p: usize) -> BTreeMap<String, Vec<String>> {
-    let driver = driver(enrich(left), p);
+/// A tier as the joined table shows it: as it is, or through `enrich`'s view.
+fn seen(tier: &str, view: bool) -> Option<String> {
+    match view {
+        false => Some(tier.to_string()),
+        true => (tier != "tier0").then(|| tier.to_uppercase()),
+    }
+}
+
+fn run(ops: &[Op], left: bool, view: bool, p: usize) -> BTreeMap<String, Vec<String>> {
+    let driver = driver(enrich(left, view), p);
     let customers = driver.input_topic("customers", StringSerde, StringSerde);
     let orders = driver.input_topic("orders", StringSerde, StringSerde);
     for op in ops {
@@ -255,20 +298,22 @@ fn joined(driver: &TestDriver) -> BTreeMap<String, Vec<String>> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
-    /// Per customer, the joined outputs equal the oracle's, in order, at P = 1 and P = 3.
+    /// Per customer, the joined outputs equal the oracle's, in order, at P = 1 and P = 3, for
+    /// the table and for a filtered and mapped view of it.
     #[test]
     fn joins_match_the_oracle_at_every_factor(
         ops in proptest::collection::vec(op(), 1..80),
         left in any::<bool>(),
+        view in any::<bool>(),
     ) {
-        let expected = oracle(&ops, left);
+        let expected = oracle(&ops, left, view);
         for p in [1, 3] {
-            prop_assert_eq!(&run(&ops, left, p), &expected, "P = {}", p);
+            prop_assert_eq!(&run(&ops, left, view, p), &expected, "P = {}", p);
         }
     }
 }
 
-/// `enrich(false)` over a versioned `customers` table keeping an hour of history.
+/// `enrich(false, false)` over a versioned `customers` table keeping an hour of history.
 fn enrich_versioned() -> Topology {
     let builder = StreamsBuilder::new();
     let customers = builder.table(
@@ -277,12 +322,18 @@ fn enrich_versioned() -> Topology {
         StringSerde,
         Materialized::named("customers-store").versioned(std::time::Duration::from_secs(3600)),
     );
+    join_with_changes(&builder, &customers)
+}
+
+/// Writes `customers`' updates to `tier-changes` and the inner join of `orders` with it to
+/// `orders-enriched`; builds the topology.
+fn join_with_changes(builder: &StreamsBuilder, customers: &KTable<String, String>) -> Topology {
     customers
         .to_stream()
         .to_with("tier-changes", Produced::with(StringSerde, StringSerde));
     builder
         .stream("orders", StringSerde, StringSerde)
-        .join(&customers, |amount: String, tier: String| {
+        .join(customers, |amount: String, tier: String| {
             format!("{amount}|{tier}")
         })
         .to_with("orders-enriched", Produced::with(StringSerde, StringSerde));
@@ -290,7 +341,12 @@ fn enrich_versioned() -> Topology {
 }
 
 fn versioned_driver(p: usize) -> TestDriver {
-    TestDriver::builder(enrich_versioned())
+    driver_with_changes(enrich_versioned(), p)
+}
+
+/// [`driver`] for a topology that also writes the table's updates to `tier-changes`.
+fn driver_with_changes(topology: Topology, p: usize) -> TestDriver {
+    TestDriver::builder(topology)
         .parallelising_factor(p)
         .partitions("customers", 2)
         .partitions("orders", 2)

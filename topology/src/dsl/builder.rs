@@ -206,6 +206,7 @@ impl StreamsBuilder {
             store,
             window: None,
             versioned: versioned.is_some(),
+            view: None,
         }
     }
 

@@ -181,6 +181,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
             store: r.store,
             window: None,
             versioned: false,
+            view: None,
         }
     }
 
@@ -308,6 +309,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
             store,
             window: None,
             versioned: false,
+            view: None,
         }
     }
 }

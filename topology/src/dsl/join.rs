@@ -19,6 +19,7 @@
 
 use std::sync::Arc;
 
+use super::table_view::TableLookup;
 use super::{KStream, KTable, Repartitioned};
 use crate::graph::Supplier;
 use crate::processor::{Datum, ProcessError, Processor, ProcessorContext, Typed};
@@ -33,7 +34,8 @@ type JoinFn<V, VT, VR> = Arc<dyn Fn(V, Option<VT>) -> Option<VR> + Send + Sync>;
 struct StreamTableJoin<K, V, VT, VR> {
     store: String,
     key_serde: Arc<dyn Serde<K>>,
-    table_serde: Arc<dyn Serde<VT>>,
+    /// The table's value from its stored bytes (decoded, and for views filtered or mapped).
+    lookup: TableLookup<K, VT>,
     joiner: JoinFn<V, VT, VR>,
     /// A left join: records without a key or a match still produce a result.
     left: bool,
@@ -63,9 +65,10 @@ where
                 } else {
                     ctx.store(&self.store)?.get(&kb)?
                 };
-                bytes
-                    .map(|b| self.table_serde.deserialize(&b))
-                    .transpose()?
+                match bytes {
+                    Some(b) => (self.lookup)(key, &b)?,
+                    None => None,
+                }
             }
             // A left join passes a record without a key through with no table value (KIP-962);
             // an inner join drops it.
@@ -148,7 +151,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KStream<K, V> {
             self.clone()
         };
         let hint = "Materialized::with on the table";
-        let Some((key_serde, table_serde)) = table.stream.serdes_or_error(None, None, hint) else {
+        let Some((key_serde, lookup)) = table.lookup(hint) else {
             // The error is recorded; `build` reports it.
             return stream.stateless(op, false, |_, _| {});
         };
@@ -158,7 +161,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KStream<K, V> {
             Box::new(Typed::<_, K, V, K, VR>::new(StreamTableJoin {
                 store: st.clone(),
                 key_serde: key_serde.clone(),
-                table_serde: table_serde.clone(),
+                lookup: lookup.clone(),
                 joiner: joiner.clone(),
                 left,
                 versioned,

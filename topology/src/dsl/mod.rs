@@ -52,6 +52,7 @@ pub mod join;
 pub mod options;
 pub mod stream;
 pub mod table;
+pub mod table_view;
 pub mod windowed;
 
 pub use builder::StreamsBuilder;

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use super::table_view::TableLookup;
 use super::{KStream, TopologyError};
 use crate::graph::{NodeKind, Supplier};
 use crate::processor::{Datum, ProcessError, Processor, ProcessorContext, Typed};
@@ -98,6 +99,9 @@ pub struct KTable<K, V> {
     pub(super) window: Option<WindowedTable<K>>,
     /// Whether its store is versioned (a stream-table join reads it as of each record's time).
     pub(super) versioned: bool,
+    /// For a table derived without a store ([`crate::dsl::table_view`]): its value from the
+    /// bytes of the store it reads. `None`: the store's values, decoded with the value serde.
+    pub(super) view: Option<TableLookup<K, V>>,
 }
 
 impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
@@ -202,6 +206,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
                 .clone()
                 .map(|w| WindowedTable { updates: None, ..w }),
             versioned: self.versioned,
+            view: self.view.clone(),
         }
     }
 }
@@ -213,6 +218,7 @@ impl<K, V> Clone for KTable<K, V> {
             store: self.store.clone(),
             window: self.window.clone(),
             versioned: self.versioned,
+            view: self.view.clone(),
         }
     }
 }

@@ -142,6 +142,7 @@ fn windowed_table<K: Datum + Clone, A: Datum + Clone>(
         store: r.store,
         window: Some(window),
         versioned: false,
+        view: None,
     }
 }
 
