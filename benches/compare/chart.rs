@@ -29,7 +29,7 @@ pub(crate) fn write_svg(
         }
     };
     for (panel, r) in panels.iter().zip(all) {
-        let lat = r.scenario == "s4";
+        let lat = r.scenario.starts_with("s4");
         let bars: Vec<(String, f64)> = r
             .systems
             .iter()

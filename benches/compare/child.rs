@@ -56,6 +56,18 @@ pub(crate) fn child_rill(a: &BTreeMap<String, String>) {
                 k.map(|k| (format!("{}@{}", k.key, k.window.start), n))
             })
             .to_with(output, Produced::with(StringSerde, I64Serde)),
+        "s6" => {
+            let table = builder.table(
+                &format!("{input}-table"),
+                StringSerde,
+                StringSerde,
+                "customers",
+            );
+            s.left_join(&table, |amount: String, tier: Option<String>| {
+                format!("{amount}|{}", tier.as_deref().unwrap_or("none"))
+            })
+            .to_with(output, Produced::with(StringSerde, StringSerde))
+        }
         _ => s
             .filter(|_, v: &String| passes(v))
             .map_values(|v: String| v.to_ascii_uppercase())
@@ -90,8 +102,23 @@ pub(crate) fn child_rill(a: &BTreeMap<String, String>) {
     }
 }
 
-/// The ceiling: consume, filter + map, produce, with rill's producer settings.
+/// The ceiling: consume, filter + map, produce, with rill's producer settings; `--threads N`
+/// runs N such loops, each with its own consumer (one group: the partitions are shared out) and
+/// its own producer.
 pub(crate) fn child_bare(a: &BTreeMap<String, String>) {
+    let threads: usize = a.get("threads").and_then(|t| t.parse().ok()).unwrap_or(1);
+    let loops: Vec<_> = (0..threads)
+        .map(|_| {
+            let a = a.clone();
+            std::thread::spawn(move || bare_loop(&a))
+        })
+        .collect();
+    for l in loops {
+        let _ = l.join();
+    }
+}
+
+fn bare_loop(a: &BTreeMap<String, String>) {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &a["bootstrap"])
         .set("group.id", &a["app"])

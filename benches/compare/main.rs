@@ -128,7 +128,7 @@ fn main() {
     let runs = value("--runs")
         .and_then(|s| s.parse().ok())
         .unwrap_or(if quick { 1 } else { 3 });
-    let wanted = value("--scenarios").unwrap_or_else(|| "s1,s2,s3,s4,s5".into());
+    let wanted = value("--scenarios").unwrap_or_else(|| "s1,s2,s3,s4,s4-2k,s5,s6".into());
     let ctx = Ctx {
         bootstrap: common::bootstrap(),
         peers: std::env::var("RILL_BENCH_PEERS").map_or_else(
@@ -138,7 +138,7 @@ fn main() {
         tmp,
         quick,
     };
-    for sc in [Sc::S1, Sc::S2, Sc::S3, Sc::S4, Sc::S5] {
+    for sc in [Sc::S1, Sc::S2, Sc::S3, Sc::S4, Sc::S4Low, Sc::S5, Sc::S6] {
         if !wanted.split(',').any(|w| w.trim() == sc.id()) {
             continue;
         }

@@ -86,7 +86,10 @@ pub(crate) enum Kind {
         threads: Option<usize>,
         set: &'static str,
     },
-    Bare,
+    Bare {
+        /// Loops, each with its own consumer and producer.
+        threads: usize,
+    },
     Streams {
         threads: usize,
         /// `processing.guarantee=exactly_once_v2`.
@@ -133,7 +136,7 @@ impl System {
                     format!(", {set}")
                 }
             ),
-            Kind::Bare => "rdkafka BaseConsumer + ThreadedProducer, one thread; rill's producer settings (idempotent, linger 5 ms, lz4) and consumer fetch.wait.max.ms=10, Nagle off".into(),
+            Kind::Bare { threads } => format!("rdkafka BaseConsumer + ThreadedProducer, {threads} thread(s), each with its own consumer (one group) and producer; rill's producer settings (idempotent, linger 5 ms, lz4) and consumer fetch.wait.max.ms=10, Nagle off"),
             Kind::Streams { threads, eos } => format!(
                 "kafka-streams 4.4.0, num.stream.threads={threads}, commit.interval.ms=100{}, other settings default (caching on, changelog on)",
                 if *eos { ", processing.guarantee=exactly_once_v2" } else { "" }
@@ -236,11 +239,12 @@ pub(crate) fn spawn(
             }
             c
         }
-        Kind::Bare => {
+        Kind::Bare { threads } => {
             let mut c = Command::new(std::env::current_exe().expect("exe"));
             c.args(["--child", "bare", "--scenario", scenario])
                 .args(["--bootstrap", &ctx.bootstrap, "--app", tag])
-                .args(["--input", input, "--output", output]);
+                .args(["--input", input, "--output", output])
+                .args(["--threads", &threads.to_string()]);
             c
         }
         Kind::Streams { threads, eos } => {

@@ -1,4 +1,4 @@
-//! The scenarios S1-S4: their inputs, one throughput or latency run, and a scenario's runs over
+//! The scenarios S1-S6 (S4 at two rates): their inputs, one throughput or latency run, and a scenario's runs over
 //! every system.
 
 use super::*;
@@ -9,7 +9,10 @@ pub(crate) enum Sc {
     S2,
     S3,
     S4,
+    /// S4 at a tenth of the rate, where the machine is not saturated.
+    S4Low,
     S5,
+    S6,
 }
 
 /// S5: window size and grace (ms), and how far event time advances per input record (records
@@ -27,7 +30,9 @@ impl Sc {
             Sc::S2 => "s2",
             Sc::S3 => "s3",
             Sc::S4 => "s4",
+            Sc::S4Low => "s4-2k",
             Sc::S5 => "s5",
+            Sc::S6 => "s6",
         }
     }
     pub(crate) fn title(self) -> &'static str {
@@ -36,7 +41,13 @@ impl Sc {
             Sc::S2 => "S2 CPU-bound stateful: count by key, 4 partitions",
             Sc::S3 => "S3 stateless filter + map to a sink, 4 partitions",
             Sc::S4 => "S4 latency at a fixed 20k records/s (S3's topology)",
+            Sc::S4Low => {
+                "S4 latency at a fixed 2k records/s (S3's topology, an unsaturated machine)"
+            }
             Sc::S5 => "S5 windowed count: 60 s tumbling windows, emit final, 4 partitions",
+            Sc::S6 => {
+                "S6 stream-table join: orders left-joined with a customer table, 4 partitions"
+            }
         }
     }
     pub(crate) fn systems(self) -> Vec<System> {
@@ -84,15 +95,17 @@ impl Sc {
                 rill_eos("rill P=1 EOS"),
                 streams("Kafka Streams EOS", true),
             ],
-            Sc::S5 => vec![rill("rill P=1", 1, None), streams("Kafka Streams", false)],
+            Sc::S5 | Sc::S6 => vec![rill("rill P=1", 1, None), streams("Kafka Streams", false)],
             Sc::S3 => vec![
-                System::new("bare rdkafka loop", Kind::Bare),
+                System::new("bare rdkafka loop", Kind::Bare { threads: 1 }),
+                // One loop per input partition: the fastest hand-written program here.
+                System::new("bare rdkafka loop, 4 threads", Kind::Bare { threads: 4 }),
                 rill("rill P=1", 1, None),
                 streams("Kafka Streams", false),
             ],
-            Sc::S4 => vec![
+            Sc::S4 | Sc::S4Low => vec![
                 System::new("broker round trip", Kind::Direct),
-                System::new("bare rdkafka loop", Kind::Bare),
+                System::new("bare rdkafka loop", Kind::Bare { threads: 1 }),
                 rill("rill P=1", 1, None),
                 // librdkafka leaves Nagle's algorithm on by default; rill does not turn it off
                 // (yet). This variant shows what that costs in latency.
@@ -109,6 +122,10 @@ impl Sc {
                 streams("Kafka Streams EOS", true),
             ],
         }
+    }
+    /// Whether the scenario measures latency at a fixed rate (S4) rather than throughput.
+    pub(crate) fn is_latency(self) -> bool {
+        matches!(self, Sc::S4 | Sc::S4Low)
     }
     pub(crate) fn reference(self) -> &'static str {
         match self {
@@ -233,7 +250,8 @@ pub(crate) fn produce_input(ctx: &Ctx, sc: Sc, stamp: u64) -> Input {
                 params,
             }
         }
-        Sc::S4 => unreachable!("S4 produces during each run"),
+        Sc::S6 => s6_input(ctx, &topic, &p, &mut rng, &mut params),
+        Sc::S4 | Sc::S4Low => unreachable!("S4 produces during each run"),
     };
     p.flush(Duration::from_secs(120)).expect("flush input");
     input
@@ -317,6 +335,67 @@ fn s5_input(
             params.insert("windows with records".into(), expected.to_string());
             std::mem::take(params)
         },
+    }
+}
+
+/// S6's inputs: the customer table `<topic>-table` (every customer once, produced first), then
+/// `n` orders of random customers on `topic`. The join is a left join, so every order gives one
+/// output whether or not its customer was loaded first (rill does not yet process the two
+/// topics in timestamp order; Kafka Streams does), and the run ends when all are out.
+fn s6_input(
+    ctx: &Ctx,
+    topic: &str,
+    p: &common::producer::InputProducer,
+    rng: &mut Rng,
+    params: &mut BTreeMap<String, String>,
+) -> Input {
+    let (n, customers) = if ctx.quick {
+        (400_000u64, 10_000u64)
+    } else {
+        (2_000_000, 10_000)
+    };
+    let table = format!("{topic}-table");
+    create(ctx, &table, 4);
+    create(ctx, topic, 4);
+    for c in 0..customers {
+        let tier = ["bronze", "silver", "gold", "platinum"][(c % 4) as usize];
+        send(
+            p,
+            &table,
+            Some(format!("cust-{c:05}").as_bytes()),
+            tier.as_bytes(),
+        )
+        .expect("send");
+    }
+    p.flush(Duration::from_secs(120)).expect("flush the table");
+    for i in 0..n {
+        let c = rng.below(customers);
+        let amount = format!("{}.{:02}", i % 1000, i % 100);
+        send(
+            p,
+            topic,
+            Some(format!("cust-{c:05}").as_bytes()),
+            amount.as_bytes(),
+        )
+        .expect("send");
+    }
+    params.insert("orders".into(), n.to_string());
+    params.insert(
+        "customers".into(),
+        format!("{customers}, in the table topic before the first order"),
+    );
+    params.insert(
+        "join".into(),
+        "left join of each order with its customer's tier; output value `amount|tier`".into(),
+    );
+    Input {
+        topic: topic.to_string(),
+        partitions: 4,
+        records: n,
+        expected: n,
+        truth: vec![],
+        windows: (0, 0),
+        params: std::mem::take(params),
     }
 }
 
@@ -665,9 +744,10 @@ pub(crate) fn run_scenario(ctx: &Ctx, sc: Sc, runs: usize) -> ScenarioResult {
             note: ctx.unavailable(s).unwrap_or_default(),
         })
         .collect();
-    let (rate, secs) = (20_000u64, if ctx.quick { 10 } else { 20 });
+    let rate = if sc == Sc::S4Low { 2_000u64 } else { 20_000 };
+    let secs = if ctx.quick { 10 } else { 20 };
     let mut params = BTreeMap::new();
-    let input = if sc == Sc::S4 {
+    let input = if sc.is_latency() {
         params.insert("input rate".into(), format!("{rate} records/s"));
         params.insert("measured for".into(), format!("{secs} s per run"));
         params.insert(

@@ -14,6 +14,7 @@ import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.KeyValue;
 import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.kstream.KStream;
+import org.apache.kafka.streams.kstream.KTable;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
 import org.apache.kafka.streams.kstream.Suppressed;
@@ -30,6 +31,8 @@ import org.apache.kafka.streams.kstream.TimeWindows;
  * s3, s4: drop values containing "omicron", upper-case the rest.
  * s5: count by key in 60 s tumbling windows with 10 s grace, final counts only (suppress until
  * the window closes), to OUTPUT with key "KEY@WINDOW_START_MS" and the count as an 8-byte long.
+ * s6: left join of the orders (INPUT, value = amount) with the table INPUT-table (value = tier),
+ * to OUTPUT as "AMOUNT|TIER" ("none" without a customer).
  * Prints "FIRST micros" (wall clock) when the first input record is seen; the orchestrator
  * measures everything else from outside.
  */
@@ -95,6 +98,11 @@ public final class StreamsPeer {
                     .toStream()
                     .map((k, n) -> KeyValue.pair(k.key() + "@" + k.window().start(), n))
                     .to(output, Produced.with(Serdes.String(), Serdes.Long()));
+            case "s6" -> {
+                KTable<String, String> customers = b.table(input + "-table");
+                in.leftJoin(customers, (amount, tier) -> amount + "|" + (tier == null ? "none" : tier))
+                        .to(output);
+            }
             case "s3", "s4" -> in.filter((k, v) -> !v.contains("omicron"))
                     .mapValues(v -> v.toUpperCase(Locale.ROOT)).to(output);
             default -> {
