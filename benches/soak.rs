@@ -59,13 +59,25 @@ fn wordcount_binary() -> Result<PathBuf, Error> {
     Ok(bin)
 }
 
+/// One sample of a process.
+#[derive(Clone, Copy)]
+struct Sample {
+    /// Seconds since the soak started.
+    at: f64,
+    rss_mib: f64,
+    /// Open file descriptors, and how many of them are RocksDB SST files.
+    fds: usize,
+    sst_fds: usize,
+    threads: usize,
+}
+
 /// One wordcount instance: how to start it, and the process while it runs.
 struct Instance {
     name: &'static str,
     command: Command,
     child: Option<Child>,
-    /// Samples of its current process: (seconds since the soak started, RSS MiB, fds, threads).
-    samples: Vec<(f64, f64, usize, usize)>,
+    /// Samples of its current process.
+    samples: Vec<Sample>,
     /// RSS (MiB) of each process of this instance when it was stopped.
     rss_at_stop: Vec<f64>,
 }
@@ -110,8 +122,8 @@ impl Instance {
         let Some(mut child) = self.child.take() else {
             return Ok(());
         };
-        if let Some((_, rss, _, _)) = self.sample_of(child.id()) {
-            self.rss_at_stop.push(rss);
+        if let Some(sample) = self.sample_of(child.id(), 0.0) {
+            self.rss_at_stop.push(sample.rss_mib);
         }
         Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
@@ -123,7 +135,7 @@ impl Instance {
         Ok(())
     }
 
-    fn sample_of(&self, pid: u32) -> Option<(f64, f64, usize, usize)> {
+    fn sample_of(&self, pid: u32, at: f64) -> Option<Sample> {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
         let field = |name: &str| {
             status
@@ -132,13 +144,21 @@ impl Instance {
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse::<f64>().ok())
         };
-        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count();
-        Some((
-            0.0,
-            field("VmRSS:")? / 1024.0,
-            fds,
-            field("Threads:")? as usize,
-        ))
+        let targets: Vec<PathBuf> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .ok()?
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .collect();
+        let sst_fds = targets
+            .iter()
+            .filter(|t| t.extension().is_some_and(|x| x == "sst"))
+            .count();
+        Some(Sample {
+            at,
+            rss_mib: field("VmRSS:")? / 1024.0,
+            fds: targets.len(),
+            sst_fds,
+            threads: field("Threads:")? as usize,
+        })
     }
 
     fn sample(&mut self, at: f64) -> Result<(), Error> {
@@ -149,8 +169,8 @@ impl Instance {
             return Err(format!("{} stopped by itself: {status}", self.name).into());
         }
         let pid = child.id();
-        if let Some((_, rss, fds, threads)) = self.sample_of(pid) {
-            self.samples.push((at, rss, fds, threads));
+        if let Some(sample) = self.sample_of(pid, at) {
+            self.samples.push(sample);
         }
         Ok(())
     }
@@ -299,7 +319,10 @@ fn main() -> Result<(), Error> {
             last_print = at as u64 / 60;
             let show = |i: &Instance| {
                 i.samples.last().map_or(String::from("-"), |s| {
-                    format!("{:.0} MiB {} fds {} threads", s.1, s.2, s.3)
+                    format!(
+                        "{:.0} MiB {} fds ({} SST) {} threads",
+                        s.rss_mib, s.fds, s.sst_fds, s.threads
+                    )
                 })
             };
             println!("{:>5.0} s  a: {}  b: {}", at, show(&a), show(&b));
@@ -325,19 +348,21 @@ fn main() -> Result<(), Error> {
     b.stop()?;
 
     // b after its first ten minutes (start-up and first restores done) against the rest.
-    let warm = |i: &Instance| -> Vec<(f64, f64, usize, usize)> {
-        i.samples
-            .iter()
-            .filter(|s| s.0 >= restart_every as f64)
-            .copied()
-            .collect()
-    };
-    let b_warm = warm(&b);
-    let rss: Vec<f64> = b_warm.iter().map(|s| s.1).collect();
-    let fds: Vec<f64> = b_warm.iter().map(|s| s.2 as f64).collect();
-    let threads: Vec<f64> = b_warm.iter().map(|s| s.3 as f64).collect();
+    let b_warm: Vec<Sample> = b
+        .samples
+        .iter()
+        .filter(|s| s.at >= restart_every as f64)
+        .copied()
+        .collect();
+    let rss: Vec<f64> = b_warm.iter().map(|s| s.rss_mib).collect();
+    let fds: Vec<f64> = b_warm.iter().map(|s| s.fds as f64).collect();
+    let ssts: Vec<f64> = b_warm.iter().map(|s| s.sst_fds as f64).collect();
+    let others: Vec<f64> = b_warm.iter().map(|s| (s.fds - s.sst_fds) as f64).collect();
+    let threads: Vec<f64> = b_warm.iter().map(|s| s.threads as f64).collect();
     let (rss0, rss_max, rss_last) = spread(&rss);
     let (fd0, fd_max, fd_last) = spread(&fds);
+    let (sst0, sst_max, sst_last) = spread(&ssts);
+    let (other0, other_max, other_last) = spread(&others);
     let (th0, th_max, th_last) = spread(&threads);
     println!("--");
     println!(
@@ -351,7 +376,9 @@ fn main() -> Result<(), Error> {
     println!(
         "b (never restarted), from {restart_every} s on: RSS first {rss0:.0} MiB, max {rss_max:.0}, \
          last {rss_last:.0} ({:+.1}% last vs first); fds first {fd0:.0}, max {fd_max:.0}, last \
-         {fd_last:.0}; threads first {th0:.0}, max {th_max:.0}, last {th_last:.0}",
+         {fd_last:.0} (RocksDB SST files first {sst0:.0}, max {sst_max:.0}, last {sst_last:.0}; \
+         the others first {other0:.0}, max {other_max:.0}, last {other_last:.0}); threads first \
+         {th0:.0}, max {th_max:.0}, last {th_last:.0}",
         (rss_last / rss0 - 1.0) * 100.0
     );
     println!(
