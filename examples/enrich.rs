@@ -6,9 +6,15 @@
 //! threads. rill splits the partition into `parallelising.factor` key ranges that run
 //! concurrently, each keeping its keys in order, so throughput grows with the factor.
 //!
+//! The blocking form costs a worker thread per concurrent lookup. The async form
+//! (`map_values_async`) awaits the lookup instead: up to `async.max.in.flight` lookups per
+//! sub-task run at once on rill's async runtime, still one at a time per key, so even P = 1
+//! overlaps hundreds of them.
+//!
 //! ```sh
 //! cargo run --release --example enrich                    # P = 1, 4, 16 on one partition, side by side
 //! cargo run --release --example enrich -- --factor 8      # one service at P = 8, until Ctrl-C
+//! cargo run --release --example enrich -- --factor 1 --async   # the async form
 //! cargo run --release --example enrich -- --records 5000 --latency-ms 5
 //! ```
 //! The lookup blocks its worker thread, so the example sets `worker.threads` to the factor; with
@@ -28,34 +34,50 @@ use rill::runtime::{ConfigBuilder, Runtime};
 const INPUT: &str = "clicks";
 const OUTPUT: &str = "clicks-enriched";
 
-/// The topology: click -> click with the user's profile, one slow lookup per record.
-fn topology(lookup: Duration) -> Result<Topology, TopologyError> {
+/// The topology: click -> click with the user's profile, one slow lookup per record; the
+/// lookup blocks a worker thread, or (`asynchronous`) is awaited.
+fn topology(lookup: Duration, asynchronous: bool) -> Result<Topology, TopologyError> {
     let builder = StreamsBuilder::new();
-    builder
-        .stream(INPUT, StringSerde, StringSerde)
-        .map_values(move |click: String| {
-            std::thread::sleep(lookup); // the per-record I/O call
+    let clicks = builder.stream(INPUT, StringSerde, StringSerde);
+    let enriched = if asynchronous {
+        clicks.map_values_async(move |click: String| async move {
+            tokio::time::sleep(lookup).await; // the per-record I/O call, awaited
+            Ok(format!("{click} country=NL tier=gold"))
+        })
+    } else {
+        clicks.map_values(move |click: String| {
+            std::thread::sleep(lookup); // the per-record I/O call, blocking
             format!("{click} country=NL tier=gold")
         })
-        .to_with(OUTPUT, Produced::with(StringSerde, StringSerde));
+    };
+    enriched.to_with(OUTPUT, Produced::with(StringSerde, StringSerde));
     builder.build()
+}
+
+/// How the lookup runs.
+#[derive(Clone, Copy)]
+struct Mode {
+    p: u64,
+    asynchronous: bool,
 }
 
 /// A runtime at factor `p` on its own embedded cluster, with `records` clicks waiting on a
 /// one-partition topic.
 fn prepare(
-    p: u64,
+    mode: Mode,
     records: u64,
     lookup: Duration,
     config: Option<&Path>,
 ) -> Result<Runtime, common::Error> {
-    let config = ConfigBuilder::new()
+    let mut builder = ConfigBuilder::new()
         .set("application.id", "enrich")
-        .set("parallelising.factor", p)
-        .set("worker.threads", p)
-        .with_config_file_and_env(config)
-        .build()?;
-    let runtime = Runtime::new(topology(lookup)?, config)?;
+        .set("parallelising.factor", mode.p);
+    if !mode.asynchronous {
+        // A blocked thread per concurrent lookup.
+        builder = builder.set("worker.threads", mode.p);
+    }
+    let config = builder.with_config_file_and_env(config).build()?;
+    let runtime = Runtime::new(topology(lookup, mode.asynchronous)?, config)?;
     let cluster = runtime.embedded().ok_or(
         "this example feeds an embedded cluster: leave bootstrap.servers unset (RILL_BOOTSTRAP_SERVERS)",
     )?;
@@ -78,12 +100,12 @@ fn prepare(
 /// Processes `records` clicks at factor `p`; returns records per second (from the first record,
 /// so the consumer group's start-up is not counted).
 fn measure(
-    p: u64,
+    mode: Mode,
     records: u64,
     lookup: Duration,
     config: Option<&Path>,
 ) -> Result<f64, common::Error> {
-    let runtime = prepare(p, records, lookup, config)?;
+    let runtime = prepare(mode, records, lookup, config)?;
     let running = runtime.start()?;
     let deadline = Instant::now() + Duration::from_secs(300);
     let mut first = None;
@@ -112,6 +134,9 @@ struct Cli {
     /// Run one service at this parallelising factor until Ctrl-C, instead of the comparison
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     factor: Option<u64>,
+    /// With --factor: await the lookup (map_values_async) instead of blocking a thread
+    #[arg(long = "async")]
+    asynchronous: bool,
     #[command(flatten)]
     service: common::ServiceArgs,
 }
@@ -122,7 +147,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (records, config) = (cli.records, cli.service.config.as_deref());
     let lookup = Duration::from_millis(cli.latency_ms);
     if let Some(p) = cli.factor {
-        let runtime = prepare(p, records, lookup, config).map_err(|e| e.to_string())?;
+        let mode = Mode {
+            p,
+            asynchronous: cli.asynchronous,
+        };
+        let runtime = prepare(mode, records, lookup, config).map_err(|e| e.to_string())?;
         let running = runtime.start()?;
         running.stop_on_signal()?;
         println!("P = {p}: enriching {records} clicks on one partition (Ctrl-C stops)");
@@ -143,11 +172,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("one partition, {records} clicks, a {lookup:?} lookup per click:");
     let mut base = None;
-    for p in [1, 4, 16] {
-        let rate = measure(p, records, lookup, config).map_err(|e| e.to_string())?;
+    let modes = [(1, false), (4, false), (16, false), (1, true)];
+    for (p, asynchronous) in modes {
+        let mode = Mode { p, asynchronous };
+        let rate = measure(mode, records, lookup, config).map_err(|e| e.to_string())?;
         let b = *base.get_or_insert(rate);
+        let form = if asynchronous { "async   " } else { "blocking" };
         println!(
-            "  parallelising.factor = {p:>2}: {rate:>8.0} records/s ({:.1}x)",
+            "  {form} parallelising.factor = {p:>2}: {rate:>8.0} records/s ({:.1}x)",
             rate / b
         );
     }

@@ -120,16 +120,24 @@ pub fn compose(range: KeyRange, parts: &[(KeyRange, &Progress)]) -> Progress {
             .flatten()
             .copied()
             .collect();
+        // Records applied above a part's offset (async stages): each is one record of one
+        // hash, so it stays applied in whichever range now holds that hash.
+        let mut applied: Vec<u64> = parts
+            .iter()
+            .flat_map(|(_, p)| p.offsets.iter().filter(|o| o.topic == topic))
+            .flat_map(TopicOffset::applied_above)
+            .collect();
+        applied.sort_unstable();
+        applied.dedup();
         let floor = if everywhere {
-            let floor = pieces.iter().map(|(_, n)| *n).min().unwrap_or(0);
-            out.offsets.push(TopicOffset {
-                topic: topic.to_string(),
-                next_offset: floor,
-            });
-            floor
+            pieces.iter().map(|(_, n)| *n).min().unwrap_or(0)
         } else {
             0
         };
+        if everywhere || !applied.is_empty() {
+            out.offsets
+                .push(TopicOffset::with_applied(topic.to_string(), floor, applied));
+        }
         for (r, n) in pieces {
             if n > floor {
                 out.carried.push(CarriedOffset {
@@ -165,9 +173,8 @@ pub fn compose(range: KeyRange, parts: &[(KeyRange, &Progress)]) -> Progress {
     out.changelogs = positions
         .into_iter()
         .filter(|(_, (n, _))| whole && *n == parts.len())
-        .map(|(topic, (_, next_offset))| TopicOffset {
-            topic: topic.to_string(),
-            next_offset,
+        .map(|(topic, (_, next_offset))| {
+            TopicOffset::with_applied(topic.to_string(), next_offset, [])
         })
         .collect();
     out

@@ -98,6 +98,45 @@ pub struct TopicOffset {
     /// Every record of the range below this offset has been applied.
     #[prost(uint64, tag = "2")]
     pub next_offset: u64,
+    /// Records above `next_offset` that were applied too (async stages complete out of offset
+    /// order), as gaps: the first is its offset minus `next_offset`, each next one the distance
+    /// from the one before. Read them with [`TopicOffset::applied_above`].
+    #[prost(uint64, repeated, tag = "3")]
+    pub applied_gaps: Vec<u64>,
+}
+
+impl TopicOffset {
+    /// How far a range applied `topic`: everything below `next_offset`, and `applied` above it
+    /// (in increasing order; offsets at or below `next_offset` are left out).
+    pub fn with_applied(
+        topic: String,
+        next_offset: u64,
+        applied: impl IntoIterator<Item = u64>,
+    ) -> Self {
+        let mut prev = next_offset;
+        let applied_gaps = applied
+            .into_iter()
+            .filter(|&o| o > next_offset)
+            .map(|o| {
+                let gap = o - prev;
+                prev = o;
+                gap
+            })
+            .collect();
+        TopicOffset {
+            topic,
+            next_offset,
+            applied_gaps,
+        }
+    }
+
+    /// The offsets above `next_offset` that were applied, in increasing order.
+    pub fn applied_above(&self) -> impl Iterator<Item = u64> + '_ {
+        self.applied_gaps.iter().scan(self.next_offset, |o, gap| {
+            *o = o.saturating_add(*gap);
+            Some(*o)
+        })
+    }
 }
 
 /// The highest origin a downstream range applied from one upstream (topic, partition, range)
@@ -142,10 +181,11 @@ impl Progress {
             hash_id: HASH_ID,
             range_start: range.start,
             range_end: range.end,
-            offsets: vec![TopicOffset {
-                topic: topic.to_string(),
+            offsets: vec![TopicOffset::with_applied(
+                topic.to_string(),
                 next_offset,
-            }],
+                [],
+            )],
             changelog_offset: None,
             origins: Vec::new(),
             changelogs: Vec::new(),

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cache::{CacheBudget, Cached, RecordCache, Update};
-use crate::graph::{NodeKind, Topic, Topology};
+use crate::graph::{AsyncFn, AsyncOutput, NodeKind, Topic, Topology};
 use crate::processor::{
     ErasedProcessor, ErasedRecord, ProcessError, ProcessorHost, PunctuationType, RecordMeta,
 };
@@ -87,6 +87,22 @@ pub enum TaskError {
     },
 }
 
+/// A call an async stage made for the record being processed: the engine runs it (see
+/// [`TaskInstance::take_calls`]) and hands what it resolved to back with [`TaskInstance::resume`].
+pub struct AsyncCall {
+    /// The async stage's node.
+    pub node: usize,
+    record: ErasedRecord,
+    call: AsyncFn,
+}
+
+impl AsyncCall {
+    /// Starts the call; again for each retry (each attempt gets its own copy of the record).
+    pub fn start(&self) -> AsyncOutput {
+        (self.call)(self.record.clone())
+    }
+}
+
 struct Schedule {
     node: usize,
     interval_ms: i64,
@@ -111,6 +127,8 @@ pub struct TaskInstance {
     /// a repartition topic: a replay must send the same records there (origin dedup), and what
     /// the cache sends depends on when commits happen.
     cacheable: Vec<bool>,
+    /// Calls async stages made for the current record, in the order they were made.
+    calls: Vec<AsyncCall>,
 }
 
 struct Host<'a> {
@@ -239,6 +257,7 @@ impl TaskInstance {
             expiry,
             cache: None,
             cacheable,
+            calls: Vec::new(),
         })
     }
 
@@ -276,6 +295,30 @@ impl TaskInstance {
             env.set_routing_hash(h);
         }
         r
+    }
+
+    /// Takes the calls async stages made since the last take (for the record just processed).
+    pub fn take_calls(&mut self) -> Vec<AsyncCall> {
+        std::mem::take(&mut self.calls)
+    }
+
+    /// Sends what an async stage's call resolved to on to the stage's children.
+    pub fn resume(
+        &mut self,
+        node: usize,
+        outputs: Vec<ErasedRecord>,
+        meta: &RecordMeta,
+        env: &mut dyn TaskEnv,
+    ) -> Result<(), TaskError> {
+        for out in outputs {
+            self.deliver_to_children(node, out, meta, env)?;
+        }
+        Ok(())
+    }
+
+    /// The name of node `node`.
+    pub fn node_name(&self, node: usize) -> &str {
+        &self.topology.nodes[node].name
     }
 
     /// The sub-topology this instance runs.
@@ -458,6 +501,14 @@ impl TaskInstance {
                 self.run_node(node, meta, env, |p, host| p.process(record, host))
             }
             NodeKind::Source { .. } => self.deliver_to_children(node, record, meta, env),
+            NodeKind::Async { call } => {
+                self.calls.push(AsyncCall {
+                    node,
+                    record,
+                    call: Arc::clone(call),
+                });
+                Ok(())
+            }
         }
     }
 
@@ -547,7 +598,7 @@ fn reaches_internal_sink(topology: &Topology, node: usize) -> bool {
 }
 
 /// The message of a panic payload (`panic!` gives a `&str` or a `String`).
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())

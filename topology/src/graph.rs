@@ -6,9 +6,11 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::processor::{ErasedProcessor, ErasedRecord};
+use crate::processor::{ErasedProcessor, ErasedRecord, ProcessError};
 use crate::record::RawRecord;
 use crate::serdes::SerdeError;
 use crate::store::StoreKind;
@@ -57,6 +59,12 @@ pub type Extractor = Arc<dyn Fn(&ErasedRecord) -> i64 + Send + Sync>;
 /// Creates one processor instance per sub-task.
 pub type Supplier = Arc<dyn Fn() -> Box<dyn ErasedProcessor> + Send + Sync>;
 
+/// What one call of an async stage resolves to: the records the stage forwards.
+pub type AsyncOutput =
+    Pin<Box<dyn Future<Output = Result<Vec<ErasedRecord>, ProcessError>> + Send>>;
+/// Starts an async stage's call for one record (again for each retry).
+pub type AsyncFn = Arc<dyn Fn(ErasedRecord) -> AsyncOutput + Send + Sync>;
+
 /// What a node does.
 #[derive(Clone)]
 pub enum NodeKind {
@@ -77,6 +85,12 @@ pub enum NodeKind {
         supplier: Supplier,
         /// Stores the processor uses.
         stores: Vec<String>,
+    },
+    /// An async stage: a call per record that the engine runs on its async runtime; the
+    /// records it resolves to go on to the node's children (see `exec::AsyncCall`).
+    Async {
+        /// Starts the call for a record.
+        call: AsyncFn,
     },
     /// Serializes and writes records to a topic.
     Sink {
@@ -173,6 +187,14 @@ impl Topology {
         self.store_kinds.get(name).copied()
     }
 
+    /// Whether sub-topology `sub` has an async stage.
+    pub fn has_async(&self, sub: usize) -> bool {
+        self.sub_topologies[sub]
+            .nodes
+            .iter()
+            .any(|&n| matches!(self.nodes[n].kind, NodeKind::Async { .. }))
+    }
+
     /// Every store name.
     pub fn stores(&self) -> Vec<String> {
         self.sub_topologies
@@ -197,6 +219,7 @@ impl Topology {
                         format!("Processor (stores: {})", stores.join(", "))
                     }
                     NodeKind::Sink { topic, .. } => format!("Sink (topic: {topic})"),
+                    NodeKind::Async { .. } => "Async".to_string(),
                 };
                 let children: Vec<&str> = node
                     .children

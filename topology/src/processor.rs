@@ -92,6 +92,12 @@ pub enum ProcessError {
     /// The processor panicked; the panic was caught (the message is the panic's).
     #[error("processor panicked: {0}")]
     Panicked(String),
+    /// A failure worth trying again (a call of an async stage timed out, a service was briefly
+    /// unavailable): the call is retried up to `retry.max.attempts` times, with exponential
+    /// backoff from `retry.backoff.ms`, before the processing handler decides. Make one with
+    /// [`ProcessError::retryable`].
+    #[error("retryable failure: {0}")]
+    Retryable(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A `suppress` buffer configured with `shutdown_when_full` is full (Kafka Streams stops the
     /// same way).
     #[error("suppression buffer `{store}` is full ({limit}); raise the limit, use BufferConfig::unbounded(), or emit_early_when_full()")]
@@ -104,6 +110,13 @@ pub enum ProcessError {
     /// The topology was wired inconsistently (a bug in rill; please report it).
     #[error("internal error (please report): {0}")]
     Internal(String),
+}
+
+impl ProcessError {
+    /// A failure that an async stage retries before the processing handler decides.
+    pub fn retryable(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        ProcessError::Retryable(e.into())
+    }
 }
 
 /// The clock a punctuation follows.

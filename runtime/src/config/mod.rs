@@ -162,6 +162,8 @@ pub struct Config {
     pub deserialization_handler: RecordErrorHandler,
     /// Handling of records whose processing fails.
     pub processing_handler: RecordErrorHandler,
+    /// How async stages run their calls (`async.max.in.flight`, `retry.*`).
+    pub async_stages: crate::engine::config::AsyncConfig,
     /// Bound on the drain at shutdown.
     pub shutdown_timeout: Duration,
     /// What to do with an output record the producer refuses or the sink cannot serialize.
@@ -273,6 +275,15 @@ settings! {
     "processing.exception.handler" => processing_handler: RecordErrorHandler = RecordErrorHandler::Fail,
         shown "`fail`",
         doc "an input record whose processing returns an error or panics: `fail` stops with an error naming the record and the node; `log_and_continue` skips it; `dead_letter:<topic>` sends the raw input record with error headers to `<topic>`; both count it";
+    "async.max.in.flight" => async_max_in_flight: Whole<1> = Whole(1000),
+        shown "1000",
+        doc "calls of async stages (`map_values_async` and the like) one sub-task may have running at once; records of one key still run one at a time, in offset order";
+    "retry.max.attempts" => retry_max_attempts: Whole<1> = Whole(3),
+        shown "3",
+        doc "attempts of an async stage's call that fails with `ProcessError::Retryable` before `processing.exception.handler` decides (1: no retry)";
+    "retry.backoff.ms" => retry_backoff_ms: Whole<0> = Whole(100),
+        shown "100",
+        doc "the wait before an async call's second attempt, doubled before each further one (milliseconds)";
     "shutdown.timeout.ms" => shutdown_timeout_ms: Whole<1> = Whole(30_000),
         shown "30000",
         doc "bound on the drain at shutdown (milliseconds)";
@@ -497,6 +508,11 @@ impl ConfigBuilder {
             statestore_cache_max_bytes: s.statestore_cache_max_bytes.usize(),
             deserialization_handler: s.deserialization_handler,
             processing_handler: s.processing_handler,
+            async_stages: crate::engine::config::AsyncConfig {
+                max_in_flight: s.async_max_in_flight.usize(),
+                retry_max_attempts: u32::try_from(s.retry_max_attempts.0).unwrap_or(u32::MAX),
+                retry_backoff: Duration::from_millis(s.retry_backoff_ms.0),
+            },
             shutdown_timeout: Duration::from_millis(s.shutdown_timeout_ms.0),
             production_handler: s.production_handler,
             state_corruption_handler: s.state_corruption_handler,

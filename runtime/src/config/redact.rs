@@ -74,6 +74,18 @@ impl Config {
             self.processing_handler.to_string(),
         );
         put(
+            "async.max.in.flight",
+            self.async_stages.max_in_flight.to_string(),
+        );
+        put(
+            "retry.max.attempts",
+            self.async_stages.retry_max_attempts.to_string(),
+        );
+        put(
+            "retry.backoff.ms",
+            self.async_stages.retry_backoff.as_millis().to_string(),
+        );
+        put(
             "shutdown.timeout.ms",
             self.shutdown_timeout.as_millis().to_string(),
         );

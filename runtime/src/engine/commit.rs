@@ -182,7 +182,12 @@ impl Core {
             self.flush_cache(id, shared)?;
         }
         let dirty = self.state.as_ref().is_some_and(SubTaskState::is_dirty);
-        if self.processed == self.committed && !dirty {
+        let completed = self
+            .asyncs
+            .as_mut()
+            .is_some_and(|a| std::mem::take(&mut a.changed));
+        let next = self.next_offsets();
+        if next == self.committed && !dirty && !completed {
             return Ok(());
         }
         // 2. Seal state, progress and the outputs sent so far; send the changelog data.
@@ -198,14 +203,13 @@ impl Core {
             hash_id: HASH_ID,
             range_start: id.range.start,
             range_end: id.range.end,
-            offsets: self
-                .processed
+            offsets: next
                 .iter()
                 .enumerate()
                 .filter_map(|(i, o)| {
-                    o.map(|next_offset| TopicOffset {
-                        topic: names[i].clone(),
-                        next_offset,
+                    o.map(|next_offset| {
+                        let applied = self.applied_above[i].iter().copied();
+                        TopicOffset::with_applied(names[i].clone(), next_offset, applied)
                     })
                 })
                 .collect(),
@@ -235,7 +239,7 @@ impl Core {
                     names
                         .iter()
                         .position(|n| *n == c.topic)
-                        .and_then(|i| self.processed[i])
+                        .and_then(|i| next[i])
                         .is_none_or(|next| c.next_offset > next)
                 })
                 .cloned()
@@ -273,8 +277,7 @@ impl Core {
         let epoch = self.deliveries.seal();
         self.sealed = Some(Sealed {
             epoch,
-            next: self
-                .processed
+            next: next
                 .iter()
                 .enumerate()
                 .filter_map(|(i, o)| o.map(|o| (i, o)))
@@ -284,7 +287,7 @@ impl Core {
             sealed_at: std::time::Instant::now(),
             ready: false,
         });
-        self.committed = self.processed.clone();
+        self.committed = next;
         // 3. Move it along now when its records are already acknowledged (or must be waited for).
         self.advance_sealed(id, durable, shared)?;
         Ok(())
@@ -423,6 +426,8 @@ fn set_position(progress: &mut Progress, shared: &Shared, store: &str, slot: &At
     let next_offset = slot.load(Ordering::SeqCst) + 1;
     match progress.changelogs.iter_mut().find(|o| o.topic == topic) {
         Some(o) => o.next_offset = next_offset,
-        None => progress.changelogs.push(TopicOffset { topic, next_offset }),
+        None => progress
+            .changelogs
+            .push(TopicOffset::with_applied(topic, next_offset, [])),
     }
 }

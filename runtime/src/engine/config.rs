@@ -70,6 +70,29 @@ pub struct EngineConfig {
     /// Whether range commits complete only with the instance's Kafka transaction
     /// (`processing.guarantee=exactly_once_v2`, see the engine's `transaction` module).
     pub transactional: bool,
+    /// How async stages run their calls.
+    pub async_stages: AsyncConfig,
+}
+
+/// How async stages (`map_values_async` and the like) run their calls.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AsyncConfig {
+    /// Calls one sub-task may have running at once (`async.max.in.flight`).
+    pub max_in_flight: usize,
+    /// Attempts of a call that fails with a retryable error (`retry.max.attempts`).
+    pub retry_max_attempts: u32,
+    /// The wait before the second attempt, doubled before each further one (`retry.backoff.ms`).
+    pub retry_backoff: std::time::Duration,
+}
+
+impl Default for AsyncConfig {
+    fn default() -> Self {
+        AsyncConfig {
+            max_in_flight: 1000,
+            retry_max_attempts: 3,
+            retry_backoff: std::time::Duration::from_millis(100),
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -86,6 +109,7 @@ impl Default for EngineConfig {
             changelogs: false,
             cluster_id: String::new(),
             cache_max_bytes: 0,
+            async_stages: AsyncConfig::default(),
         }
     }
 }

@@ -113,6 +113,14 @@ impl Engine {
         if let Some(e) = self.failure() {
             return Err(EngineError::Stopped(e));
         }
+        if self.async_runtime.is_some() {
+            // Records in flight are not in a range's durable commit, and the switch does not
+            // read them again.
+            return Err(EngineError::Config {
+                key: "parallelising.factor",
+                message: "live changes are not supported with async stages yet: restart with the new parallelising.factor instead".into(),
+            });
+        }
         match partitions {
             Some(ps) => {
                 for p in ps {

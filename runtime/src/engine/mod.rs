@@ -14,6 +14,7 @@
 //! - [`changelog`]: the changelog records and why restore is exact; [`origin`]: de-duplication
 //!   across repartition topics; [`progress`]: per-range offsets and the low watermark.
 
+mod async_stage;
 pub mod changelog;
 pub mod commit;
 pub mod config;
@@ -100,6 +101,8 @@ pub(crate) struct Shared {
     metrics: crate::metrics::EngineMetrics,
     /// The budget of the record caches of all sub-tasks (see `rill_topology::cache`).
     record_cache: Arc<CacheBudget>,
+    /// Where async stages' calls run (`None` when the topology has no async stage).
+    async_runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Shared {
@@ -187,6 +190,8 @@ pub struct Engine {
     factors: HashMap<u32, usize>,
     /// The factor set by a live change of all partitions, replacing the configured one.
     default_factor: Option<usize>,
+    /// Owns the runtime of async stages' calls; dropped (shut down) before the sub-tasks.
+    async_runtime: Option<async_stage::AsyncRuntime>,
 }
 
 impl Engine {
@@ -252,6 +257,18 @@ impl Engine {
             windowed,
         );
         let record_cache = CacheBudget::new(config.cache_max_bytes);
+        let has_async = (0..topology.sub_topologies().len()).any(|s| topology.has_async(s));
+        if has_async && config.transactional {
+            return Err(EngineError::Config {
+                key: "processing.guarantee",
+                message: "async stages (map_values_async and the like) do not run under exactly_once_v2 yet: use at_least_once (state stays exactly once)".into(),
+            });
+        }
+        let async_runtime = if has_async {
+            Some(async_stage::AsyncRuntime::new()?)
+        } else {
+            None
+        };
         Ok(Engine {
             shared: Arc::new(Shared {
                 topology,
@@ -272,6 +289,7 @@ impl Engine {
                 stats: EngineStats::default(),
                 metrics,
                 record_cache,
+                async_runtime: async_runtime.as_ref().and_then(|r| r.handle()),
             }),
             db,
             tasks: BTreeMap::new(),
@@ -281,6 +299,7 @@ impl Engine {
             queue_limit: 0,
             factors: HashMap::new(),
             default_factor: None,
+            async_runtime,
         }
         .with_queue_limit())
     }
@@ -433,6 +452,8 @@ fn output_topics(topology: &Topology, config: &EngineConfig) -> Vec<String> {
 impl Drop for Engine {
     /// Waits (bounded) for running sub-task jobs, so their state is closed when this returns.
     fn drop(&mut self) {
+        // No call answers into a sub-task from now on.
+        self.async_runtime.take();
         for task in self.tasks.values_mut() {
             if let Some(mut restoring) = task.restoring.take() {
                 restoring.cancel.store(true, Ordering::SeqCst);
@@ -449,6 +470,8 @@ impl Drop for Engine {
     }
 }
 
+#[cfg(test)]
+mod async_tests;
 #[cfg(test)]
 mod cache_tests;
 #[cfg(test)]

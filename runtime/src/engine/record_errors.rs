@@ -80,6 +80,10 @@ impl Core {
         if let Some(node) = failed.node {
             dead.headers.add("rill.error.node", node);
         }
+        if let Some(attempts) = failed.attempts {
+            dead.headers
+                .add("rill.error.attempts", attempts.to_string());
+        }
         shared
             .sink
             .send(dlq, None, dead, self.deliveries.ticket())?;
@@ -96,6 +100,8 @@ pub(super) struct Failed<'a> {
     pub error: &'a str,
     /// The node that failed (`None`: the record did not deserialize).
     pub node: Option<&'a str>,
+    /// Attempts an async stage's call made (`None`: not an async call).
+    pub attempts: Option<u32>,
 }
 
 /// The outcome of work that no input record caused (a wall-clock punctuation, a cache flush):
@@ -130,7 +136,11 @@ pub(super) fn record_error_node<'e>(e: &'e TaskError, config: &EngineConfig) -> 
     match e {
         TaskError::Process {
             node,
-            source: ProcessError::User(_) | ProcessError::Panicked(_) | ProcessError::Serde(_),
+            source:
+                ProcessError::User(_)
+                | ProcessError::Retryable(_)
+                | ProcessError::Panicked(_)
+                | ProcessError::Serde(_),
         } => Some(node),
         _ => None,
     }

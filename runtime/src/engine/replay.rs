@@ -406,10 +406,11 @@ fn newest_per_hash<'p>(
 fn set_changelog_position(progress: &mut Progress, topic: &str, next_offset: u64) {
     match progress.changelogs.iter_mut().find(|o| o.topic == topic) {
         Some(o) => o.next_offset = next_offset,
-        None => progress.changelogs.push(TopicOffset {
-            topic: topic.to_string(),
+        None => progress.changelogs.push(TopicOffset::with_applied(
+            topic.to_string(),
             next_offset,
-        }),
+            [],
+        )),
     }
 }
 

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
@@ -35,6 +35,7 @@ pub struct Lineage {
     pub generation: i32,
 }
 
+use super::async_stage::{prune_below, AsyncStage, Completion, Launch};
 use super::commit::Sealed;
 use super::env::Env;
 use super::origin::{
@@ -89,14 +90,22 @@ pub(crate) enum Work {
     /// Under `exactly_once_v2`: seal what was processed for the instance's transaction, then
     /// park until it commits (see [`super::transaction`]). Queued at the front of the mailbox.
     Seal,
+    /// The answer of an async stage's call (see [`super::async_stage`]).
+    Completed(Completion),
 }
 
 /// The state only the running job touches (the commit steps in [`super::commit`] too).
 pub(crate) struct Core {
     pub(super) instance: TaskInstance,
     pub(super) state: Option<SubTaskState>,
-    /// Per source topic (by index): the offset after the last record processed.
+    /// Per source topic (by index): the offset after the last record processed (with an async
+    /// stage: taken from the mailbox; see [`Core::next_offsets`]).
     pub(super) processed: Vec<Option<u64>>,
+    /// Per source topic: offsets above the range's next offset that were applied already
+    /// (restored from the progress record, or completed out of order by an async stage).
+    pub(super) applied_above: Vec<BTreeSet<u64>>,
+    /// The async side, when the sub-topology has an async stage.
+    pub(super) asyncs: Option<AsyncStage>,
     /// Per source topic: the offset after the last record sealed or made durable.
     pub(super) committed: Vec<Option<u64>>,
     /// The sealed commit, if one waits for its outputs.
@@ -182,6 +191,7 @@ impl SubTask {
             shared.wall_clock_interval.fetch_min(ms, Ordering::Relaxed);
         }
         let mut committed = vec![None; topics];
+        let mut applied_above = vec![BTreeSet::new(); topics];
         let mut origins: BTreeMap<OriginKey, Vec<OriginEntry>> = BTreeMap::new();
         let mut resume = Vec::new();
         let mut carried = Vec::new();
@@ -190,6 +200,7 @@ impl SubTask {
             for o in &p.offsets {
                 if let Some(i) = names.iter().position(|n| *n == o.topic) {
                     committed[i] = Some(o.next_offset);
+                    applied_above[i].extend(o.applied_above());
                     resume.push((i, id.range, o.next_offset));
                 }
             }
@@ -221,6 +232,11 @@ impl SubTask {
             state,
             processed: committed.clone(),
             committed,
+            applied_above,
+            asyncs: shared
+                .topology
+                .has_async(id.sub_topology)
+                .then(|| AsyncStage::new(topics, shared.config.async_stages.clone())),
             sealed: None,
             deliveries,
             origins,
@@ -339,13 +355,20 @@ impl SubTask {
                     && !shared.abandoned.load(Ordering::Relaxed)
                     && !core.fence.is_fenced()
                 {
-                    if let Err(e) = core.handle(&self.id, work, &shared) {
+                    if let Err(e) = core.handle(&self.id, work, &shared, &Arc::downgrade(&self)) {
                         core.failed = true;
                         shared.fail(e);
                     }
                 }
                 if let Some(done) = done {
-                    let _ = done.send(());
+                    let failed = core.failed;
+                    match core.asyncs.as_mut().filter(|a| a.durable_pending()) {
+                        // Answered when the deferred commit is made.
+                        Some(stage) if !failed => stage.durable_waiters.push(done),
+                        _ => {
+                            let _ = done.send(());
+                        }
+                    }
                 }
                 if seal {
                     // Also when failed or fenced: the engine's barrier sees why, not a hang.
@@ -358,6 +381,16 @@ impl SubTask {
                 if let Err(e) = core.advance_sealed(&self.id, false, &shared) {
                     core.failed = true;
                     shared.fail(e);
+                }
+            }
+            // With an async stage, a record leaves the sub-task's queue when it starts.
+            let failed = core.failed || core.fence.is_fenced();
+            if let Some(stage) = core.asyncs.as_mut() {
+                records = stage.take_released();
+                if failed {
+                    for w in stage.durable_waiters.drain(..) {
+                        let _ = w.send(());
+                    }
                 }
             }
         }
@@ -374,9 +407,27 @@ impl SubTask {
 }
 
 impl Core {
-    fn handle(&mut self, id: &SubTaskId, work: Work, shared: &Shared) -> Result<(), EngineError> {
+    fn handle(
+        &mut self,
+        id: &SubTaskId,
+        work: Work,
+        shared: &Arc<Shared>,
+        me: &Weak<SubTask>,
+    ) -> Result<(), EngineError> {
         match work {
-            Work::Record(input) => self.process(id, input, shared),
+            Work::Record(input) if self.asyncs.is_some() => self.admit(id, input, shared, me),
+            Work::Record(input) => {
+                let (source, offset) = (input.source.index, input.offset);
+                if self.applied_above[source].remove(&offset) {
+                    // Applied before a restart (by an async stage of an earlier topology).
+                    shared.stats.count_skipped_duplicate();
+                    self.processed[source] = Some(offset + 1);
+                    return Ok(());
+                }
+                self.process(id, input, shared).map(|_| ())
+            }
+            Work::Completed(done) => self.complete(id, done, shared, me),
+            Work::Commit { durable: true, .. } if self.defer_durable_commit() => Ok(()),
             Work::Commit { durable, .. } => self.commit(id, durable, shared),
             Work::Seal => self.commit(id, false, shared),
             Work::Punctuate(now) => {
@@ -414,12 +465,14 @@ impl Core {
         Ok(())
     }
 
-    fn process(
+    /// Runs a record through the sub-topology; `Some` when it reached an async stage, whose
+    /// calls must run before the record completes.
+    pub(super) fn process(
         &mut self,
         id: &SubTaskId,
         input: Input,
         shared: &Shared,
-    ) -> Result<(), EngineError> {
+    ) -> Result<Option<Launch>, EngineError> {
         let source = &*input.source;
         let resolved = &source.name;
         let meta = RecordMeta {
@@ -437,7 +490,7 @@ impl Core {
                 if is_duplicate(entries, &o, input.hash) {
                     shared.stats.count_skipped_duplicate();
                     self.processed[source.index] = Some(input.offset + 1);
-                    return Ok(());
+                    return Ok(None);
                 }
                 record_applied(entries, &o, input.hash, id.range);
             }
@@ -453,6 +506,7 @@ impl Core {
                     offset: input.offset,
                     error: &e.to_string(),
                     node: None,
+                    attempts: None,
                 };
                 self.skip_undecodable(&failed, shared)?;
                 None
@@ -476,7 +530,12 @@ impl Core {
                 .instance
                 .process(&source.topic, record, &meta, &mut env);
             env.finish()?;
+            let calls = self.instance.take_calls();
             match r {
+                Ok(()) if !calls.is_empty() => {
+                    self.processed[source.index] = Some(input.offset + 1);
+                    return Ok(Some(Launch { calls, raw, meta }));
+                }
                 Ok(()) => {
                     shared.stats.count_processed();
                     if let Some(started) = started {
@@ -496,12 +555,36 @@ impl Core {
                         offset: input.offset,
                         error: &e.to_string(),
                         node: Some(node),
+                        attempts: None,
                     };
                     self.skip_failed(&failed, shared)?;
                 }
             }
         }
         self.processed[source.index] = Some(input.offset + 1);
-        Ok(())
+        Ok(None)
+    }
+
+    /// Counts a record processed from source `source` (`rill_records_processed_total`).
+    pub(super) fn count_processed(&mut self, source: usize) {
+        self.processed_total[source].increment(1);
+    }
+
+    /// Per source topic: the offset below which every record of the range was applied (the
+    /// lowest open offset of an async stage, else the offset after the last processed), and
+    /// the offsets above it applied too; drops listed offsets the range has passed.
+    pub(super) fn next_offsets(&mut self) -> Vec<Option<u64>> {
+        let next: Vec<Option<u64>> = (0..self.processed.len())
+            .map(|i| {
+                let open = self.asyncs.as_ref().and_then(|a| a.lowest_open(i));
+                open.or(self.processed[i])
+            })
+            .collect();
+        for (set, n) in self.applied_above.iter_mut().zip(&next) {
+            if let Some(n) = n {
+                prune_below(set, *n);
+            }
+        }
+        next
     }
 }

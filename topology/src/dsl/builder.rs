@@ -289,13 +289,15 @@ impl StreamsBuilder {
                         });
                     }
                 }
-                NodeKind::Sink { .. } => {}
+                NodeKind::Sink { .. } | NodeKind::Async { .. } => {}
             }
         }
         if source_topics.is_empty() {
             return Err(TopologyError::NoSource);
         }
         let sub_topologies = split_sub_topologies(&g.nodes, &nodes);
+        let parents: Vec<Vec<usize>> = g.nodes.iter().map(|d| d.parents.clone()).collect();
+        super::async_stage::validate(&nodes, &parents, &sub_topologies)?;
         Ok(Topology {
             nodes,
             sub_topologies,
@@ -358,6 +360,7 @@ fn split_sub_topologies(drafts: &[Draft], nodes: &[Node]) -> Vec<SubTopology> {
                 match &nodes[n].kind {
                     NodeKind::Source { topic, .. } => sub.sources.push((topic.clone(), n)),
                     NodeKind::Sink { topic, .. } => sub.sinks.push(topic.clone()),
+                    NodeKind::Async { .. } => {}
                     NodeKind::Processor { stores, .. } => {
                         for s in stores {
                             if !sub.stores.contains(s) {

@@ -46,6 +46,7 @@ use crate::serdes::{Serde, SerdeError};
 use crate::store::StoreKind;
 use crate::window::WindowError;
 
+pub mod async_stage;
 pub mod builder;
 pub mod grouped;
 pub mod join;
@@ -118,6 +119,29 @@ pub enum TopologyError {
     SuppressBufferNotStrict {
         /// The suppression's node.
         name: String,
+    },
+    /// Two async stages on one path from a source.
+    #[error("async stage `{node}` follows another async stage: await both calls in one future (async move {{ let a = first(v).await?; second(a).await }})")]
+    AsyncChained {
+        /// The second stage.
+        node: String,
+    },
+    /// A stateful node in a sub-topology with an async stage that a record can reach without
+    /// passing the stage.
+    #[error("node `{node}` keeps state but does not come after async stage `{stage}` of its sub-topology: state changes only once a record's call completed, so put the stateful step after the async stage")]
+    AsyncBesideState {
+        /// The stateful node.
+        node: String,
+        /// The async stage.
+        stage: String,
+    },
+    /// A sub-topology with an async stage reads or writes a repartition topic.
+    #[error("async stage `{stage}` shares its sub-topology with repartition topic {topic}: records complete out of offset order there, which repartition de-duplication cannot follow; write to a topic of your own and read it in another step")]
+    AsyncWithRepartition {
+        /// The repartition topic.
+        topic: String,
+        /// The async stage.
+        stage: String,
     },
     /// A serde needed by a node is not known.
     #[error("node `{node}` needs a {what} serde: the key or value type changed upstream; pass serdes explicitly ({hint})")]

@@ -1,0 +1,501 @@
+//! Async stages in a sub-task: records whose calls run on the engine's async runtime while the
+//! sub-task goes on with other keys.
+//!
+//! A record of a sub-topology with an async stage goes through three steps:
+//! 1. **admitted** (taken from the mailbox, in offset order): its offset becomes *open*; it
+//!    queues behind the record of its routing hash that is running, if any;
+//! 2. **started** when it is first of its hash and fewer than `async.max.in.flight` records
+//!    run: the sub-topology runs it up to the async stage, whose calls go to the runtime;
+//! 3. **completed** when its last call answered: the stage's children (the stateful part of
+//!    the sub-topology, see `rill_topology::dsl::async_stage`) run with what the calls resolved
+//!    to, in the order the calls were made, and the offset is closed.
+//!
+//! A range commit covers completed records only: its offset is the lowest open one, and the
+//! offsets above it that completed are listed in the progress record
+//! ([`rill_state::TopicOffset::applied_above`]), which the RocksDB progress and the changelog
+//! markers carry in full; a restart skips them. The Kafka commit metadata carries only the
+//! lowest open offset, so a range without state (which resumes from that metadata alone)
+//! runs the listed records again: its outputs are at least once, as always.
+//!
+//! Offsets listed stay bounded: a record waits to be admitted while a range lists
+//! [`MAX_APPLIED_ABOVE`] completed offsets above a stuck one.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use rill_topology::exec::{panic_message, AsyncCall, TaskError};
+use rill_topology::processor::{ErasedRecord, ProcessError, RecordMeta};
+use rill_topology::RawRecord;
+
+use super::config::AsyncConfig;
+use super::env::Env;
+use super::record_errors::{record_error_node, Failed};
+use super::subtask::{Core, Input, SubTask, SubTaskId, Work};
+use super::{EngineError, Shared, Source};
+
+/// Completed offsets a range may list above its lowest open one before it admits no more
+/// records (the progress record stays small: about 2 bytes per listed offset).
+pub(crate) const MAX_APPLIED_ABOVE: usize = 100_000;
+
+/// What [`Core::process`] leaves running: the calls of a record that reached an async stage.
+pub(crate) struct Launch {
+    pub calls: Vec<AsyncCall>,
+    pub raw: RawRecord,
+    pub meta: RecordMeta,
+}
+
+/// What a call resolved to.
+type Answer = Result<Vec<ErasedRecord>, ProcessError>;
+
+/// The answer of one call, back in the sub-task's mailbox.
+pub(crate) struct Completion {
+    source: usize,
+    offset: u64,
+    /// The call's position among its record's calls.
+    index: usize,
+    result: Answer,
+    attempts: u32,
+}
+
+/// A started record whose calls have not all answered.
+struct Running {
+    source: Arc<Source>,
+    hash: u64,
+    raw: RawRecord,
+    meta: RecordMeta,
+    nodes: Vec<usize>,
+    /// Per call: its answer and the attempts it took, once it answered.
+    results: Vec<Option<(Answer, u32)>>,
+    outstanding: usize,
+}
+
+/// The async side of one sub-task (present when its sub-topology has an async stage).
+pub(crate) struct AsyncStage {
+    config: AsyncConfig,
+    /// Per routing hash that has a record started or in `ready`: the records of that hash
+    /// admitted after it, in offset order. Invariant: at most one record per hash is started
+    /// or in `ready`, so the records of a key run one at a time, in offset order.
+    keys: HashMap<u64, VecDeque<Input>>,
+    /// Records first of their hash, waiting for fewer than `max_in_flight` to run.
+    ready: VecDeque<Input>,
+    /// Started records, by (source index, offset).
+    running: HashMap<(usize, u64), Running>,
+    /// Per source: offsets admitted and not completed. A commit's offset is the lowest one.
+    open: Vec<BTreeSet<u64>>,
+    /// Set when a record completed since the last commit.
+    pub(super) changed: bool,
+    /// Records that left the queue (started, or skipped) since the last take: the sub-task's
+    /// depth counts the records queued in it.
+    released: usize,
+    /// Set while a durable commit (a drain: revocation, shutdown) waits for the running calls;
+    /// no record starts meanwhile, so the commit covers every record started before it.
+    durable_pending: bool,
+    /// Who waits for that commit.
+    pub(super) durable_waiters: Vec<crossbeam_channel::Sender<()>>,
+}
+
+impl AsyncStage {
+    pub fn new(topics: usize, config: AsyncConfig) -> Self {
+        AsyncStage {
+            config,
+            keys: HashMap::new(),
+            ready: VecDeque::new(),
+            running: HashMap::new(),
+            open: vec![BTreeSet::new(); topics],
+            changed: false,
+            released: 0,
+            durable_pending: false,
+            durable_waiters: Vec::new(),
+        }
+    }
+
+    /// Records that left the queue since the last call.
+    pub fn take_released(&mut self) -> usize {
+        std::mem::take(&mut self.released)
+    }
+
+    /// The lowest open offset of source `source`.
+    pub fn lowest_open(&self, source: usize) -> Option<u64> {
+        self.open[source].first().copied()
+    }
+
+    /// Whether a durable commit waits for running calls.
+    pub fn durable_pending(&self) -> bool {
+        self.durable_pending
+    }
+
+    /// Whether a record waits to be admitted (see [`MAX_APPLIED_ABOVE`]).
+    fn full(&self, applied_above: &[BTreeSet<u64>]) -> bool {
+        applied_above.iter().any(|s| s.len() >= MAX_APPLIED_ABOVE)
+    }
+}
+
+impl Core {
+    /// Takes a record of a sub-topology with an async stage (step 1 of the module doc).
+    pub(super) fn admit(
+        &mut self,
+        id: &SubTaskId,
+        input: Input,
+        shared: &Arc<Shared>,
+        me: &Weak<SubTask>,
+    ) -> Result<(), EngineError> {
+        let (source, offset) = (input.source.index, input.offset);
+        self.processed[source] = Some(offset + 1);
+        let Some(stage) = self.asyncs.as_mut() else {
+            return Ok(());
+        };
+        if self.applied_above[source].contains(&offset) {
+            // Completed before a restart (listed in the progress record).
+            stage.released += 1;
+            shared.stats.count_skipped_duplicate();
+            return Ok(());
+        }
+        stage.open[source].insert(offset);
+        match stage.keys.get_mut(&input.hash) {
+            Some(behind) => behind.push_back(input),
+            None => {
+                stage.keys.insert(input.hash, VecDeque::new());
+                stage.ready.push_back(input);
+            }
+        }
+        self.start_ready(id, shared, me)
+    }
+
+    /// Starts ready records while fewer than `async.max.in.flight` run (step 2).
+    fn start_ready(
+        &mut self,
+        id: &SubTaskId,
+        shared: &Arc<Shared>,
+        me: &Weak<SubTask>,
+    ) -> Result<(), EngineError> {
+        loop {
+            let Some(stage) = self.asyncs.as_mut() else {
+                return Ok(());
+            };
+            if stage.running.len() >= stage.config.max_in_flight
+                || stage.durable_pending
+                || stage.full(&self.applied_above)
+            {
+                return Ok(());
+            }
+            let Some(input) = stage.ready.pop_front() else {
+                return Ok(());
+            };
+            stage.released += 1;
+            let source = Arc::clone(&input.source);
+            let (offset, hash) = (input.offset, input.hash);
+            match self.process(id, input, shared)? {
+                None => self.close(source.index, offset, hash),
+                Some(launch) => self.launch(source, offset, hash, launch, shared, me),
+            }
+        }
+    }
+
+    /// Sends a started record's calls to the runtime.
+    fn launch(
+        &mut self,
+        source: Arc<Source>,
+        offset: u64,
+        hash: u64,
+        launch: Launch,
+        shared: &Arc<Shared>,
+        me: &Weak<SubTask>,
+    ) {
+        let Some(stage) = self.asyncs.as_mut() else {
+            return;
+        };
+        let Launch { calls, raw, meta } = launch;
+        let index = source.index;
+        stage.running.insert(
+            (index, offset),
+            Running {
+                source,
+                hash,
+                raw,
+                meta,
+                nodes: calls.iter().map(|c| c.node).collect(),
+                results: calls.iter().map(|_| None).collect(),
+                outstanding: calls.len(),
+            },
+        );
+        for (i, call) in calls.into_iter().enumerate() {
+            spawn_call(shared, me, call, (index, offset, i), stage.config.clone());
+        }
+    }
+
+    /// Takes the answer of one call; once a record has all of them, completes it (step 3).
+    pub(super) fn complete(
+        &mut self,
+        id: &SubTaskId,
+        c: Completion,
+        shared: &Arc<Shared>,
+        me: &Weak<SubTask>,
+    ) -> Result<(), EngineError> {
+        let Some(stage) = self.asyncs.as_mut() else {
+            return Ok(());
+        };
+        let key = (c.source, c.offset);
+        let Some(running) = stage.running.get_mut(&key) else {
+            return Ok(());
+        };
+        if let Some(slot) = running.results.get_mut(c.index) {
+            if slot.replace((c.result, c.attempts)).is_none() {
+                running.outstanding -= 1;
+            }
+        }
+        if running.outstanding > 0 {
+            return Ok(());
+        }
+        let Some(running) = stage.running.remove(&key) else {
+            return Ok(());
+        };
+        self.finish_running(id, running, shared)?;
+        let drained = self
+            .asyncs
+            .as_mut()
+            .filter(|a| a.durable_pending && a.running.is_empty());
+        if let Some(stage) = drained {
+            stage.durable_pending = false;
+            let waiters = std::mem::take(&mut stage.durable_waiters);
+            let r = self.commit(id, true, shared);
+            for w in waiters {
+                let _ = w.send(());
+            }
+            r?;
+        }
+        self.start_ready(id, shared, me)
+    }
+
+    /// Defers a durable commit until the running calls answered; true when deferred.
+    pub(super) fn defer_durable_commit(&mut self) -> bool {
+        match self.asyncs.as_mut() {
+            Some(stage) if !stage.running.is_empty() => {
+                stage.durable_pending = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Runs the async stages' children with what a record's calls resolved to, or hands a
+    /// failed call to the processing handler; then closes the record.
+    fn finish_running(
+        &mut self,
+        id: &SubTaskId,
+        running: Running,
+        shared: &Arc<Shared>,
+    ) -> Result<(), EngineError> {
+        let Running {
+            source,
+            hash,
+            raw,
+            meta,
+            nodes,
+            results,
+            ..
+        } = running;
+        let offset = meta.offset;
+        let mut outcome: Result<(), TaskError> = Ok(());
+        let mut attempts = 0;
+        let mut answers = Vec::with_capacity(results.len());
+        for (node, result) in nodes.into_iter().zip(results) {
+            let Some((result, tries)) = result else {
+                continue;
+            };
+            attempts = attempts.max(tries);
+            match result {
+                Ok(outputs) => answers.push((node, outputs)),
+                Err(e) if outcome.is_ok() => {
+                    outcome = Err(TaskError::Process {
+                        node: self.instance.node_name(node).to_string(),
+                        source: e,
+                    })
+                }
+                Err(_) => {}
+            }
+        }
+        if outcome.is_ok() {
+            if let Some(state) = self.state.as_mut() {
+                state.set_routing_hash(hash);
+            }
+            let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
+            env.origin = Some((source.id, offset, hash));
+            for (node, outputs) in answers {
+                outcome = self.instance.resume(node, outputs, &meta, &mut env);
+                if outcome.is_err() {
+                    break;
+                }
+            }
+            env.finish()?;
+            if outcome.is_ok() && !self.instance.take_calls().is_empty() {
+                // `build` refuses a second async stage on a path; reaching one is a bug.
+                return Err(EngineError::Task {
+                    what: format!("{}-{} offset {offset}", source.name, id.partition),
+                    source: TaskError::Process {
+                        node: String::new(),
+                        source: ProcessError::Internal("an async stage after another".into()),
+                    },
+                });
+            }
+        }
+        match outcome {
+            Ok(()) => {
+                shared.stats.count_processed();
+                self.count_processed(source.index);
+            }
+            Err(e) => {
+                let _ = self.instance.take_calls();
+                let what = format!("{}-{} offset {offset}", source.name, id.partition);
+                let Some(node) = record_error_node(&e, &shared.config) else {
+                    return Err(EngineError::Task { what, source: e });
+                };
+                let failed = Failed {
+                    raw: &raw,
+                    topic: &source.name,
+                    partition: id.partition,
+                    offset,
+                    error: &e.to_string(),
+                    node: Some(node),
+                    attempts: Some(attempts),
+                };
+                self.skip_failed(&failed, shared)?;
+            }
+        }
+        self.close(source.index, offset, hash);
+        Ok(())
+    }
+
+    /// Closes a completed record's offset and readies the next record of its hash.
+    fn close(&mut self, source: usize, offset: u64, hash: u64) {
+        let Some(stage) = self.asyncs.as_mut() else {
+            return;
+        };
+        stage.open[source].remove(&offset);
+        let low = stage.open[source].first().copied();
+        if low.is_some_and(|low| low < offset) {
+            self.applied_above[source].insert(offset);
+        }
+        // What the lowest open offset passed needs no listing any more.
+        if let Some(floor) = low.or(self.processed[source]) {
+            prune_below(&mut self.applied_above[source], floor);
+        }
+        stage.changed = true;
+        if let Some(behind) = stage.keys.get_mut(&hash) {
+            match behind.pop_front() {
+                Some(next) => stage.ready.push_back(next),
+                None => {
+                    stage.keys.remove(&hash);
+                }
+            }
+        }
+    }
+}
+
+/// Drops the offsets of `set` below `floor`.
+pub(super) fn prune_below(set: &mut BTreeSet<u64>, floor: u64) {
+    while set.first().is_some_and(|&o| o < floor) {
+        set.pop_first();
+    }
+}
+
+/// Runs one call on the engine's async runtime, with retries, and sends its answer to the
+/// sub-task's mailbox. The call counts as work of the engine until its answer is queued, so
+/// `wait_idle` and a drain wait for it.
+fn spawn_call(
+    shared: &Arc<Shared>,
+    me: &Weak<SubTask>,
+    call: AsyncCall,
+    (source, offset, index): (usize, u64, usize),
+    config: AsyncConfig,
+) {
+    let Some(runtime) = shared.async_runtime.clone() else {
+        return;
+    };
+    shared.work_added(1);
+    // Weak: a call that outlives its sub-task (revoked, engine dropped) keeps nothing alive.
+    let (me, weak_shared) = (me.clone(), Arc::downgrade(shared));
+    runtime.spawn(async move {
+        let mut attempts = 0u32;
+        let result = loop {
+            attempts += 1;
+            let answer = match std::panic::catch_unwind(AssertUnwindSafe(|| call.start())) {
+                Ok(fut) => AssertUnwindSafe(fut)
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|p| Err(ProcessError::Panicked(panic_message(&*p)))),
+                Err(p) => Err(ProcessError::Panicked(panic_message(&*p))),
+            };
+            match answer {
+                Err(ProcessError::Retryable(e)) if attempts < config.retry_max_attempts => {
+                    tracing::debug!(offset, attempts, error = %e, "retrying an async call");
+                    tokio::time::sleep(backoff(config.retry_backoff, attempts)).await;
+                }
+                answer => break answer,
+            }
+        };
+        let Some(shared) = weak_shared.upgrade() else {
+            return;
+        };
+        if let Some(subtask) = me.upgrade() {
+            let done = Completion {
+                source,
+                offset,
+                index,
+                result,
+                attempts,
+            };
+            subtask.push(Work::Completed(done), &shared);
+        }
+        shared.work_done(1);
+    });
+}
+
+/// The engine's async runtime: calls of async stages run on it. Shut down without waiting
+/// when dropped (calls still running are abandoned: their records were not committed).
+pub(crate) struct AsyncRuntime(Option<tokio::runtime::Runtime>);
+
+impl AsyncRuntime {
+    /// Two worker threads: calls wait on I/O, the CPU work is the sub-tasks'.
+    pub fn new() -> Result<Self, EngineError> {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("rill-async")
+            .enable_all()
+            .build()
+            .map(|r| AsyncRuntime(Some(r)))
+            .map_err(|e| EngineError::Pool(format!("async runtime: {e}")))
+    }
+
+    pub fn handle(&self) -> Option<tokio::runtime::Handle> {
+        self.0.as_ref().map(|r| r.handle().clone())
+    }
+}
+
+impl Drop for AsyncRuntime {
+    fn drop(&mut self) {
+        if let Some(r) = self.0.take() {
+            r.shutdown_background();
+        }
+    }
+}
+
+/// The wait before retry `attempt` (1 for the first retry): `base`, doubled for each further one.
+fn backoff(base: Duration, attempt: u32) -> Duration {
+    base.saturating_mul(1u32 << (attempt - 1).min(16))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_saturates() {
+        let b = Duration::from_millis(100);
+        assert_eq!(backoff(b, 1), b);
+        assert_eq!(backoff(b, 3), Duration::from_millis(400));
+        assert!(backoff(b, 40) >= Duration::from_millis(100 * 65536));
+    }
+}

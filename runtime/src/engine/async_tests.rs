@@ -1,0 +1,407 @@
+//! Async stages in the engine: runs with random call durations, `async.max.in.flight`, factors
+//! and crashes must end in the state and final outputs of a sequential run, with per-key order
+//! kept; a slow call holds up only its key; retries and failed calls follow the handlers.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use rill_state::{StateConfig, StateDb};
+use rill_topology::prelude::*;
+use rill_topology::{key_hash, range_of, RawRecord};
+
+use super::config::AsyncConfig;
+use super::*;
+use crate::sink::MemorySink;
+
+/// `in` -> `map_values_async` (sleeps `delay(value)` ms) -> per key, the values joined in the
+/// order applied -> `out`.
+fn joining_topology() -> Arc<Topology> {
+    let b = StreamsBuilder::new();
+    b.stream("in", StringSerde, StringSerde)
+        .map_values_async(|v: String| async move {
+            tokio::time::sleep(Duration::from_millis(delay(&v))).await;
+            Ok(v)
+        })
+        .group_by_key_with(Grouped::with(StringSerde, StringSerde))
+        .reduce("joined", |a: String, b: String| format!("{a},{b}"))
+        .to_stream()
+        .to("out");
+    Arc::new(b.build().unwrap())
+}
+
+/// A call duration that varies from record to record: completions come out of offset order,
+/// and every 11th call is slow, so commits list offsets completed above it.
+fn delay(v: &str) -> u64 {
+    v.parse::<u64>().map_or(0, |i| {
+        if i % 11 == 0 {
+            15
+        } else {
+            (i * 37 + i / 3) % 3
+        }
+    })
+}
+
+fn raw(key: &str, value: &str) -> RawRecord {
+    RawRecord {
+        key: Some(key.as_bytes().to_vec()),
+        value: Some(value.as_bytes().to_vec()),
+        timestamp: 0,
+        headers: rill_topology::Headers::new(),
+    }
+}
+
+fn engine(
+    topology: Arc<Topology>,
+    db: Option<Arc<StateDb>>,
+    factor: usize,
+    config: AsyncConfig,
+    sink: Arc<MemorySink>,
+) -> Engine {
+    let config = EngineConfig {
+        parallelising_factor: factor,
+        worker_threads: 2,
+        mailbox_capacity: 64,
+        async_stages: config,
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(topology, config, db, sink, HashMap::new()).unwrap();
+    e.assign("in", 0, Resume::default()).unwrap();
+    e
+}
+
+fn open_db(dir: &Path) -> Arc<StateDb> {
+    StateDb::open(&StateConfig {
+        dir: dir.to_path_buf(),
+        memory_bytes: 8 << 20,
+    })
+    .unwrap()
+}
+
+/// Dispatches `input[from..to]` (offset = index), committing every `commit_every` records.
+fn feed(e: &mut Engine, input: &[(String, String)], to: usize, commit_every: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for (offset, (k, v)) in input.iter().enumerate().take(to) {
+        let mut r = raw(k, v);
+        loop {
+            match e.dispatch("in", 0, offset as u64, r).unwrap() {
+                Dispatch::Full(back) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "the engine stopped taking records"
+                    );
+                    r = back;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                _ => break,
+            }
+        }
+        if offset % commit_every == commit_every - 1 {
+            e.request_commit();
+        }
+    }
+}
+
+/// The last output per key.
+fn last_outputs(sink: &MemorySink, into: &mut BTreeMap<String, String>) {
+    for (_, r) in sink.take("out") {
+        let k = String::from_utf8(r.key.unwrap_or_default()).unwrap();
+        let v = String::from_utf8(r.value.unwrap_or_default()).unwrap();
+        into.insert(k, v);
+    }
+}
+
+/// Per key, its values in offset order, joined: what a sequential run ends with.
+fn oracle(input: &[(String, String)]) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
+    for (k, v) in input {
+        out.entry(k.clone())
+            .and_modify(|a| *a = format!("{a},{v}"))
+            .or_insert_with(|| v.clone());
+    }
+    out
+}
+
+fn run(
+    keys: &[u8],
+    factor: usize,
+    in_flight: usize,
+    crashes: &[usize],
+) -> Result<(), TestCaseError> {
+    let input: Vec<(String, String)> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (format!("k{k}"), i.to_string()))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Arc::new(MemorySink::new());
+    let config = AsyncConfig {
+        max_in_flight: in_flight,
+        ..AsyncConfig::default()
+    };
+    let mut outputs = BTreeMap::new();
+    let mut stops: Vec<usize> = crashes.iter().map(|c| c % (input.len() + 1)).collect();
+    stops.sort_unstable();
+    for stop in stops {
+        // A run that dies at a random moment: after `stop` records, with calls in flight.
+        let mut e = engine(
+            joining_topology(),
+            Some(open_db(dir.path())),
+            factor,
+            config.clone(),
+            sink.clone(),
+        );
+        feed(&mut e, &input, stop, 7);
+        // Commits while calls run, then the crash.
+        for _ in 0..(stop % 4) {
+            std::thread::sleep(Duration::from_millis(3));
+            e.request_commit();
+        }
+        std::thread::sleep(Duration::from_millis(2));
+        e.abandon();
+        drop(e);
+        last_outputs(&sink, &mut outputs);
+    }
+    let mut e = engine(
+        joining_topology(),
+        Some(open_db(dir.path())),
+        factor,
+        config,
+        sink.clone(),
+    );
+    feed(&mut e, &input, input.len(), 7);
+    prop_assert!(e.wait_idle(Duration::from_secs(60)), "the run finished");
+    prop_assert!(e.failure().is_none(), "{:?}", e.failure());
+    last_outputs(&sink, &mut outputs);
+    prop_assert_eq!(&outputs, &oracle(&input), "final output per key");
+    // The state too: every key's aggregate, in offset order, each record applied once.
+    for (k, joined) in oracle(&input) {
+        let stored = e.store_get("joined", k.as_bytes()).unwrap();
+        let stored = stored.map(|b| String::from_utf8_lossy(&b).into_owned());
+        prop_assert!(
+            stored.as_deref().is_some_and(|s| s.ends_with(&joined)),
+            "state of {}: {:?}, want {}",
+            k,
+            stored,
+            joined
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Random keys and call durations (so random completion orders), P and in-flight limits,
+    /// and up to three crashes with calls in flight: the end equals the sequential run.
+    #[test]
+    fn async_runs_end_as_the_sequential_run(
+        keys in proptest::collection::vec(0u8..6, 1..120),
+        factor in 1usize..4,
+        in_flight in 1usize..12,
+        crashes in proptest::collection::vec(0usize..200, 0..3),
+    ) {
+        run(&keys, factor, in_flight, &crashes)?;
+    }
+}
+
+/// A call that never answers holds up its own key only: the other keys of the same range go
+/// on, and the range's committed offset stays at the stuck record.
+#[test]
+fn a_slow_call_holds_up_only_its_key() {
+    let b = StreamsBuilder::new();
+    b.stream("in", StringSerde, StringSerde)
+        .map_values_async(|v: String| async move {
+            if v == "stuck" {
+                std::future::pending::<()>().await;
+            }
+            Ok(v)
+        })
+        .to_with("out", Produced::with(StringSerde, StringSerde));
+    let sink = Arc::new(MemorySink::new());
+    let topology = Arc::new(b.build().unwrap());
+    let mut e = engine(topology, None, 1, AsyncConfig::default(), sink.clone());
+    let mut input = vec![("a".to_string(), "stuck".to_string())];
+    input.extend((0..200).map(|i| (format!("k{}", i % 10), i.to_string())));
+    feed(&mut e, &input, input.len(), 1000);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut out = Vec::new();
+    while out.len() < 200 && Instant::now() < deadline {
+        out.extend(sink.take("out"));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(out.len(), 200, "every other key went on");
+    // Per key, the order of offsets.
+    let mut last: HashMap<Vec<u8>, u64> = HashMap::new();
+    for (_, r) in &out {
+        let v: u64 = String::from_utf8_lossy(r.value.as_deref().unwrap())
+            .parse()
+            .unwrap();
+        let k = r.key.clone().unwrap();
+        assert!(last.get(&k).is_none_or(|&p| p < v), "per-key order");
+        last.insert(k, v);
+    }
+    e.request_commit();
+    std::thread::sleep(Duration::from_millis(100));
+    let progress = e.collect_progress();
+    assert_eq!(
+        progress[0].low_watermark, 0,
+        "the stuck record is not committed"
+    );
+    e.abandon();
+}
+
+/// Keys of several ranges with in-flight limit 1 still make progress, each key in order.
+#[test]
+fn an_in_flight_limit_of_one_runs_one_call_at_a_time() {
+    let running = Arc::new(AtomicU32::new(0));
+    let most = Arc::new(AtomicU32::new(0));
+    let (r, m) = (running.clone(), most.clone());
+    let b = StreamsBuilder::new();
+    b.stream("in", StringSerde, StringSerde)
+        .map_values_async(move |v: String| {
+            let (r, m) = (r.clone(), m.clone());
+            async move {
+                let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+                m.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                r.fetch_sub(1, Ordering::SeqCst);
+                Ok(v)
+            }
+        })
+        .to_with("out", Produced::with(StringSerde, StringSerde));
+    let sink = Arc::new(MemorySink::new());
+    let config = AsyncConfig {
+        max_in_flight: 1,
+        ..AsyncConfig::default()
+    };
+    let mut e = engine(Arc::new(b.build().unwrap()), None, 1, config, sink.clone());
+    let input: Vec<(String, String)> = (0..50).map(|i| (format!("k{i}"), i.to_string())).collect();
+    feed(&mut e, &input, 50, 1000);
+    assert!(e.wait_idle(Duration::from_secs(30)));
+    assert_eq!(sink.take("out").len(), 50);
+    assert_eq!(most.load(Ordering::SeqCst), 1, "one call at a time");
+}
+
+/// A retryable error is retried with backoff; after `retry.max.attempts` the processing
+/// handler decides, and a dead-letter record says how many attempts were made.
+#[test]
+fn retryable_errors_are_retried_then_dead_lettered() {
+    let attempts = Arc::new(AtomicU32::new(0));
+    let a = attempts.clone();
+    let b = StreamsBuilder::new();
+    b.stream("in", StringSerde, StringSerde)
+        .map_values_async(move |v: String| {
+            let n = a.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                match v.as_str() {
+                    // Fails twice, then answers: within 3 attempts.
+                    "flaky" if n <= 2 => Err(ProcessError::retryable("briefly down")),
+                    "down" => Err(ProcessError::retryable("still down")),
+                    "panics" => panic!("a bug in the call"),
+                    _ => Ok(v),
+                }
+            }
+        })
+        .to_with("out", Produced::with(StringSerde, StringSerde));
+    let sink = Arc::new(MemorySink::new());
+    let config = EngineConfig {
+        processing_handler: RecordErrorHandler::DeadLetter("dlq".into()),
+        async_stages: AsyncConfig {
+            max_in_flight: 1,
+            retry_max_attempts: 3,
+            retry_backoff: Duration::from_millis(5),
+        },
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(
+        Arc::new(b.build().unwrap()),
+        config,
+        None,
+        sink.clone(),
+        HashMap::new(),
+    )
+    .unwrap();
+    e.assign("in", 0, Resume::default()).unwrap();
+    let input = [("k", "flaky"), ("k", "down"), ("k", "panics"), ("k", "ok")];
+    for (i, (k, v)) in input.iter().enumerate() {
+        let _ = e.dispatch("in", 0, i as u64, raw(k, v)).unwrap();
+    }
+    assert!(e.wait_idle(Duration::from_secs(30)));
+    assert!(e.failure().is_none(), "{:?}", e.failure());
+    let out: Vec<String> = sink
+        .take("out")
+        .into_iter()
+        .map(|(_, r)| String::from_utf8(r.value.unwrap()).unwrap())
+        .collect();
+    assert_eq!(out, ["flaky", "ok"], "per key in order, failures skipped");
+    let dead = sink.take("dlq");
+    assert_eq!(dead.len(), 2);
+    let header = |r: &RawRecord, name: &str| {
+        r.headers
+            .last(name)
+            .flatten()
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    };
+    assert_eq!(
+        header(&dead[0].1, "rill.error.attempts").as_deref(),
+        Some("3")
+    );
+    assert_eq!(
+        header(&dead[0].1, "rill.source.offset").as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        header(&dead[1].1, "rill.error.attempts").as_deref(),
+        Some("1")
+    );
+    assert!(header(&dead[1].1, "rill.error").is_some_and(|e| e.contains("a bug in the call")));
+    // flaky: 3 calls, down: 3, panics: 1, ok: 1.
+    assert_eq!(attempts.load(Ordering::SeqCst), 8);
+}
+
+/// Keys spread over ranges at P = 4 with per-key order: the outputs of each key are in offset
+/// order although calls of later records finish first.
+#[test]
+fn per_key_order_holds_across_ranges() {
+    let b = StreamsBuilder::new();
+    b.stream("in", StringSerde, StringSerde)
+        .map_values_async(|v: String| async move {
+            // Earlier records of a key take longer.
+            let i: u64 = v.parse().unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(10u64.saturating_sub(i / 10))).await;
+            Ok(v)
+        })
+        .to_with("out", Produced::with(StringSerde, StringSerde));
+    let sink = Arc::new(MemorySink::new());
+    let mut e = engine(
+        Arc::new(b.build().unwrap()),
+        None,
+        4,
+        AsyncConfig::default(),
+        sink.clone(),
+    );
+    let input: Vec<(String, String)> = (0..100)
+        .map(|i| (format!("k{}", i % 7), i.to_string()))
+        .collect();
+    feed(&mut e, &input, 100, 1000);
+    assert!(e.wait_idle(Duration::from_secs(30)));
+    let mut per_key: BTreeMap<Vec<u8>, Vec<u64>> = BTreeMap::new();
+    for (_, r) in sink.take("out") {
+        let v = String::from_utf8_lossy(r.value.as_deref().unwrap())
+            .parse()
+            .unwrap();
+        per_key.entry(r.key.unwrap()).or_default().push(v);
+    }
+    assert_eq!(per_key.len(), 7);
+    for (k, vs) in per_key {
+        let mut sorted = vs.clone();
+        sorted.sort_unstable();
+        assert_eq!(vs, sorted, "key {:?}", String::from_utf8_lossy(&k));
+        let r = range_of(key_hash(&k), 4);
+        assert!(r < 4);
+    }
+}
