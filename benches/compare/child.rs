@@ -31,11 +31,20 @@ pub(crate) fn arg_map(args: &[String]) -> BTreeMap<String, String> {
 
 pub(crate) fn child_rill(a: &BTreeMap<String, String>) {
     let (input, output) = (&a["input"], &a["output"]);
+    let set = std::env::var("RILL_BENCH_SET").unwrap_or_default();
+    // `bench.async=true` (not a rill key): S1's sleep awaited in an async stage.
+    let asynchronous = set.split(',').any(|kv| kv.trim() == "bench.async=true");
     let builder = StreamsBuilder::new();
     let s = builder
         .stream(input, StringSerde, StringSerde)
         .peek(|_, _| first_seen());
     match a["scenario"].as_str() {
+        "s1" if asynchronous => s
+            .map_values_async(|v: String| async move {
+                tokio::time::sleep(Duration::from_micros(sleep_of(&v))).await;
+                Ok(v)
+            })
+            .to_with(output, Produced::with(StringSerde, StringSerde)),
         "s1" => s
             .map_values(|v: String| {
                 std::thread::sleep(Duration::from_micros(sleep_of(&v)));
@@ -82,11 +91,8 @@ pub(crate) fn child_rill(a: &BTreeMap<String, String>) {
     if let Some(t) = a.get("threads") {
         cfg = cfg.set("worker.threads", t);
     }
-    for kv in std::env::var("RILL_BENCH_SET")
-        .unwrap_or_default()
-        .split(',')
-    {
-        if let Some((k, v)) = kv.split_once('=') {
+    for kv in set.split(',') {
+        if let Some((k, v)) = kv.split_once('=').filter(|(k, _)| !k.starts_with("bench.")) {
             cfg = cfg.set(k.trim(), v.trim());
         }
     }

@@ -97,6 +97,8 @@ pub(crate) enum Kind {
     },
     ParallelConsumer {
         concurrency: usize,
+        /// `KEY` or `UNORDERED` (its `ProcessingOrder`).
+        order: &'static str,
     },
     /// S4 only: the orchestrator produces straight to the topic it reads (no system).
     Direct,
@@ -141,8 +143,8 @@ impl System {
                 "kafka-streams 4.4.0, num.stream.threads={threads}, commit.interval.ms=100{}, other settings default (caching on, changelog on)",
                 if *eos { ", processing.guarantee=exactly_once_v2" } else { "" }
             ),
-            Kind::ParallelConsumer { concurrency } => {
-                format!("parallel-consumer-core 0.5.3.3 (kafka-clients 3.9.1), ProcessingOrder.KEY, maxConcurrency={concurrency}, pollAndProduce")
+            Kind::ParallelConsumer { concurrency, order } => {
+                format!("parallel-consumer-core 0.5.3.3 (kafka-clients 3.9.1), ProcessingOrder.{order}, maxConcurrency={concurrency}, pollAndProduce")
             }
             Kind::Direct => "no system: produce to the output topic and read it back (the measurement's floor)".into(),
         }
@@ -261,13 +263,14 @@ pub(crate) fn spawn(
             c
         }
         Kind::Direct => unreachable!("nothing to spawn"),
-        Kind::ParallelConsumer { concurrency } => {
+        Kind::ParallelConsumer { concurrency, order } => {
             let mut c = Command::new("java");
             c.arg("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn")
                 .arg("-jar")
                 .arg(ctx.jar(&sys.kind).expect("jar"))
                 .args([&ctx.bootstrap, tag, input, output])
-                .arg(concurrency.to_string());
+                .arg(concurrency.to_string())
+                .arg(order);
             c
         }
     };

@@ -60,6 +60,34 @@ pub(crate) fn goal_lines(all: &[ScenarioResult]) -> Vec<String> {
                 verdict(x >= 50.0)
             ));
         }
+        let sleeps = r
+            .params
+            .get("sum of sleeps")
+            .and_then(|s| s.trim_end_matches(" s").parse::<f64>().ok());
+        if let (Some(rill), Some(sleeps)) = (find(r, "rill async P=1, in flight 1000"), sleeps) {
+            // The physical limit at concurrency 1000: every sleep overlapped 1000-fold.
+            let limit = sleeps / 1000.0;
+            let pc_cpu = r
+                .systems
+                .iter()
+                .filter(|s| s.system.starts_with("Parallel Consumer"))
+                .filter_map(|s| s.median.as_ref())
+                .max_by(|a, b| a.records_per_s.total_cmp(&b.records_per_s));
+            let cpu_txt = match pc_cpu {
+                Some(pc) => format!(
+                    "; its CPU per record ÷ the fastest Parallel Consumer's = {:.2}x ({})",
+                    rill.cpu_s_per_m / pc.cpu_s_per_m,
+                    verdict(rill.cpu_s_per_m <= pc.cpu_s_per_m / 10.0)
+                ),
+                None => "; Parallel Consumer: no result".into(),
+            };
+            out.push(format!(
+                "- S1 async (issue 14 goal: within 2x the physical limit, sum of sleeps / 1000 = {limit:.3} s, at a tenth of Parallel Consumer's CPU per record): rill async P=1, in flight 1000 took {:.3} s = {:.1}x the limit ({}){cpu_txt}.",
+                rill.wall_s,
+                rill.wall_s / limit,
+                verdict(rill.wall_s <= 2.0 * limit)
+            ));
+        }
     }
     if let Some(r) = get("s2") {
         if let (Some(rill), Some(ks)) = (find(r, "rill P=1"), find(r, "Kafka Streams")) {

@@ -73,22 +73,59 @@ impl Sc {
             )
         };
         match self {
-            Sc::S1 => vec![
-                rill("rill P=1", 1, Some(64)),
-                rill("rill P=16", 16, Some(64)),
-                rill("rill P=64", 64, Some(64)),
-                System::new(
-                    "Kafka Streams",
-                    Kind::Streams {
-                        threads: 1,
-                        eos: false,
-                    },
-                ),
-                System::new(
-                    "Parallel Consumer",
-                    Kind::ParallelConsumer { concurrency: 64 },
-                ),
-            ],
+            Sc::S1 => {
+                let rill_async = |name: &str, p, set| {
+                    System::new(
+                        name,
+                        Kind::Rill {
+                            p,
+                            threads: None,
+                            set,
+                        },
+                    )
+                };
+                let pc = |name: &str, concurrency, order| {
+                    System::new(name, Kind::ParallelConsumer { concurrency, order })
+                };
+                vec![
+                    rill("rill P=1", 1, Some(64)),
+                    rill("rill P=16", 16, Some(64)),
+                    rill("rill P=64", 64, Some(64)),
+                    rill_async(
+                        "rill async P=1, in flight 64",
+                        1,
+                        "bench.async=true,async.max.in.flight=64",
+                    ),
+                    rill_async(
+                        "rill async P=1, in flight 1000",
+                        1,
+                        "bench.async=true,async.max.in.flight=1000",
+                    ),
+                    rill_async(
+                        "rill async P=16, in flight 64",
+                        16,
+                        "bench.async=true,async.max.in.flight=64",
+                    ),
+                    rill_async(
+                        "rill async P=16, in flight 1000",
+                        16,
+                        "bench.async=true,async.max.in.flight=1000",
+                    ),
+                    System::new(
+                        "Kafka Streams",
+                        Kind::Streams {
+                            threads: 1,
+                            eos: false,
+                        },
+                    ),
+                    pc("Parallel Consumer", 64, "KEY"),
+                    pc("Parallel Consumer KEY, 256", 256, "KEY"),
+                    pc("Parallel Consumer KEY, 1000", 1000, "KEY"),
+                    pc("Parallel Consumer UNORDERED, 64", 64, "UNORDERED"),
+                    pc("Parallel Consumer UNORDERED, 256", 256, "UNORDERED"),
+                    pc("Parallel Consumer UNORDERED, 1000", 1000, "UNORDERED"),
+                ]
+            }
             Sc::S2 => vec![
                 rill("rill P=1", 1, None),
                 streams("Kafka Streams", false),

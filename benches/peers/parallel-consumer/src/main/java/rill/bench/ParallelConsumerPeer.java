@@ -45,7 +45,7 @@ public final class ParallelConsumerPeer {
 
     public static void main(String[] args) throws Exception {
         if (args.length < 5) {
-            System.err.println("usage: BOOTSTRAP GROUP INPUT OUTPUT MAX_CONCURRENCY");
+            System.err.println("usage: BOOTSTRAP GROUP INPUT OUTPUT MAX_CONCURRENCY [KEY|UNORDERED|PARTITION]");
             System.exit(2);
         }
         String bootstrap = args[0], output = args[3];
@@ -62,7 +62,7 @@ public final class ParallelConsumerPeer {
         pr.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, StringSerializer.class);
 
         ParallelConsumerOptions<String, String> options = ParallelConsumerOptions.<String, String>builder()
-                .ordering(ProcessingOrder.KEY)
+                .ordering(ProcessingOrder.valueOf(args.length > 5 ? args[5] : "KEY"))
                 .maxConcurrency(Integer.parseInt(args[4]))
                 .consumer(new KafkaConsumer<>(c))
                 .producer(new KafkaProducer<>(pr))
