@@ -9,7 +9,11 @@
 //! cargo run --release --example orders                  # embedded cluster, feeds itself, Ctrl-C stops
 //! cargo run --release --example orders -- --seconds 20  # the same, stopping after 20 s
 //! RILL_BOOTSTRAP_SERVERS=127.0.0.1:9092 cargo run --release --example orders  # a real cluster
+//! cargo run --release --example orders -- --check-ms 20  # each order checked by an async call first
 //! ```
+//! `--check-ms N` puts an async stage before the aggregation: a fraud check per order (a call to a
+//! scoring service, simulated by a sleep of up to N ms) that runs while other customers' orders go
+//! on; each customer's orders still reach the total one at a time, in order.
 //! Settings also come from `--config FILE`, `RILL_CONFIG` and `RILL_*` variables.
 
 mod common;
@@ -44,12 +48,23 @@ struct CustomerTotals {
     largest_cents: i64,
 }
 
-/// The topology: orders by customer -> running totals -> `customer-totals`.
-fn topology() -> Result<Topology, TopologyError> {
+/// The topology: orders by customer (after an async check taking up to `check_ms`, when not 0)
+/// -> running totals -> `output`.
+fn topology(input: &str, output: &str, check_ms: u64) -> Result<Topology, TopologyError> {
     let builder = StreamsBuilder::new();
-    builder
-        .stream(INPUT, StringSerde, JsonSerde::<Order>::new())
-        .group_by_key()
+    let orders = builder.stream(input, StringSerde, JsonSerde::<Order>::new());
+    let checked = if check_ms == 0 {
+        orders
+    } else {
+        orders.map_values_async(move |order: Order| async move {
+            // The scoring service's answer time varies from order to order.
+            let ms = order.order_id.wrapping_mul(2_654_435_761) % (check_ms + 1);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok(order)
+        })
+    };
+    checked
+        .group_by_key_with(Grouped::with(StringSerde, JsonSerde::<Order>::new()))
         .aggregate(
             "customer-totals-store",
             CustomerTotals::default,
@@ -62,12 +77,12 @@ fn topology() -> Result<Topology, TopologyError> {
             JsonSerde::<CustomerTotals>::new(),
         )
         .to_stream()
-        .to(OUTPUT);
+        .to(output);
     builder.build()
 }
 
-/// Writes random orders for 20 customers until `stop`.
-fn feed(bootstrap: String, stop: Arc<AtomicBool>) -> Result<(), common::Error> {
+/// Writes random orders for 20 customers to `topic` until `stop`.
+fn feed(bootstrap: String, topic: String, stop: Arc<AtomicBool>) -> Result<(), common::Error> {
     let producer = common::input_producer(&bootstrap, 5)?;
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     let mut order_id = 0;
@@ -82,7 +97,7 @@ fn feed(bootstrap: String, stop: Arc<AtomicBool>) -> Result<(), common::Error> {
             amount_cents: (seed % 10_000) as i64 + 100,
         };
         let json = serde_json::to_vec(&order)?;
-        common::send(&producer, INPUT, Some(order.customer.as_bytes()), &json)?;
+        common::send(&producer, &topic, Some(order.customer.as_bytes()), &json)?;
         if order_id % 100 == 0 {
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -90,11 +105,11 @@ fn feed(bootstrap: String, stop: Arc<AtomicBool>) -> Result<(), common::Error> {
     Ok(common::flush(&producer)?)
 }
 
-/// Prints the latest totals every two seconds until `stop`.
-fn show(bootstrap: String, stop: Arc<AtomicBool>) -> Result<(), common::Error> {
+/// Prints the latest totals of `topic` every two seconds until `stop`.
+fn show(bootstrap: String, topic: String, stop: Arc<AtomicBool>) -> Result<(), common::Error> {
     let mut latest: BTreeMap<String, CustomerTotals> = BTreeMap::new();
     let mut last = Instant::now();
-    common::read(&bootstrap, OUTPUT, &stop, |k, v| {
+    common::read(&bootstrap, &topic, &stop, |k, v| {
         if let Ok(t) = serde_json::from_slice(v) {
             latest.insert(String::from_utf8_lossy(k).into_owned(), t);
         }
@@ -120,6 +135,15 @@ struct Cli {
     /// Stop after this many seconds (default: run until Ctrl-C)
     #[arg(long)]
     seconds: Option<u64>,
+    /// Check each order with an async call taking up to this many milliseconds (0: no check)
+    #[arg(long = "check-ms", default_value_t = 0)]
+    check_ms: u64,
+    /// Input topic
+    #[arg(long, default_value = INPUT)]
+    input: String,
+    /// Output topic
+    #[arg(long, default_value = OUTPUT)]
+    output: String,
     #[command(flatten)]
     service: common::ServiceArgs,
 }
@@ -133,22 +157,23 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .set("parallelising.factor", 4)
         .with_config_file_and_env(cli.service.config.as_deref())
         .build()?;
-    let runtime = Runtime::new(topology()?, config)?;
+    let runtime = Runtime::new(topology(&cli.input, &cli.output, cli.check_ms)?, config)?;
     let Some(cluster) = runtime.embedded() else {
         return Ok(runtime.run_until_signal()?);
     };
-    cluster.create_topic(INPUT, 2)?;
-    cluster.create_topic(OUTPUT, 2)?;
+    cluster.create_topic(&cli.input, 2)?;
+    cluster.create_topic(&cli.output, 2)?;
     let stop = Arc::new(AtomicBool::new(false));
     let bootstrap = runtime.bootstrap_servers().to_string();
-    let helpers = [feed as fn(_, _) -> _, show].map(|f| {
-        let (b, s) = (bootstrap.clone(), stop.clone());
-        std::thread::spawn(move || {
-            if let Err(e) = f(b, s) {
-                eprintln!("example helper failed: {e}");
-            }
-        })
-    });
+    let helpers =
+        [(feed as fn(_, _, _) -> _, &cli.input), (show, &cli.output)].map(|(f, topic)| {
+            let (b, t, s) = (bootstrap.clone(), topic.clone(), stop.clone());
+            std::thread::spawn(move || {
+                if let Err(e) = f(b, t, s) {
+                    eprintln!("example helper failed: {e}");
+                }
+            })
+        });
     let running = runtime.start()?;
     match seconds {
         Some(s) => {
