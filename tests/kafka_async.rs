@@ -89,7 +89,9 @@ fn async_totals_are_exact_across_sigkills_and_a_lost_state_dir() {
     let batches: Vec<Vec<Order>> = (0..24)
         .map(|_| batch(&mut rng, &mut next_id, 250))
         .collect();
-    let all: Vec<Order> = batches.iter().flatten().cloned().collect();
+    // Sent after the last start, on the empty state dir: right totals then need the restore.
+    let last = batch(&mut rng, &mut next_id, 400);
+    let all: Vec<Order> = batches.iter().flatten().chain(&last).cloned().collect();
     let topic = input.clone();
     let producer = std::thread::spawn(move || {
         for b in batches {
@@ -118,11 +120,17 @@ fn async_totals_are_exact_across_sigkills_and_a_lost_state_dir() {
     kill(&mut child);
     std::fs::remove_dir_all(&service.state_dir).expect("remove the state dir");
     child = service.spawn();
+    produce(&input, &encode(&last));
 
     let steps = prefixes(&all);
     let want: HashMap<Vec<u8>, CustomerTotals> = steps
         .iter()
-        .map(|(c, s)| (c.clone().into_bytes(), s.last().cloned().unwrap_or_default()))
+        .map(|(c, s)| {
+            (
+                c.clone().into_bytes(),
+                s.last().cloned().unwrap_or_default(),
+            )
+        })
         .collect();
     let decode = |v: &[u8]| serde_json::from_slice::<CustomerTotals>(v).ok();
     let (latest, read) = read_until(&output, Duration::from_secs(240), |latest| {
@@ -130,16 +138,19 @@ fn async_totals_are_exact_across_sigkills_and_a_lost_state_dir() {
             .all(|(k, t)| latest.get(k).and_then(|v| decode(v)).as_ref() == Some(t))
     });
     let clean = terminate(&mut child);
-    let log = service.log_tail(40);
+    let log = service.log_tail(12);
     let wrong: Vec<_> = want
         .iter()
         .filter(|(k, t)| latest.get(*k).and_then(|v| decode(v)).as_ref() != Some(*t))
-        .map(|(k, t)| (String::from_utf8_lossy(k).into_owned(), t.orders))
+        .map(|(k, t)| {
+            let got = latest.get(k).and_then(|v| decode(v));
+            (String::from_utf8_lossy(k).into_owned(), t.clone(), got)
+        })
         .take(10)
         .collect();
     assert!(
         wrong.is_empty(),
-        "after {kills} SIGKILLs and a lost state dir, totals are wrong (customer, orders wanted; first 10): {wrong:?}; log:\n{log}"
+        "after {kills} SIGKILLs and a lost state dir, totals are wrong (customer, wanted, got; first 10): {wrong:?}; log:\n{log}"
     );
     for (k, v) in &read {
         let customer = String::from_utf8_lossy(k).into_owned();
@@ -158,5 +169,5 @@ fn async_totals_are_exact_across_sigkills_and_a_lost_state_dir() {
         steps.len(),
         read.len()
     );
-    assert!(clean, "SIGTERM must drain, commit and exit 0");
+    assert!(clean, "SIGTERM must drain, commit and exit 0; log:\n{log}");
 }

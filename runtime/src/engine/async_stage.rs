@@ -143,7 +143,7 @@ impl Core {
         me: &Weak<SubTask>,
     ) -> Result<(), EngineError> {
         let (source, offset) = (input.source.index, input.offset);
-        self.processed[source] = Some(offset + 1);
+        self.advance_processed(source, offset);
         let Some(stage) = self.asyncs.as_mut() else {
             return Ok(());
         };

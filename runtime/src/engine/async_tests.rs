@@ -155,6 +155,12 @@ fn run(
             sink.clone(),
         );
         feed(&mut e, &input, stop, 7);
+        if stop % 3 == 0 {
+            // Every call answered: the commit covers all that was dispatched.
+            prop_assert!(e.wait_idle(Duration::from_secs(60)));
+            e.request_commit();
+            prop_assert!(e.wait_idle(Duration::from_secs(60)));
+        }
         // Commits while calls run, then the crash.
         for _ in 0..(stop % 4) {
             std::thread::sleep(Duration::from_millis(3));

@@ -421,7 +421,7 @@ impl Core {
                 if self.applied_above[source].remove(&offset) {
                     // Applied before a restart (by an async stage of an earlier topology).
                     shared.stats.count_skipped_duplicate();
-                    self.processed[source] = Some(offset + 1);
+                    self.advance_processed(source, offset);
                     return Ok(());
                 }
                 self.process(id, input, shared).map(|_| ())
@@ -489,7 +489,7 @@ impl Core {
                     .or_default();
                 if is_duplicate(entries, &o, input.hash) {
                     shared.stats.count_skipped_duplicate();
-                    self.processed[source.index] = Some(input.offset + 1);
+                    self.advance_processed(source.index, input.offset);
                     return Ok(None);
                 }
                 record_applied(entries, &o, input.hash, id.range);
@@ -533,7 +533,7 @@ impl Core {
             let calls = self.instance.take_calls();
             match r {
                 Ok(()) if !calls.is_empty() => {
-                    self.processed[source.index] = Some(input.offset + 1);
+                    self.advance_processed(source.index, input.offset);
                     return Ok(Some(Launch { calls, raw, meta }));
                 }
                 Ok(()) => {
@@ -561,8 +561,15 @@ impl Core {
                 }
             }
         }
-        self.processed[source.index] = Some(input.offset + 1);
+        self.advance_processed(source.index, input.offset);
         Ok(None)
+    }
+
+    /// Notes that the record at `offset` of `source` was taken. Never goes back: with an async
+    /// stage, records of a busy key start after later ones.
+    pub(super) fn advance_processed(&mut self, source: usize, offset: u64) {
+        let p = &mut self.processed[source];
+        *p = Some(p.map_or(offset + 1, |p| p.max(offset + 1)));
     }
 
     /// Counts a record processed from source `source` (`rill_records_processed_total`).
