@@ -9,6 +9,8 @@
 //! - [`factor`]: a live change of the parallelising factor;
 //! - [`dispatch`]: records to sub-tasks by key range, skipping what a range applied, backpressure;
 //! - `subtask`: scheduling of one sub-task on the worker pool, and processing a record;
+//!   `async_stage`: records whose async calls run while the sub-task goes on (per-key order,
+//!   commits of completed records);
 //! - [`commit`]: the range commit (individual commit), from the request to the Kafka offsets;
 //!   [`transaction`]: how range commits meet in one Kafka transaction under `exactly_once_v2`;
 //! - [`changelog`]: the changelog records and why restore is exact; [`origin`]: de-duplication
