@@ -69,6 +69,10 @@ pub const COMMIT_METADATA_OVERFLOW: &str = "rill_commit_metadata_overflow_total"
 pub const TRANSACTION_COMMIT_LATENCY: &str = "rill_transaction_commit_latency_seconds";
 /// Kafka transactions aborted under `exactly_once_v2`.
 pub const TRANSACTION_ABORTS: &str = "rill_transaction_aborts_total";
+/// Calls of async stages running now (started, not answered), over the process.
+pub const ASYNC_CALLS_IN_FLIGHT: &str = "rill_async_calls_in_flight";
+/// Calls of async stages tried again after a retryable error.
+pub const ASYNC_RETRIES: &str = "rill_async_retries_total";
 
 /// Every metric name above (the README's metric table is checked against it).
 pub const ALL: &[&str] = &[
@@ -93,6 +97,8 @@ pub const ALL: &[&str] = &[
     COMMIT_METADATA_OVERFLOW,
     TRANSACTION_COMMIT_LATENCY,
     TRANSACTION_ABORTS,
+    ASYNC_CALLS_IN_FLIGHT,
+    ASYNC_RETRIES,
 ];
 
 /// Bucket bounds of [`PROCESS_LATENCY`], in seconds: 5 µs to 10 s.
@@ -284,6 +290,16 @@ fn describe() {
         Unit::Count,
         "Under exactly_once_v2: transactions aborted (their work is rolled back and processed again)."
     );
+    describe_gauge!(
+        ASYNC_CALLS_IN_FLIGHT,
+        Unit::Count,
+        "Calls of async stages (map_values_async and the like) running now, over the process."
+    );
+    describe_counter!(
+        ASYNC_RETRIES,
+        Unit::Count,
+        "Calls of async stages tried again after a retryable error (retry.max.attempts)."
+    );
 }
 
 /// Counts `n` changelog records restored into `store` (for the changelog restore).
@@ -377,6 +393,10 @@ pub(crate) struct EngineMetrics {
     pub process_latency: metrics::Histogram,
     /// [`SUBTASKS`].
     pub subtasks: Gauge,
+    /// [`ASYNC_CALLS_IN_FLIGHT`].
+    pub async_in_flight: Gauge,
+    /// [`ASYNC_RETRIES`].
+    pub async_retries: Counter,
     /// [`ROCKSDB_BLOCK_CACHE_USAGE`].
     pub block_cache: Gauge,
     /// [`ROCKSDB_MEMTABLE`].
@@ -411,11 +431,14 @@ impl EngineMetrics {
         }
         metrics::counter!(REBALANCES).increment(0);
         metrics::counter!(COMMIT_METADATA_OVERFLOW).increment(0);
+        metrics::counter!(ASYNC_RETRIES).increment(0);
         EngineMetrics {
             commits: metrics::counter!(COMMITS),
             commit_latency: metrics::histogram!(COMMIT_LATENCY),
             process_latency: metrics::histogram!(PROCESS_LATENCY),
             subtasks: metrics::gauge!(SUBTASKS),
+            async_in_flight: metrics::gauge!(ASYNC_CALLS_IN_FLIGHT),
+            async_retries: metrics::counter!(ASYNC_RETRIES),
             block_cache: metrics::gauge!(ROCKSDB_BLOCK_CACHE_USAGE),
             memtables: metrics::gauge!(ROCKSDB_MEMTABLE),
             produced: outputs

@@ -415,6 +415,11 @@ fn spawn_call(
         return;
     };
     shared.work_added(1);
+    let (in_flight, retries) = (
+        shared.metrics.async_in_flight.clone(),
+        shared.metrics.async_retries.clone(),
+    );
+    in_flight.increment(1.0);
     // Weak: a call that outlives its sub-task (revoked, engine dropped) keeps nothing alive.
     let (me, weak_shared) = (me.clone(), Arc::downgrade(shared));
     runtime.spawn(async move {
@@ -431,11 +436,13 @@ fn spawn_call(
             match answer {
                 Err(ProcessError::Retryable(e)) if attempts < config.retry_max_attempts => {
                     tracing::debug!(offset, attempts, error = %e, "retrying an async call");
+                    retries.increment(1);
                     tokio::time::sleep(backoff(config.retry_backoff, attempts)).await;
                 }
                 answer => break answer,
             }
         };
+        in_flight.decrement(1.0);
         let Some(shared) = weak_shared.upgrade() else {
             return;
         };

@@ -43,8 +43,7 @@ impl KafkaChangelogReader {
         cancel: &AtomicBool,
         visit: &mut dyn FnMut(u64, RawRecord) -> Result<(), EngineError>,
     ) -> Result<u64, ReadError> {
-        let consumer: BaseConsumer = self.config.create()?;
-        let (low, high) = watermarks(&consumer, topic, partition, cancel)?;
+        let (consumer, (low, high)) = watermarks(&self.config, topic, partition, cancel)?;
         let start = (from as i64).max(low);
         if start >= high {
             return Ok(0);
@@ -93,18 +92,21 @@ impl KafkaChangelogReader {
     }
 }
 
-/// The low and high watermarks of a changelog partition, retried while the broker is away or
-/// its partition has no leader yet (a broker that just came back re-registers its partitions).
+/// A consumer and the low and high watermarks of a changelog partition, retried while the
+/// broker is away or its partition has no leader yet (a broker that just came back
+/// re-registers its partitions). Each try has a new consumer: one that saw the partition
+/// missing keeps that metadata cached, and would answer "unknown partition" for minutes.
 fn watermarks(
-    consumer: &BaseConsumer,
+    config: &ClientConfig,
     topic: &str,
     partition: u32,
     cancel: &AtomicBool,
-) -> Result<(i64, i64), ReadError> {
+) -> Result<(BaseConsumer, (i64, i64)), ReadError> {
     let start = Instant::now();
     loop {
+        let consumer: BaseConsumer = config.create()?;
         match consumer.fetch_watermarks(topic, partition as i32, Duration::from_secs(5)) {
-            Ok(w) => return Ok(w),
+            Ok(w) => return Ok((consumer, w)),
             Err(e) if is_restore_transient(&e) && start.elapsed() < READ_TIMEOUT => {
                 if cancel.load(Ordering::SeqCst) {
                     return Err(cancelled(topic, partition).into());
