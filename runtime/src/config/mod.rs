@@ -284,6 +284,9 @@ settings! {
     "retry.backoff.ms" => retry_backoff_ms: Whole<0> = Whole(100),
         shown "100",
         doc "the wait before an async call's second attempt, doubled before each further one (milliseconds)";
+    "processing.order" => processing_order: crate::engine::config::ProcessingOrder = crate::engine::config::ProcessingOrder::Key,
+        shown "`key`",
+        doc "async stages: `key` runs the records of one key one at a time, in offset order; `unordered` runs any records at once (Parallel Consumer's UNORDERED), in sub-topologies without state only (a stateful one keeps per-key order); outputs of a key may then come out of order";
     "shutdown.timeout.ms" => shutdown_timeout_ms: Whole<1> = Whole(30_000),
         shown "30000",
         doc "bound on the drain at shutdown (milliseconds)";
@@ -512,6 +515,7 @@ impl ConfigBuilder {
                 max_in_flight: s.async_max_in_flight.usize(),
                 retry_max_attempts: u32::try_from(s.retry_max_attempts.0).unwrap_or(u32::MAX),
                 retry_backoff: Duration::from_millis(s.retry_backoff_ms.0),
+                order: s.processing_order,
             },
             shutdown_timeout: Duration::from_millis(s.shutdown_timeout_ms.0),
             production_handler: s.production_handler,

@@ -85,6 +85,7 @@ impl Config {
             "retry.backoff.ms",
             self.async_stages.retry_backoff.as_millis().to_string(),
         );
+        put("processing.order", self.async_stages.order.to_string());
         put(
             "shutdown.timeout.ms",
             self.shutdown_timeout.as_millis().to_string(),

@@ -101,6 +101,17 @@ impl Setting for ProcessingGuarantee {
     }
 }
 
+impl Setting for crate::engine::config::ProcessingOrder {
+    fn parse(text: &str) -> Result<Self, String> {
+        use crate::engine::config::ProcessingOrder;
+        match text {
+            "key" => Ok(ProcessingOrder::Key),
+            "unordered" => Ok(ProcessingOrder::Unordered),
+            _ => Err("key or unordered".into()),
+        }
+    }
+}
+
 impl Setting for MetricsAddr {
     fn parse(text: &str) -> Result<Self, String> {
         if text == "off" {

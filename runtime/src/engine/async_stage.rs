@@ -30,7 +30,7 @@ use rill_topology::exec::{panic_message, AsyncCall, TaskError};
 use rill_topology::processor::{ErasedRecord, ProcessError, RecordMeta};
 use rill_topology::RawRecord;
 
-use super::config::AsyncConfig;
+use super::config::{AsyncConfig, ProcessingOrder};
 use super::env::Env;
 use super::record_errors::{record_error_node, Failed};
 use super::subtask::{Core, Input, SubTask, SubTaskId, Work};
@@ -75,6 +75,8 @@ struct Running {
 /// The async side of one sub-task (present when its sub-topology has an async stage).
 pub(crate) struct AsyncStage {
     config: AsyncConfig,
+    /// `processing.order=unordered` in a sub-topology without state: no per-key queue.
+    unordered: bool,
     /// Per routing hash that has a record started or in `ready`: the records of that hash
     /// admitted after it, in offset order. Invariant: at most one record per hash is started
     /// or in `ready`, so the records of a key run one at a time, in offset order.
@@ -98,8 +100,11 @@ pub(crate) struct AsyncStage {
 }
 
 impl AsyncStage {
-    pub fn new(topics: usize, config: AsyncConfig) -> Self {
+    /// The stage of a sub-task reading `topics` topics; `stateless` when its sub-topology has
+    /// no store (only then may `processing.order=unordered` lift per-key order).
+    pub fn new(topics: usize, config: AsyncConfig, stateless: bool) -> Self {
         AsyncStage {
+            unordered: stateless && config.order == ProcessingOrder::Unordered,
             config,
             keys: HashMap::new(),
             ready: VecDeque::new(),
@@ -154,6 +159,10 @@ impl Core {
             return Ok(());
         }
         stage.open[source].insert(offset);
+        if stage.unordered {
+            stage.ready.push_back(input);
+            return self.start_ready(id, shared, me);
+        }
         match stage.keys.get_mut(&input.hash) {
             Some(behind) => behind.push_back(input),
             None => {

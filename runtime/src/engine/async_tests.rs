@@ -61,6 +61,18 @@ fn engine(
     config: AsyncConfig,
     sink: Arc<MemorySink>,
 ) -> Engine {
+    engine_at(topology, db, factor, config, sink, Resume::default())
+}
+
+/// [`engine`], resuming as an offset commit says.
+fn engine_at(
+    topology: Arc<Topology>,
+    db: Option<Arc<StateDb>>,
+    factor: usize,
+    config: AsyncConfig,
+    sink: Arc<MemorySink>,
+    resume: Resume,
+) -> Engine {
     let config = EngineConfig {
         parallelising_factor: factor,
         worker_threads: 2,
@@ -69,7 +81,7 @@ fn engine(
         ..EngineConfig::default()
     };
     let mut e = Engine::new(topology, config, db, sink, HashMap::new()).unwrap();
-    e.assign("in", 0, Resume::default()).unwrap();
+    e.assign("in", 0, resume).unwrap();
     e
 }
 
@@ -81,10 +93,21 @@ fn open_db(dir: &Path) -> Arc<StateDb> {
     .unwrap()
 }
 
-/// Dispatches `input[from..to]` (offset = index), committing every `commit_every` records.
+/// Dispatches `input[..to]` (offset = index), committing every `commit_every` records.
 fn feed(e: &mut Engine, input: &[(String, String)], to: usize, commit_every: usize) {
+    feed_from(e, input, 0, to, commit_every)
+}
+
+/// Dispatches `input[from..to]` (offset = index), committing every `commit_every` records.
+fn feed_from(
+    e: &mut Engine,
+    input: &[(String, String)],
+    from: usize,
+    to: usize,
+    commit_every: usize,
+) {
     let deadline = Instant::now() + Duration::from_secs(60);
-    for (offset, (k, v)) in input.iter().enumerate().take(to) {
+    for (offset, (k, v)) in input.iter().enumerate().take(to).skip(from) {
         let mut r = raw(k, v);
         loop {
             match e.dispatch("in", 0, offset as u64, r).unwrap() {
@@ -320,6 +343,7 @@ fn retryable_errors_are_retried_then_dead_lettered() {
             max_in_flight: 1,
             retry_max_attempts: 3,
             retry_backoff: Duration::from_millis(5),
+            ..AsyncConfig::default()
         },
         ..EngineConfig::default()
     };
@@ -409,5 +433,116 @@ fn per_key_order_holds_across_ranges() {
         assert_eq!(vs, sorted, "key {:?}", String::from_utf8_lossy(&k));
         let r = range_of(key_hash(&k), 4);
         assert!(r < 4);
+    }
+}
+
+/// `in` -> `map_values_async` (sleeps `delay(value)` ms) -> `out`, without state.
+fn stateless_topology(stuck: Option<&'static str>) -> Arc<Topology> {
+    let b = StreamsBuilder::new();
+    b.stream("in", StringSerde, StringSerde)
+        .map_values_async(move |v: String| async move {
+            if Some(v.as_str()) == stuck {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(Duration::from_millis(delay(&v))).await;
+            Ok(v)
+        })
+        .to_with("out", Produced::with(StringSerde, StringSerde));
+    Arc::new(b.build().unwrap())
+}
+
+fn unordered(in_flight: usize) -> AsyncConfig {
+    AsyncConfig {
+        max_in_flight: in_flight,
+        order: super::config::ProcessingOrder::Unordered,
+        ..AsyncConfig::default()
+    }
+}
+
+/// `processing.order=unordered`: a stuck call holds up no record, not even of its own key.
+#[test]
+fn unordered_runs_records_of_one_key_at_once() {
+    let sink = Arc::new(MemorySink::new());
+    let mut e = engine(
+        stateless_topology(Some("stuck")),
+        None,
+        1,
+        unordered(100),
+        sink.clone(),
+    );
+    let mut input = vec![("a".to_string(), "stuck".to_string())];
+    input.extend((0..50).map(|i| ("a".to_string(), i.to_string())));
+    feed(&mut e, &input, input.len(), 1000);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut out = Vec::new();
+    while out.len() < 50 && Instant::now() < deadline {
+        out.extend(sink.take("out"));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(out.len(), 50, "the key's other records went on");
+    e.request_commit();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        e.collect_progress()[0].low_watermark,
+        0,
+        "the stuck record is not committed"
+    );
+    e.abandon();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// Unordered, stateless, with crashes: every record's output is there at least once (and
+    /// exactly once without a crash), whatever the completion order.
+    #[test]
+    fn unordered_outputs_are_at_least_once(
+        keys in proptest::collection::vec(0u8..3, 1..100),
+        factor in 1usize..3,
+        in_flight in 1usize..20,
+        crashes in proptest::collection::vec(0usize..150, 0..3),
+    ) {
+        let input: Vec<(String, String)> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (format!("k{k}"), i.to_string()))
+            .collect();
+        let sink = Arc::new(MemorySink::new());
+        let mut stops: Vec<usize> = crashes.iter().map(|c| c % (input.len() + 1)).collect();
+        stops.sort_unstable();
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+        let mut take = |sink: &MemorySink| {
+            for (_, r) in sink.take("out") {
+                *seen.entry(String::from_utf8(r.value.unwrap_or_default()).unwrap()).or_default() += 1;
+            }
+        };
+        // What the last offset commit said: each run resumes there, as from Kafka.
+        let mut resume = Resume::default();
+        for &stop in &stops {
+            let from = resume.committed.unwrap_or(0) as usize;
+            let mut e = engine_at(stateless_topology(None), None, factor, unordered(in_flight), sink.clone(), resume.clone());
+            feed_from(&mut e, &input, from, stop.max(from), 5);
+            std::thread::sleep(Duration::from_millis(3));
+            e.request_commit();
+            std::thread::sleep(Duration::from_millis(2));
+            if let Some(p) = e.collect_progress().into_iter().next() {
+                resume.committed = Some(p.low_watermark);
+                resume.ranges = p.ranges;
+            }
+            e.abandon();
+            drop(e);
+            take(&sink);
+        }
+        let from = resume.committed.unwrap_or(0) as usize;
+        let mut e = engine_at(stateless_topology(None), None, factor, unordered(in_flight), sink.clone(), resume);
+        feed_from(&mut e, &input, from, input.len(), 5);
+        prop_assert!(e.wait_idle(Duration::from_secs(60)));
+        prop_assert!(e.failure().is_none());
+        take(&sink);
+        for (_, v) in &input {
+            let n = seen.get(v).copied().unwrap_or(0);
+            prop_assert!(n >= 1, "record {} has no output", v);
+            prop_assert!(!stops.is_empty() || n == 1, "record {} output {} times without a crash", v, n);
+        }
     }
 }

@@ -83,6 +83,27 @@ pub struct AsyncConfig {
     pub retry_max_attempts: u32,
     /// The wait before the second attempt, doubled before each further one (`retry.backoff.ms`).
     pub retry_backoff: std::time::Duration,
+    /// Whether records of one key may run concurrently (`processing.order`).
+    pub order: ProcessingOrder,
+}
+
+/// Which records of an async stage may run at once (`processing.order`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcessingOrder {
+    /// Records of one key one at a time, in offset order (Parallel Consumer's `KEY`).
+    Key,
+    /// Any records at once, in sub-topologies without state (Parallel Consumer's
+    /// `UNORDERED`); a stateful sub-topology keeps per-key order.
+    Unordered,
+}
+
+impl std::fmt::Display for ProcessingOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ProcessingOrder::Key => "key",
+            ProcessingOrder::Unordered => "unordered",
+        })
+    }
 }
 
 impl Default for AsyncConfig {
@@ -91,6 +112,7 @@ impl Default for AsyncConfig {
             max_in_flight: 1000,
             retry_max_attempts: 3,
             retry_backoff: std::time::Duration::from_millis(100),
+            order: ProcessingOrder::Key,
         }
     }
 }

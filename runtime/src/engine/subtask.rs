@@ -233,10 +233,10 @@ impl SubTask {
             processed: committed.clone(),
             committed,
             applied_above,
-            asyncs: shared
-                .topology
-                .has_async(id.sub_topology)
-                .then(|| AsyncStage::new(topics, shared.config.async_stages.clone())),
+            asyncs: shared.topology.has_async(id.sub_topology).then(|| {
+                let stateless = !shared.topology.sub_topologies()[id.sub_topology].is_stateful();
+                AsyncStage::new(topics, shared.config.async_stages.clone(), stateless)
+            }),
             sealed: None,
             deliveries,
             origins,
