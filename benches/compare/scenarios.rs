@@ -111,6 +111,11 @@ impl Sc {
                         16,
                         "bench.async=true,async.max.in.flight=1000",
                     ),
+                    rill_async(
+                        "rill async unordered P=1, in flight 1000",
+                        1,
+                        "bench.async=true,async.max.in.flight=1000,processing.order=unordered",
+                    ),
                     System::new(
                         "Kafka Streams",
                         Kind::Streams {
