@@ -267,6 +267,7 @@ impl Cluster {
                 ranges: c.ranges,
                 claim: c.lineage.map_or(PriorClaim::None, PriorClaim::Lineage),
                 generation: self.generation,
+                applied: Vec::new(),
             };
             let start = engine.assign(topic, 0, resume).expect("assign");
             positions.insert(topic, start.unwrap_or(0));

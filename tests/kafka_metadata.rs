@@ -186,6 +186,7 @@ fn range_offsets_round_trip_through_a_real_commit() {
             .map(|(i, r)| (r, base + [0, 1, 127, 128, 16_383, 16_384, 1 << 40][i % 7]))
             .collect(),
         lineage: Some(0x5eed_1234_abcd_0001),
+        applied: Vec::new(),
     };
     let text = encode(&offsets, base).expect("16 ranges fit");
 
@@ -237,6 +238,7 @@ fn the_broker_accepts_exactly_max_metadata_bytes() {
             hash_id: HASH_ID,
             ranges: ranges(p).into_iter().map(|r| (r, 30)).collect(),
             lineage: Some(u64::MAX),
+            applied: Vec::new(),
         })
         .map_while(|o| encode(&o, 30).ok().map(|text| (o, text)))
         .last()
@@ -250,6 +252,7 @@ fn the_broker_accepts_exactly_max_metadata_bytes() {
                     .map(|r| (r, 30))
                     .collect(),
                 lineage: Some(u64::MAX),
+                applied: Vec::new(),
             },
             30
         ),

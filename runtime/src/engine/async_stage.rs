@@ -28,7 +28,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use rill_topology::exec::{panic_message, AsyncCall, TaskError};
 use rill_topology::processor::{ErasedRecord, ProcessError, RecordMeta};
-use rill_topology::RawRecord;
+use rill_topology::{KeyRange, RawRecord};
 
 use super::config::{AsyncConfig, ProcessingOrder};
 use super::env::Env;
@@ -39,6 +39,17 @@ use super::{EngineError, Shared, Source};
 /// Completed offsets a range may list above its lowest open one before it admits no more
 /// records (the progress record stays small: about 2 bytes per listed offset).
 pub(crate) const MAX_APPLIED_ABOVE: usize = 100_000;
+
+/// The completed offsets a range without state may list: its share of the 4096-byte commit
+/// metadata (base64 of ~3000 bytes; each range costs ~19 bytes of bounds, offset and framing,
+/// each listed offset up to 3 bytes as a gap below 2^21), so that the partition's commit
+/// always fits and a restart skips every record it lists. Ranges are counted from the width of
+/// `range` (one of the partition's equal ranges).
+fn metadata_share(range: KeyRange) -> usize {
+    let width = range.end.saturating_sub(range.start).max(1);
+    let ranges = usize::try_from((u64::MAX / width).max(1)).unwrap_or(usize::MAX);
+    (3000usize.saturating_sub(19usize.saturating_mul(ranges)) / ranges / 3).max(1)
+}
 
 /// What [`Core::process`] leaves running: the calls of a record that reached an async stage.
 pub(crate) struct Launch {
@@ -77,6 +88,10 @@ pub(crate) struct AsyncStage {
     config: AsyncConfig,
     /// `processing.order=unordered` in a sub-topology without state: no per-key queue.
     unordered: bool,
+    /// Completed offsets the range may list above its lowest open one before it starts no
+    /// more records: [`MAX_APPLIED_ABOVE`], or, without state, its share of the commit metadata
+    /// (see [`metadata_share`]).
+    cap: usize,
     /// Per routing hash that has a record started or in `ready`: the records of that hash
     /// admitted after it, in offset order. Invariant: at most one record per hash is started
     /// or in `ready`, so the records of a key run one at a time, in offset order.
@@ -102,8 +117,13 @@ pub(crate) struct AsyncStage {
 impl AsyncStage {
     /// The stage of a sub-task reading `topics` topics; `stateless` when its sub-topology has
     /// no store (only then may `processing.order=unordered` lift per-key order).
-    pub fn new(topics: usize, config: AsyncConfig, stateless: bool) -> Self {
+    pub fn new(topics: usize, config: AsyncConfig, stateless: bool, range: KeyRange) -> Self {
         AsyncStage {
+            cap: if stateless {
+                metadata_share(range)
+            } else {
+                MAX_APPLIED_ABOVE
+            },
             unordered: stateless && config.order == ProcessingOrder::Unordered,
             config,
             keys: HashMap::new(),
@@ -134,7 +154,7 @@ impl AsyncStage {
 
     /// Whether a record waits to be admitted (see [`MAX_APPLIED_ABOVE`]).
     fn full(&self, applied_above: &[BTreeSet<u64>]) -> bool {
-        applied_above.iter().any(|s| s.len() >= MAX_APPLIED_ABOVE)
+        applied_above.iter().any(|s| s.len() >= self.cap)
     }
 }
 

@@ -41,6 +41,9 @@ pub(super) struct Sealed {
     epoch: u64,
     /// (source topic index, next offset) it makes durable.
     next: TopicOffsets,
+    /// (source topic index, offsets above next applied too), for the commit metadata of a
+    /// range without state (a range with state keeps them in its progress record).
+    applied: Vec<(usize, Vec<u64>)>,
     /// The progress it writes (changelog positions are filled in as markers land).
     progress: Progress,
     /// Range markers sent so far (one per store, in store order), each with its offset slot.
@@ -60,6 +63,8 @@ pub(crate) struct CommitReport {
     /// The lineage that committed (reports of an earlier tenure of the task are ignored).
     pub lineage: u64,
     pub next: Vec<(usize, u64)>,
+    /// Per source topic index: offsets above `next` applied too (ranges without state).
+    pub applied: Vec<(usize, Vec<u64>)>,
 }
 
 /// Committed progress of one input (topic, partition), for the Kafka offset commit.
@@ -76,6 +81,9 @@ pub struct PartitionProgress {
     /// The lineage that owns the task (stateful tasks): the committer records it in the commit
     /// metadata, which the group coordinator fences, so the next owner learns whom it follows.
     pub lineage: Option<u64>,
+    /// Per range (as `ranges`): offsets above its offset that it applied too (async stages of
+    /// ranges without state).
+    pub applied: Vec<Vec<u64>>,
 }
 
 impl Engine {
@@ -127,6 +135,12 @@ impl Engine {
                         t.committed(index, next);
                     }
                 }
+                for (i, applied) in r.applied {
+                    let t = &mut task.trackers[i];
+                    if let Some(index) = t.index_of(&r.id.range) {
+                        t.applied(index, applied);
+                    }
+                }
             }
         }
         let mut out = Vec::new();
@@ -145,6 +159,7 @@ impl Engine {
                         partition,
                         low_watermark: lw,
                         ranges: t.range_offsets(),
+                        applied: t.range_applied(),
                         lineage: (stateful && self.shared.config.changelogs)
                             .then_some(task.lineage.id),
                     });
@@ -282,6 +297,15 @@ impl Core {
                 .enumerate()
                 .filter_map(|(i, o)| o.map(|o| (i, o)))
                 .collect(),
+            applied: if self.state.is_none() {
+                next.iter()
+                    .enumerate()
+                    .filter(|(_, n)| n.is_some())
+                    .map(|(i, _)| (i, self.applied_above[i].iter().copied().collect()))
+                    .collect()
+            } else {
+                Vec::new()
+            },
             progress,
             markers: Vec::new(),
             sealed_at: std::time::Instant::now(),
@@ -372,6 +396,7 @@ impl Core {
                 id: *id,
                 lineage: self.lineage.id,
                 next: sealed.next,
+                applied: sealed.applied,
             });
             return Ok(true);
         }
@@ -389,6 +414,7 @@ impl Core {
                 id: *id,
                 lineage: self.lineage.id,
                 next: s.next.clone(),
+                applied: s.applied.clone(),
             })
     }
 

@@ -65,7 +65,10 @@ impl Engine {
         // Skip when the range that held this hash (under any past factor) already applied it.
         let applied = task.resume[topic_index]
             .iter()
-            .any(|(r, next)| r.contains(hash) && offset < *next);
+            .any(|(r, next)| r.contains(hash) && offset < *next)
+            || task.resume_applied[topic_index]
+                .iter()
+                .any(|(r, offsets)| r.contains(hash) && offsets.contains(&offset));
         if applied {
             task.metrics.consumed[topic_index].increment(1);
             tracker.skipped(offset);

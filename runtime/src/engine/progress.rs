@@ -30,6 +30,9 @@ pub struct ProgressTracker {
     /// The offset after the last one dispatched or skipped (or the resume offset); `None`
     /// before the first record when no resume offset is known.
     position: Option<u64>,
+    /// Per range: offsets above its committed offset that it applied too (async stages of
+    /// ranges without state, whose commit metadata must list them), as its last commit said.
+    applied: Vec<Vec<u64>>,
 }
 
 impl ProgressTracker {
@@ -37,6 +40,7 @@ impl ProgressTracker {
     pub fn new(ranges: Vec<KeyRange>) -> Self {
         let pending = ranges.iter().map(|_| VecDeque::new()).collect();
         ProgressTracker {
+            applied: vec![Vec::new(); ranges.len()],
             floors: vec![0; ranges.len()],
             ranges,
             pending,
@@ -87,6 +91,24 @@ impl ProgressTracker {
         while q.front().is_some_and(|&o| o < next) {
             q.pop_front();
         }
+    }
+
+    /// Records that range `range`'s last commit listed `applied` (offsets above its committed
+    /// offset that it applied too).
+    pub fn applied(&mut self, range: usize, applied: Vec<u64>) {
+        if let Some(a) = self.applied.get_mut(range) {
+            *a = applied;
+        }
+    }
+
+    /// Per range (as [`ProgressTracker::range_offsets`]): the offsets above its offset there
+    /// that it applied too.
+    pub fn range_applied(&self) -> Vec<Vec<u64>> {
+        self.range_offsets()
+            .iter()
+            .zip(&self.applied)
+            .map(|((_, next), a)| a.iter().copied().filter(|o| o > next).collect())
+            .collect()
     }
 
     /// Records dispatched and not yet committed, over all ranges.

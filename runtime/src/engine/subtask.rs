@@ -235,7 +235,12 @@ impl SubTask {
             applied_above,
             asyncs: shared.topology.has_async(id.sub_topology).then(|| {
                 let stateless = !shared.topology.sub_topologies()[id.sub_topology].is_stateful();
-                AsyncStage::new(topics, shared.config.async_stages.clone(), stateless)
+                AsyncStage::new(
+                    topics,
+                    shared.config.async_stages.clone(),
+                    stateless,
+                    id.range,
+                )
             }),
             sealed: None,
             deliveries,
@@ -260,6 +265,17 @@ impl SubTask {
             }),
             resume,
         ))
+    }
+
+    /// Adds offsets of source `source` that were applied above the range's offset (from the
+    /// commit metadata) to what its commits list; records the range never sees stay listed
+    /// until its offset passes them.
+    pub fn inherit_applied(&self, source: usize, offsets: &BTreeSet<u64>) {
+        let mut core = self.core.lock();
+        let floor = core.processed[source].unwrap_or(0);
+        if let Some(set) = core.applied_above.get_mut(source) {
+            set.extend(offsets.range(floor..));
+        }
     }
 
     /// Appends work and makes sure a job will run it.

@@ -22,6 +22,7 @@
 //! and a lost task commits nothing at all.
 
 use std::collections::hash_map::RandomState;
+use std::collections::BTreeSet;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -58,6 +59,9 @@ pub struct Resume {
     pub ranges: Vec<(KeyRange, u64)>,
     /// The lineage the commit metadata names.
     pub claim: PriorClaim,
+    /// Ranges with the offsets above their next offset that were applied too (async stages),
+    /// from the commit metadata.
+    pub applied: Vec<(KeyRange, Vec<u64>)>,
     /// The consumer-group generation of this assignment.
     pub generation: i32,
 }
@@ -113,6 +117,8 @@ pub(crate) struct Task {
     pub trackers: Vec<ProgressTracker>,
     /// Per source topic, ranges (possibly of another factor) and the offset each had applied.
     pub resume: Vec<Vec<(KeyRange, u64)>>,
+    /// Per source topic, ranges and offsets above their next offset they had applied too.
+    pub resume_applied: Vec<Vec<(KeyRange, BTreeSet<u64>)>>,
     /// Per source topic, whether its partition is assigned to this engine.
     pub assigned: Vec<bool>,
     /// Since when the task waits for the partitions of its other inputs.
@@ -224,6 +230,13 @@ impl Engine {
         }
         task.trackers[i].start_at(start);
         task.resume[i].extend(resume.ranges);
+        task.resume_applied[i].extend(
+            resume
+                .applied
+                .into_iter()
+                .filter(|(_, offsets)| !offsets.is_empty())
+                .map(|(r, offsets)| (r, offsets.into_iter().collect())),
+        );
         if task.assigned.iter().all(|a| *a) {
             self.start_task(key)?;
         }
@@ -243,6 +256,7 @@ impl Engine {
                 .map(|_| ProgressTracker::new(ranges(p)))
                 .collect(),
             resume: vec![Vec::new(); names.len()],
+            resume_applied: vec![Vec::new(); names.len()],
             assigned: vec![false; names.len()],
             waiting_since: Some(Instant::now()),
             prior: PriorClaim::Unknown,
@@ -323,6 +337,13 @@ impl Engine {
                 first_attempt: task.attempts_from,
             };
             let (subtask, local) = SubTask::open(id, &self.shared, states.next(), topics, opening)?;
+            // Records applied above the range's offset (commit metadata): listed again by the
+            // range's commits until it passes them, so a second restart skips them too.
+            for (i, applied) in task.resume_applied.iter().enumerate() {
+                for (_, offsets) in applied.iter().filter(|(r, _)| r.overlaps(&range)) {
+                    subtask.inherit_applied(i, offsets);
+                }
+            }
             for (i, part, next) in local {
                 task.resume[i].push((part, next));
                 if part == range {

@@ -40,6 +40,7 @@ fn engine(dir: &Path, log: &Arc<MemoryChangelog>, after: Option<&PartitionProgre
             generation: 1,
             claim: p.lineage.map_or(PriorClaim::None, PriorClaim::Lineage),
             ranges: p.ranges.clone(),
+            applied: Vec::new(),
         },
         None => Resume {
             claim: PriorClaim::None,
@@ -85,6 +86,7 @@ fn seal(e: &mut Engine) -> PartitionProgress {
         low_watermark: 0,
         ranges: Vec::new(),
         lineage: None,
+        applied: Vec::new(),
     })
 }
 

@@ -90,6 +90,7 @@ impl Committer {
                 hash_id: HASH_ID,
                 ranges: p.ranges.clone(),
                 lineage: p.lineage,
+                applied: p.applied.clone(),
             };
             let text = metadata::encode(&offsets, p.low_watermark).or_else(|e| {
                 tracing::warn!(topic = %p.topic, partition = p.partition, error = %e,
@@ -100,6 +101,7 @@ impl Committer {
                     hash_id: HASH_ID,
                     ranges: vec![(KeyRange::FULL, p.low_watermark)],
                     lineage: p.lineage,
+                    applied: Vec::new(),
                 };
                 metadata::encode(&alone, p.low_watermark)
             });
@@ -138,6 +140,7 @@ mod tests {
             low_watermark: low,
             ranges: ranges(2).into_iter().zip(next).collect(),
             lineage: Some(42),
+            applied: Vec::new(),
         }
     }
 

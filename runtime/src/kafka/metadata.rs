@@ -30,6 +30,12 @@
 //!   repeated fixed64 range_starts = 3;       // packed; start of each key range, in hash order
 //!   repeated uint64 next_offset_deltas = 4;  // packed varints; next[r] - base, same order
 //!   fixed64 lineage = 5;                     // the task's lineage (stateful tasks), else absent
+//!   repeated Applied applied = 6;            // records applied above a range's next offset
+//! }
+//! message Applied {
+//!   uint32 range = 1;                        // index into range_starts
+//!   repeated uint64 gaps = 2;                // packed; first offset - next[range], then each
+//!                                            // offset - the one before (all >= 1)
 //! }
 //! ```
 //!
@@ -52,6 +58,10 @@
 //!   `rill_runtime::engine::changelog`): the group coordinator fences offset commits, so the
 //!   next owner learns from it which member's local state may still be trusted. Absent (0) for
 //!   stateless tasks.
+//! - **Applied.** Records of a range above its next offset that were applied too (an async
+//!   stage completes records out of offset order): a resuming range skips them as well. At most
+//!   one entry per range; a range without one applied nothing above its next offset. Version-1
+//!   readers that predate the field ignore it and process those records again (at least once).
 //! - **Other fields** are ignored, as protobuf decoding does, so a writer may add fields without a
 //!   new version as long as version-1 readers may ignore them. [`encode`] writes fields 1–4 in
 //!   order, each once, the repeated ones packed (proto3 encoding: a field holding 0 is omitted).
@@ -89,6 +99,9 @@ pub struct RangeOffsets {
     pub ranges: Vec<(KeyRange, u64)>,
     /// The lineage that owned the task when it committed (stateful tasks).
     pub lineage: Option<u64>,
+    /// Per range (same order as `ranges`, or empty): offsets above its next offset that were
+    /// applied too, in increasing order.
+    pub applied: Vec<Vec<u64>>,
 }
 
 impl RangeOffsets {
@@ -166,6 +179,17 @@ struct CommitMetadataV1 {
     next_offset_deltas: Vec<u64>,
     #[prost(fixed64, tag = "5")]
     lineage: u64,
+    #[prost(message, repeated, tag = "6")]
+    applied: Vec<AppliedV1>,
+}
+
+/// Field 6 of version 1: one range's offsets applied above its next offset.
+#[derive(Clone, PartialEq, prost::Message)]
+struct AppliedV1 {
+    #[prost(uint32, tag = "1")]
+    range: u32,
+    #[prost(uint64, repeated, packed = "true", tag = "2")]
+    gaps: Vec<u64>,
 }
 
 /// Encodes `offsets` as commit metadata text for a commit of offset `base`.
@@ -215,12 +239,40 @@ pub fn encode(offsets: &RangeOffsets, base: u64) -> Result<String, MetadataError
             None => return Err(MetadataError::OffsetBelowBase { range, next, base }),
         }
     }
+    let mut applied = Vec::new();
+    for (i, offsets) in offsets.applied.iter().enumerate() {
+        let Some(&(range, next)) = ranges.get(i) else {
+            return Err(MetadataError::InvalidRanges(format!(
+                "applied offsets for range {i} of {}",
+                ranges.len()
+            )));
+        };
+        if offsets.is_empty() {
+            continue;
+        }
+        let mut prev = next;
+        let mut gaps = Vec::with_capacity(offsets.len());
+        for &o in offsets {
+            if o <= prev {
+                return Err(MetadataError::InvalidRanges(format!(
+                    "applied offset {o} of range {range} is not above {prev}"
+                )));
+            }
+            gaps.push(o - prev);
+            prev = o;
+        }
+        applied.push(AppliedV1 {
+            range: u32::try_from(i).unwrap_or(u32::MAX),
+            gaps,
+        });
+    }
     let message = CommitMetadataV1 {
         version: VERSION,
         hash_id: offsets.hash_id,
         range_starts: ranges.iter().map(|(r, _)| r.start).collect(),
         next_offset_deltas: deltas,
         lineage: offsets.lineage.unwrap_or(0),
+        applied,
     };
     let bytes = message.encode_to_vec();
     let text_len = PREFIX.len() + bytes.len().div_ceil(3) * 4;
@@ -296,7 +348,42 @@ pub fn decode(text: &str, base: u64) -> Result<RangeOffsets, MetadataError> {
         })?;
         ranges.push((KeyRange { start, end }, next));
     }
+    let mut applied = vec![
+        Vec::new();
+        if message.applied.is_empty() {
+            0
+        } else {
+            ranges.len()
+        }
+    ];
+    for a in &message.applied {
+        let i = a.range as usize;
+        let (Some(&(_, next)), Some(out)) = (ranges.get(i), applied.get_mut(i)) else {
+            return Err(MetadataError::Malformed(format!(
+                "applied offsets for range {i} of {}",
+                ranges.len()
+            )));
+        };
+        if !out.is_empty() {
+            return Err(MetadataError::Malformed(format!(
+                "two applied entries for range {i}"
+            )));
+        }
+        let mut o: u64 = next;
+        for &gap in &a.gaps {
+            o = match o.checked_add(gap) {
+                Some(n) if gap > 0 => n,
+                _ => {
+                    return Err(MetadataError::Malformed(format!(
+                        "applied gap {gap} after offset {o} of range {i}"
+                    )))
+                }
+            };
+            out.push(o);
+        }
+    }
     Ok(RangeOffsets {
+        applied,
         hash_id: message.hash_id,
         ranges,
         lineage: (message.lineage != 0).then_some(message.lineage),

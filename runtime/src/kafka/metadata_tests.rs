@@ -7,6 +7,7 @@ fn offsets(p: usize, base: u64, delta: impl Fn(usize) -> u64) -> RangeOffsets {
     RangeOffsets {
         hash_id: HASH_ID,
         lineage: None,
+        applied: Vec::new(),
         ranges: ranges(p)
             .into_iter()
             .enumerate()
@@ -30,6 +31,7 @@ fn valid_message() -> CommitMetadataV1 {
         range_starts: vec![0, 1 << 63],
         next_offset_deltas: vec![0, 5],
         lineage: 0,
+        applied: vec![],
     }
 }
 
@@ -74,7 +76,7 @@ proptest! {
                 (KeyRange { start, end }, next)
             })
             .collect();
-        let o = RangeOffsets { hash_id: HASH_ID, ranges, lineage: Some(7) };
+        let o = RangeOffsets { hash_id: HASH_ID, ranges, lineage: Some(7), applied: Vec::new() };
         let text = encode(&o, base).unwrap();
         prop_assert_eq!(decode(&text, base).unwrap(), o);
     }
@@ -174,6 +176,7 @@ fn next_for_outside_any_range_is_none() {
         hash_id: HASH_ID,
         ranges: vec![(KeyRange { start: 10, end: 20 }, 1)],
         lineage: None,
+        applied: Vec::new(),
     };
     assert_eq!(o.next_for(9), None);
     assert_eq!(o.next_for(10), Some(1));
@@ -183,6 +186,7 @@ fn next_for_outside_any_range_is_none() {
         hash_id: HASH_ID,
         ranges: vec![],
         lineage: None,
+        applied: Vec::new(),
     };
     assert_eq!(empty.next_for(0), None);
 }
@@ -323,6 +327,7 @@ fn encode_rejects_ranges_that_do_not_cover_the_space() {
                 hash_id: HASH_ID,
                 ranges: vec![],
                 lineage: None,
+                applied: Vec::new(),
             },
         ),
         ("gap", {
@@ -369,4 +374,34 @@ fn encode_rejects_ranges_that_do_not_cover_the_space() {
             encode(&o, 0)
         );
     }
+}
+
+#[test]
+fn applied_offsets_round_trip_and_bad_ones_are_refused() {
+    let mut o = offsets(3, 100, |i| i as u64 * 10);
+    o.applied = vec![vec![101, 102, 250], Vec::new(), vec![1 << 40]];
+    let text = encode(&o, 100).unwrap();
+    assert_eq!(decode(&text, 100).unwrap(), o);
+    // Not above the range's next offset.
+    let mut bad = o.clone();
+    bad.applied[1] = vec![110];
+    assert!(matches!(
+        encode(&bad, 100),
+        Err(MetadataError::InvalidRanges(_))
+    ));
+    // More lists than ranges.
+    let mut bad = o.clone();
+    bad.applied.push(vec![500]);
+    assert!(matches!(
+        encode(&bad, 100),
+        Err(MetadataError::InvalidRanges(_))
+    ));
+    // Without applied offsets, nothing changes on the wire.
+    let plain = offsets(3, 100, |i| i as u64);
+    let mut with_empty = plain.clone();
+    with_empty.applied = vec![Vec::new(); 3];
+    assert_eq!(
+        encode(&plain, 100).unwrap(),
+        encode(&with_empty, 100).unwrap()
+    );
 }

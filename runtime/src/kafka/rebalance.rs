@@ -282,6 +282,7 @@ impl SourceContext {
                 generation,
                 claim: PriorClaim::None,
                 ranges: Vec::new(),
+                applied: Vec::new(),
             };
             if let Some(base) = base {
                 match std::str::from_utf8(&meta)
@@ -289,6 +290,7 @@ impl SourceContext {
                     .and_then(|text| metadata::decode(text, base))
                 {
                     Ok(m) if m.hash_id == HASH_ID => {
+                        resume.applied = m.ranges.iter().map(|(r, _)| *r).zip(m.applied).collect();
                         resume.ranges = m.ranges;
                         if let Some(l) = m.lineage {
                             resume.claim = PriorClaim::Lineage(l);

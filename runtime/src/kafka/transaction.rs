@@ -255,6 +255,7 @@ fn offsets(progress: &[PartitionProgress]) -> Result<TopicPartitionList, Transac
                 hash_id: HASH_ID,
                 ranges: p.ranges.clone(),
                 lineage: p.lineage,
+                applied: p.applied.clone(),
             },
             p.low_watermark,
         )
