@@ -99,20 +99,8 @@ fn async_totals_are_exact_across_sigkills_and_a_lost_state_dir() {
             std::thread::sleep(Duration::from_millis(250));
         }
     });
-    let mut child = service.spawn();
-    let mut kills = 0;
-    while kills < 5 {
-        std::thread::sleep(Duration::from_millis(1200 + rng.next() % 1800));
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!(
-                "the service exited by itself ({status}) before kill {kills}; log:\n{}",
-                service.log_tail(40)
-            );
-        }
-        kill(&mut child);
-        kills += 1;
-        child = service.spawn();
-    }
+    let kills = 5;
+    let mut child = service.spawn_and_kill(&mut rng, kills, 1200, 1800);
     producer.join().expect("producer");
     // One more kill, then a start on an empty state dir: the totals come back from the
     // changelogs, with the offsets they list as applied above each range's offset.

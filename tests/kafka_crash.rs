@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::service::{feed, final_counts, kill, lines, terminate, Rng, Service};
+use common::service::{feed, final_counts, lines, terminate, Rng, Service};
 use common::{create_topic, unique};
 
 #[test]
@@ -22,20 +22,8 @@ fn counts_stay_exact_across_repeated_sigkills() {
     let (batches, truth) = lines(30, 200);
     let producer = feed(&input, batches, Duration::from_millis(300));
 
-    let mut child = service.spawn();
-    let mut kills = 0;
-    while kills < 6 {
-        std::thread::sleep(Duration::from_millis(1500 + rng.next() % 2500));
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!(
-                "the service exited by itself ({status}) before kill {kills}; log:\n{}",
-                service.log_tail(40)
-            );
-        }
-        kill(&mut child);
-        kills += 1;
-        child = service.spawn();
-    }
+    let kills = 6;
+    let mut child = service.spawn_and_kill(&mut rng, kills, 1500, 2500);
     producer.join().expect("producer");
 
     let got = final_counts(&output, &truth, Duration::from_secs(180));

@@ -20,7 +20,7 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::service::{example_binary, kill, terminate, Rng, Service};
+use common::service::{example_binary, terminate, Rng, Service};
 use common::{bootstrap, create_topic, long, producer, unique, Cluster};
 use rdkafka::producer::BaseRecord;
 use rill::topology::{key_hash, range_of};
@@ -176,20 +176,8 @@ fn sigkill_run(eos: bool) {
         sent
     });
 
-    let mut child = service.spawn();
-    let mut kills = 0;
-    while kills < 6 {
-        std::thread::sleep(Duration::from_millis(1500 + rng.next() % 2500));
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!(
-                "the service exited by itself ({status}) before kill {kills}; log:\n{}",
-                service.log_tail(40)
-            );
-        }
-        kill(&mut child);
-        kills += 1;
-        child = service.spawn();
-    }
+    let kills = 6;
+    let mut child = service.spawn_and_kill(&mut rng, kills, 1500, 2500);
     all.extend(producer.join().expect("producer"));
     let end = all.iter().map(|c| c.ts).max().unwrap_or(now) + 100_000;
     let closers = flush(end);

@@ -132,6 +132,30 @@ impl Service {
             .expect("spawn the example")
     }
 
+    /// Starts the process and SIGKILLs and restarts it `kills` times, each after `min_ms` plus
+    /// up to `spread_ms` more (random); panics if it exits by itself. Returns the last start.
+    pub fn spawn_and_kill(
+        &self,
+        rng: &mut Rng,
+        kills: usize,
+        min_ms: u64,
+        spread_ms: u64,
+    ) -> ServiceChild {
+        let mut child = self.spawn();
+        for k in 0..kills {
+            std::thread::sleep(Duration::from_millis(min_ms + rng.next() % spread_ms));
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "the service exited by itself ({status}) before kill {k}; log:\n{}",
+                    self.log_tail(40)
+                );
+            }
+            kill(&mut child);
+            child = self.spawn();
+        }
+        child
+    }
+
     /// The last `n` lines of its log.
     pub fn log_tail(&self, n: usize) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
