@@ -37,16 +37,16 @@ const PARTITIONS: u32 = 4;
 /// Customers the generator knows; orders also go to 10 unknown ones.
 const KNOWN: u64 = 50;
 
-/// The topology: customers as a table, orders joined with it.
-fn topology() -> Result<Topology, TopologyError> {
+/// The topology: `customers` as a table, `orders` joined with it into `output`.
+fn topology(customers: &str, orders: &str, output: &str) -> Result<Topology, TopologyError> {
     let builder = StreamsBuilder::new();
-    let customers = builder.table(CUSTOMERS, StringSerde, StringSerde, "customers-store");
+    let customers = builder.table(customers, StringSerde, StringSerde, "customers-store");
     builder
-        .stream(ORDERS, StringSerde, StringSerde)
+        .stream(orders, StringSerde, StringSerde)
         .join(&customers, |amount: String, tier: String| {
             format!("{amount}|{tier}")
         })
-        .to_with(OUTPUT, Produced::with(StringSerde, StringSerde));
+        .to_with(output, Produced::with(StringSerde, StringSerde));
     builder.build()
 }
 
@@ -54,13 +54,17 @@ const TIERS: [&str; 3] = ["bronze", "silver", "gold"];
 
 /// Writes the customers, then orders until `stop`; now and then a customer changes tier, or is
 /// deleted (a tombstone) and comes back later.
-fn feed(bootstrap: String, stop: Arc<AtomicBool>) -> Result<(), common::Error> {
+fn feed(
+    bootstrap: String,
+    (customers, orders): (String, String),
+    stop: Arc<AtomicBool>,
+) -> Result<(), common::Error> {
     let producer = common::input_producer(&bootstrap, 5)?;
     for c in 0..KNOWN {
         let tier = TIERS[(c % 3) as usize];
         common::send(
             &producer,
-            CUSTOMERS,
+            &customers,
             Some(format!("c{c}").as_bytes()),
             tier.as_bytes(),
         )?;
@@ -72,20 +76,21 @@ fn feed(bootstrap: String, stop: Arc<AtomicBool>) -> Result<(), common::Error> {
         let amount = (i * 13) % 500 + 1;
         common::send(
             &producer,
-            ORDERS,
+            &orders,
             Some(customer.as_bytes()),
             amount.to_string().as_bytes(),
         )?;
         match i % 101 {
             0 => {
                 let c = format!("c{}", i % KNOWN);
-                let tombstone = BaseRecord::<[u8], [u8]>::to(CUSTOMERS).key(c.as_bytes());
+                let tombstone = BaseRecord::<[u8], [u8]>::to(&customers).key(c.as_bytes());
                 common::producer::send_record(&producer, tombstone)?;
             }
             50 => {
-                let c = format!("c{}", (i + 51) % KNOWN);
+                // The customer deleted 50 orders ago comes back, with another tier.
+                let c = format!("c{}", (i / 101) % KNOWN);
                 let tier = TIERS[(i % 3) as usize];
-                common::send(&producer, CUSTOMERS, Some(c.as_bytes()), tier.as_bytes())?;
+                common::send(&producer, &customers, Some(c.as_bytes()), tier.as_bytes())?;
             }
             _ => {}
         }
@@ -99,9 +104,9 @@ fn feed(bootstrap: String, stop: Arc<AtomicBool>) -> Result<(), common::Error> {
 }
 
 /// Prints every 50th enriched order as it arrives.
-fn show(bootstrap: String, stop: Arc<AtomicBool>) -> Result<(), common::Error> {
+fn show(bootstrap: String, output: String, stop: Arc<AtomicBool>) -> Result<(), common::Error> {
     let mut n = 0u64;
-    common::read(&bootstrap, OUTPUT, &stop, |k, v| {
+    common::read(&bootstrap, &output, &stop, |k, v| {
         n += 1;
         if n % 50 == 1 {
             println!(
@@ -124,6 +129,15 @@ struct Cli {
     /// Stop after this many seconds (embedded cluster only; default: run until Ctrl-C)
     #[arg(long)]
     seconds: Option<u64>,
+    /// The customers topic (a table: id -> tier)
+    #[arg(long, default_value = CUSTOMERS)]
+    customers: String,
+    /// The orders topic (id -> amount)
+    #[arg(long, default_value = ORDERS)]
+    orders: String,
+    /// The output topic (id -> `<amount>|<tier>`)
+    #[arg(long, default_value = OUTPUT)]
+    output: String,
     #[command(flatten)]
     service: common::ServiceArgs,
 }
@@ -137,8 +151,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .with_config_file_and_env(cli.service.config.as_deref())
         .build()?;
     let kafka = config.kafka.clone();
-    let runtime = Runtime::new(topology()?, config)?;
-    let topics = [CUSTOMERS, ORDERS, OUTPUT];
+    let runtime = Runtime::new(topology(&cli.customers, &cli.orders, &cli.output)?, config)?;
+    let topics = [&cli.customers, &cli.orders, &cli.output];
     let Some(cluster) = runtime.embedded() else {
         let admin = client_config(runtime.bootstrap_servers(), &kafka);
         let wanted: Vec<(String, u32)> =
@@ -163,11 +177,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let helpers = vec![
         {
             let (b, s) = (bootstrap.clone(), stop.clone());
-            std::thread::spawn(move || feed(b, s))
+            let topics = (cli.customers.clone(), cli.orders.clone());
+            std::thread::spawn(move || feed(b, topics, s))
         },
         {
-            let (b, s) = (bootstrap, stop.clone());
-            std::thread::spawn(move || show(b, s))
+            let (b, s, output) = (bootstrap, stop.clone(), cli.output.clone());
+            std::thread::spawn(move || show(b, output, s))
         },
     ];
     match cli.seconds {

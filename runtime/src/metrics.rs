@@ -73,6 +73,9 @@ pub const TRANSACTION_ABORTS: &str = "rill_transaction_aborts_total";
 pub const ASYNC_CALLS_IN_FLIGHT: &str = "rill_async_calls_in_flight";
 /// Calls of async stages tried again after a retryable error.
 pub const ASYNC_RETRIES: &str = "rill_async_retries_total";
+/// Records a task with several inputs took while one of them was empty, after
+/// `max.task.idle.ms` (Kafka Streams' enforced processing).
+pub const ENFORCED_PROCESSING: &str = "rill_enforced_processing_total";
 
 /// Every metric name above (the README's metric table is checked against it).
 pub const ALL: &[&str] = &[
@@ -99,6 +102,7 @@ pub const ALL: &[&str] = &[
     TRANSACTION_ABORTS,
     ASYNC_CALLS_IN_FLIGHT,
     ASYNC_RETRIES,
+    ENFORCED_PROCESSING,
 ];
 
 /// Bucket bounds of [`PROCESS_LATENCY`], in seconds: 5 µs to 10 s.
@@ -300,6 +304,11 @@ fn describe() {
         Unit::Count,
         "Calls of async stages tried again after a retryable error (retry.max.attempts)."
     );
+    describe_counter!(
+        ENFORCED_PROCESSING,
+        Unit::Count,
+        "Records a task with several inputs (a join, a merge) took while one input was empty and caught up, after max.task.idle.ms (their order against that input is not guaranteed)."
+    );
 }
 
 /// Counts `n` changelog records restored into `store` (for the changelog restore).
@@ -321,6 +330,11 @@ pub fn record_late(store: &str) {
 /// Counts one error of kind `code` (`offset_commit`, `consumer`, `rebalance`, `sink`, ...).
 pub fn record_error(code: &'static str) {
     metrics::counter!(ERRORS, "error_code" => code).increment(1);
+}
+
+/// Counts `n` records released by enforced processing (see `kafka::time_sync`).
+pub fn record_enforced(n: u64) {
+    metrics::counter!(ENFORCED_PROCESSING).increment(n);
 }
 
 /// Counts one rebalance callback.

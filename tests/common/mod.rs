@@ -93,14 +93,8 @@ impl Cluster {
         producer::flush(&p).expect("flush");
     }
 
-    /// Reads `topic` from the start until `done(latest value per key)` holds or `timeout`
-    /// passes; returns the latest value per key and every record read.
-    pub fn read_until(
-        &self,
-        topic: &str,
-        timeout: Duration,
-        mut done: impl FnMut(&Latest) -> bool,
-    ) -> (Latest, Read) {
+    /// A consumer of `topic` from its start, in a group of its own.
+    pub fn reader(&self, topic: &str) -> BaseConsumer {
         let consumer: BaseConsumer = self
             .client()
             .set("group.id", unique("reader"))
@@ -109,6 +103,18 @@ impl Cluster {
             .create()
             .expect("consumer");
         consumer.subscribe(&[topic]).expect("subscribe");
+        consumer
+    }
+
+    /// Reads `topic` from the start until `done(latest value per key)` holds or `timeout`
+    /// passes; returns the latest value per key and every record read.
+    pub fn read_until(
+        &self,
+        topic: &str,
+        timeout: Duration,
+        mut done: impl FnMut(&Latest) -> bool,
+    ) -> (Latest, Read) {
+        let consumer = self.reader(topic);
         let mut latest = HashMap::new();
         let mut all = Vec::new();
         let deadline = Instant::now() + timeout;

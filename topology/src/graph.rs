@@ -161,6 +161,24 @@ impl Topology {
             .find(|s| s.sources.iter().any(|(t, _)| t == topic))
     }
 
+    /// A raw record's event time as `topic`'s source settles it before the invalid-timestamp
+    /// handler: its extractor's on the decoded record, else (or when it does not decode) the
+    /// record timestamp.
+    pub fn event_time(&self, topic: &Topic, raw: &RawRecord) -> i64 {
+        let node = self
+            .sub_topology_of(topic)
+            .and_then(|s| s.sources.iter().find(|(t, _)| t == topic))
+            .map(|(_, n)| &self.nodes[*n].kind);
+        match node {
+            Some(NodeKind::Source {
+                decode,
+                extract: Some(extract),
+                ..
+            }) => decode(raw).map_or(raw.timestamp, |r| extract(&r)),
+            _ => raw.timestamp,
+        }
+    }
+
     /// Every topic a source reads.
     pub fn source_topics(&self) -> Vec<Topic> {
         self.sub_topologies

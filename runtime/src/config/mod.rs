@@ -164,6 +164,8 @@ pub struct Config {
     pub processing_handler: RecordErrorHandler,
     /// How async stages run their calls (`async.max.in.flight`, `retry.*`).
     pub async_stages: crate::engine::config::AsyncConfig,
+    /// How long a task with several inputs waits for an empty one (`max.task.idle.ms`).
+    pub max_task_idle: crate::kafka::time_sync::MaxTaskIdle,
     /// Bound on the drain at shutdown.
     pub shutdown_timeout: Duration,
     /// What to do with an output record the producer refuses or the sink cannot serialize.
@@ -287,6 +289,9 @@ settings! {
     "processing.order" => processing_order: crate::engine::config::ProcessingOrder = crate::engine::config::ProcessingOrder::Key,
         shown "`key`",
         doc "async stages: `key` runs the records of one key one at a time, in offset order; `unordered` runs any records at once (Parallel Consumer's UNORDERED), in sub-topologies without state only (a stateful one keeps per-key order); outputs of a key may then come out of order";
+    "max.task.idle.ms" => max_task_idle: crate::kafka::time_sync::MaxTaskIdle = crate::kafka::time_sync::MaxTaskIdle::Wait(Duration::ZERO),
+        shown "0",
+        doc "Kafka Streams' key: a task that reads several topics (a join, a merge) takes the queued record with the smallest timestamp first; while one of its inputs has nothing queued it waits for records the broker has for it, and when that input is caught up, this long more (milliseconds); `-1` never waits";
     "shutdown.timeout.ms" => shutdown_timeout_ms: Whole<1> = Whole(30_000),
         shown "30000",
         doc "bound on the drain at shutdown (milliseconds)";
@@ -517,6 +522,7 @@ impl ConfigBuilder {
                 retry_backoff: Duration::from_millis(s.retry_backoff_ms.0),
                 order: s.processing_order,
             },
+            max_task_idle: s.max_task_idle,
             shutdown_timeout: Duration::from_millis(s.shutdown_timeout_ms.0),
             production_handler: s.production_handler,
             state_corruption_handler: s.state_corruption_handler,

@@ -86,6 +86,7 @@ impl Config {
             self.async_stages.retry_backoff.as_millis().to_string(),
         );
         put("processing.order", self.async_stages.order.to_string());
+        put("max.task.idle.ms", self.max_task_idle.to_string());
         put(
             "shutdown.timeout.ms",
             self.shutdown_timeout.as_millis().to_string(),

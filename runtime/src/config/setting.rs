@@ -112,6 +112,19 @@ impl Setting for crate::engine::config::ProcessingOrder {
     }
 }
 
+impl Setting for crate::kafka::time_sync::MaxTaskIdle {
+    fn parse(text: &str) -> Result<Self, String> {
+        use crate::kafka::time_sync::MaxTaskIdle;
+        match text.trim() {
+            "-1" => Ok(MaxTaskIdle::Disabled),
+            t => t
+                .parse::<u64>()
+                .map(|ms| MaxTaskIdle::Wait(std::time::Duration::from_millis(ms)))
+                .map_err(|_| "a whole number of milliseconds, or -1 (never wait)".into()),
+        }
+    }
+}
+
 impl Setting for MetricsAddr {
     fn parse(text: &str) -> Result<Self, String> {
         if text == "off" {

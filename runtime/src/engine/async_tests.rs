@@ -109,18 +109,13 @@ fn feed_from(
     let deadline = Instant::now() + Duration::from_secs(60);
     for (offset, (k, v)) in input.iter().enumerate().take(to).skip(from) {
         let mut r = raw(k, v);
-        loop {
-            match e.dispatch("in", 0, offset as u64, r).unwrap() {
-                Dispatch::Full(back) => {
-                    assert!(
-                        Instant::now() < deadline,
-                        "the engine stopped taking records"
-                    );
-                    r = back;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                _ => break,
-            }
+        while let Dispatch::Full(back) = e.dispatch("in", 0, offset as u64, r).unwrap() {
+            assert!(
+                Instant::now() < deadline,
+                "the engine stopped taking records"
+            );
+            r = back;
+            std::thread::sleep(Duration::from_millis(1));
         }
         if offset % commit_every == commit_every - 1 {
             e.request_commit();

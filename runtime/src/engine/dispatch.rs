@@ -9,6 +9,7 @@
 //! mailboxes of a process together hold at most [`QUEUED_PER_PROCESS`] x `mailbox.capacity`.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use rill_topology::keyrange::null_key_hash;
 use rill_topology::{key_hash, range_of, RawRecord};
@@ -30,6 +31,18 @@ pub enum Dispatch {
     Skipped,
     /// Its sub-task's mailbox is full: the record comes back, to offer again later.
     Full(RawRecord),
+}
+
+/// How a sub-topology with several inputs reads one of them (for `kafka::time_sync`).
+pub struct SyncedInput {
+    /// The sub-topology.
+    pub sub: usize,
+    /// The topic's index among its sources.
+    pub index: usize,
+    /// Broker names of all its sources, by index.
+    pub topics: Vec<String>,
+    /// A raw record's event time as the topic's source settles it.
+    pub event_time: Box<dyn Fn(&RawRecord) -> i64 + Send + Sync>,
 }
 
 impl Engine {
@@ -95,6 +108,22 @@ impl Engine {
             &self.shared,
         );
         Ok(Dispatch::Queued)
+    }
+
+    /// How the sub-topology that reads `topic` reads it, when it reads other topics too.
+    pub fn synced_input(&self, topic: &str) -> Option<SyncedInput> {
+        let source = self.source(topic).ok()?;
+        let topics = self.shared.topic_names(source.sub);
+        if topics.len() < 2 {
+            return None;
+        }
+        let (topology, own) = (Arc::clone(&self.shared.topology), source.topic.clone());
+        Some(SyncedInput {
+            sub: source.sub,
+            index: source.index,
+            topics,
+            event_time: Box::new(move |raw| topology.event_time(&own, raw)),
+        })
     }
 
     /// Whether every sub-task of the partition's task is at most half full: the point to resume

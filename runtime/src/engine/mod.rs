@@ -51,7 +51,7 @@ use rill_topology::{Topic, Topology};
 pub use changelog::ChangelogReader;
 pub use commit::PartitionProgress;
 pub use config::{EngineConfig, RecordErrorHandler};
-pub use dispatch::Dispatch;
+pub use dispatch::{Dispatch, SyncedInput};
 pub use error::EngineError;
 pub use factor::{FactorChange, FactorDrain, RangeLoad};
 pub use ids::{TaskId, TopicPartition};

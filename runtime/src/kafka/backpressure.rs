@@ -75,6 +75,11 @@ impl Backpressure {
         }
     }
 
+    /// Whether records of `tp` are parked.
+    pub fn holds(&self, tp: &TopicPartition) -> bool {
+        self.held.contains_key(tp)
+    }
+
     /// Whether the loop may poll now; pauses partitions that stayed backed up too long.
     pub fn may_poll(
         &mut self,

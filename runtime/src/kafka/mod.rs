@@ -1,5 +1,5 @@
 //! Kafka I/O: the consumer-group source (`source` loop, `rebalance` protocol, `committer`,
-//! `backpressure`), the producer sink, the transaction cycle of `exactly_once_v2` (`transaction`), internal topics ([`admin`]), the commit metadata codec
+//! `backpressure`, `time_sync`), the producer sink, the transaction cycle of `exactly_once_v2` (`transaction`), internal topics ([`admin`]), the commit metadata codec
 //! ([`metadata`]), the changelog reader for restore, and the [`embedded`] cluster.
 
 pub mod admin;
@@ -12,4 +12,5 @@ pub mod metadata;
 pub(crate) mod producer;
 pub(crate) mod rebalance;
 pub(crate) mod source;
+pub mod time_sync;
 pub(crate) mod transaction;

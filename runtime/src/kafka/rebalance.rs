@@ -67,6 +67,9 @@ pub struct SourceContext {
     /// Under `exactly_once_v2`: set by a callback whose partitions were lost or whose commit
     /// failed; the loop then aborts the transaction and every task rolls back.
     pub roll_back: Mutex<Option<String>>,
+    /// Records of tasks with several inputs, waiting for their turn in timestamp order. Only the
+    /// loop's thread takes it (callbacks run inside `poll`); never held across `poll`.
+    pub time_sync: Mutex<super::time_sync::TimeSync>,
 }
 
 impl ClientContext for SourceContext {
@@ -375,6 +378,8 @@ impl SourceContext {
             .map(|e| TopicPartition::new(e.topic(), e.partition() as u32))
             .collect();
         self.forget_restoring(&revoked);
+        // Never dispatched: the next owner reads them from the committed offsets.
+        self.time_sync.lock().forget(&revoked);
         let started = Instant::now();
         if let Some(tx) = &self.transactions {
             self.revoke_in_transaction(consumer, tx, &revoked, lost, started);

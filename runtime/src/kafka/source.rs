@@ -22,6 +22,7 @@ use rill_topology::{Headers, RawRecord};
 use super::backpressure::{single, Backpressure};
 use super::elastic::LiveFactor;
 use super::rebalance::SourceContext;
+use super::time_sync::{Admitted, Downstream, Fetched};
 use super::transaction::TransactionError;
 use crate::auto_factor::AutoFactor;
 use crate::elastic::FactorRequest;
@@ -177,10 +178,31 @@ pub fn run(
                 let (topic, partition) = (m.topic(), m.partition() as u32);
                 let offset = m.offset() as u64;
                 let raw = raw_record(&m);
-                if let Err(e) = backpressure.offer(&ctx, topic, partition, offset, raw) {
-                    break Err(e.into());
+                // Lock order: time_sync, then engine.
+                let admitted = ctx
+                    .time_sync
+                    .lock()
+                    .admit(topic, partition, offset, raw, || {
+                        ctx.engine.lock().synced_input(topic)
+                    });
+                let offered: Result<(), SourceError> = match admitted {
+                    Admitted::Pass(raw) => backpressure
+                        .offer(&ctx, topic, partition, offset, raw)
+                        .map_err(Into::into),
+                    Admitted::Queued { pause: false } => Ok(()),
+                    Admitted::Queued { pause: true } => {
+                        let key = TopicPartition::new(topic, partition);
+                        tracing::debug!(partition = %key, "time-ordered queue full: pausing partition");
+                        consumer.pause(&single(&key)).map_err(Into::into)
+                    }
+                };
+                if let Err(e) = offered {
+                    break Err(e);
                 }
             }
+        }
+        if let Err(e) = release_synced(consumer, &ctx, &mut backpressure) {
+            break Err(e);
         }
         // The interval is read first: a guard in the `if let` would live through the block.
         let wall_clock = ctx.engine.lock().wall_clock_interval();
@@ -308,6 +330,107 @@ fn roll_back(ctx: &SourceContext, why: &str) -> SourceError {
         Some(tx) => SourceError::Transaction(tx.abort(&ctx.engine, why)),
         None => SourceError::Transaction(TransactionError::Aborted(why.to_string())),
     }
+}
+
+/// Dispatches the queued records of ready tasks with several inputs in timestamp order (see
+/// [`super::time_sync`]); resumes the partitions whose queue was full and is half empty now.
+fn release_synced(
+    consumer: &BaseConsumer<SourceContext>,
+    ctx: &SourceContext,
+    backpressure: &mut Backpressure,
+) -> Result<(), SourceError> {
+    let mut sync = ctx.time_sync.lock();
+    if sync.queued() == 0 {
+        return Ok(());
+    }
+    sync.release(
+        Instant::now(),
+        &mut Synced {
+            consumer,
+            ctx,
+            backpressure,
+        },
+    )?;
+    let enforced = sync.take_enforced();
+    if enforced > 0 {
+        crate::metrics::record_enforced(enforced);
+    }
+    for key in sync.take_resumable() {
+        tracing::debug!(partition = %key, "time-ordered queue drained: resuming partition");
+        consumer.resume(&single(&key))?;
+    }
+    Ok(())
+}
+
+/// The source loop as [`super::time_sync::TimeSync`]'s downstream: lag from librdkafka's cached high watermarks,
+/// released records through the backpressure.
+struct Synced<'a> {
+    consumer: &'a BaseConsumer<SourceContext>,
+    ctx: &'a SourceContext,
+    backpressure: &'a mut Backpressure,
+}
+
+impl Downstream for Synced<'_> {
+    type Error = EngineError;
+
+    fn fetched(&mut self, tp: &TopicPartition, next: Option<u64>) -> Fetched {
+        match cached_watermarks(self.consumer, tp) {
+            Some((low, high)) if high >= 0 => {
+                // Nothing polled yet: reading starts where the ranges resume, else at the start.
+                let position = next
+                    .or_else(|| {
+                        self.ctx
+                            .engine
+                            .lock()
+                            .resume_offset(&tp.topic, tp.partition)
+                    })
+                    .unwrap_or(low.max(0) as u64);
+                if high as u64 > position {
+                    Fetched::Behind
+                } else {
+                    Fetched::CaughtUp
+                }
+            }
+            _ => Fetched::Unknown,
+        }
+    }
+
+    fn offer(
+        &mut self,
+        tp: &TopicPartition,
+        offset: u64,
+        raw: RawRecord,
+    ) -> Result<(), EngineError> {
+        self.backpressure
+            .offer(self.ctx, &tp.topic, tp.partition, offset, raw)
+    }
+
+    fn holds(&self, tp: &TopicPartition) -> bool {
+        self.backpressure.holds(tp)
+    }
+}
+
+/// The low and high watermarks librdkafka last saw for `tp` (the high one from the last fetch
+/// response), without a request; negative when not known. rdkafka does not wrap this call.
+fn cached_watermarks(
+    consumer: &BaseConsumer<SourceContext>,
+    tp: &TopicPartition,
+) -> Option<(i64, i64)> {
+    use rdkafka::bindings as rd;
+    let topic = std::ffi::CString::new(tp.topic.as_str()).ok()?;
+    let (mut low, mut high) = (-1i64, -1i64);
+    // SAFETY: the handle is valid for the consumer's life, `topic` is a NUL-terminated string
+    // that outlives the call, and the out-pointers point at live locals.
+    let err = unsafe {
+        rd::rd_kafka_get_watermark_offsets(
+            consumer.client().native_ptr(),
+            topic.as_ptr(),
+            tp.partition as i32,
+            &mut low,
+            &mut high,
+        )
+    };
+    (err == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR).then_some((low, high))
 }
 
 /// Milliseconds since the Unix epoch, for wall-clock punctuation.

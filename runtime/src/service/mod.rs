@@ -47,6 +47,7 @@ use crate::kafka::embedded::EmbeddedCluster;
 use crate::kafka::producer::KafkaSink;
 use crate::kafka::rebalance::SourceContext;
 use crate::kafka::source::{self, SourceError};
+use crate::kafka::time_sync::TimeSync;
 use crate::kafka::transaction::{TransactionError, Transactions};
 use crate::sink::RecordSink;
 
@@ -428,10 +429,11 @@ impl Runtime {
             cfg.set(k, v);
         }
         let (engine2, health3) = (engine.clone(), health.clone());
-        let (drain_timeout, held_limit, unavailable_timeout) = (
+        let (drain_timeout, held_limit, unavailable_timeout, max_task_idle) = (
             c.shutdown_timeout,
             c.mailbox_capacity,
             c.brokers_unavailable_timeout,
+            c.max_task_idle,
         );
         let renewable = transactions.clone();
         // A context per consumer: a consumer that hit a fatal error is replaced by a new one.
@@ -448,6 +450,7 @@ impl Runtime {
             high_watermarks: Mutex::new(HashMap::new()),
             transactions: transactions.clone(),
             roll_back: Mutex::new(None),
+            time_sync: Mutex::new(TimeSync::new(max_task_idle)),
         };
         let topics: Vec<String> = self
             .topology

@@ -192,8 +192,8 @@ pub(super) fn validate(
 mod tests {
     use crate::prelude::*;
 
-    fn echo(v: String) -> impl std::future::Future<Output = Result<String, ProcessError>> {
-        async move { Ok(v) }
+    async fn echo(v: String) -> Result<String, ProcessError> {
+        Ok(v)
     }
 
     #[test]

@@ -1,0 +1,255 @@
+//! The stream-table join of `examples/enrich_orders.rs` against a real broker, with both topics
+//! written before the service starts: all customer updates first, then all orders, their
+//! timestamps interleaved. Only timestamp-synchronised input (`max.task.idle.ms`) makes each
+//! order meet the tier that was current at its timestamp; in arrival order every order would
+//! meet the customers' last tiers.
+//!
+//! The service (3 partitions, P = 3) is SIGKILLed 3 times while it works through them; then a
+//! second batch is written while it runs (customers, then orders, within `max.task.idle.ms`).
+//! Checked against an oracle that replays the events in timestamp order: every order of a known
+//! customer comes out once or more (at least once) with exactly the oracle's `<amount>|<tier>`,
+//! no output for an unknown or deleted customer, and the table's changelog ends with the
+//! oracle's final table.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::producer::{flush, send_record};
+use common::service::{example_binary, terminate, Rng, Service};
+use common::{create_topic, read_until, unique, Cluster};
+use rdkafka::producer::BaseRecord;
+use rdkafka::Message;
+
+const PARTITIONS: u32 = 3;
+const KNOWN: u64 = 60;
+const TIERS: [&str; 3] = ["bronze", "silver", "gold"];
+
+/// One input event, in timestamp order.
+enum Event {
+    /// A customer gets a tier (`None`: deleted, a tombstone).
+    Customer { id: String, tier: Option<String> },
+    /// An order of `amount` (unique: it names the order) by customer `id`.
+    Order { id: String, amount: u64 },
+}
+
+/// `orders` orders (amounts from `first_amount` on) with a customer update before about every
+/// 8th; with `with_customers`, 50 customers first.
+fn events(rng: &mut Rng, first_amount: u64, orders: u64, with_customers: bool) -> Vec<Event> {
+    let mut out = Vec::new();
+    if with_customers {
+        for c in 0..KNOWN - 10 {
+            out.push(Event::Customer {
+                id: format!("c{c}"),
+                tier: Some(TIERS[(c % 3) as usize].to_string()),
+            });
+        }
+    }
+    for n in 0..orders {
+        if rng.next() % 8 == 0 {
+            let id = format!("c{}", rng.next() % KNOWN);
+            let tier = match rng.next() % 5 {
+                0 => None,
+                t => Some(TIERS[(t % 3) as usize].to_string()),
+            };
+            out.push(Event::Customer { id, tier });
+        }
+        // Customers c0..c59 (c50..c59 only once an update creates them) and 5 never known.
+        let id = match rng.next() % 13 {
+            0 => format!("u{}", rng.next() % 5),
+            _ => format!("c{}", rng.next() % KNOWN),
+        };
+        out.push(Event::Order {
+            id,
+            amount: first_amount + n,
+        });
+    }
+    out
+}
+
+/// Writes the events with timestamps `t0 + 10 * i`: all customer events, then all orders.
+fn write(cluster: &Cluster, customers: &str, orders: &str, events: &[Event], t0: i64) {
+    let producer = cluster.producer();
+    for (i, e) in events.iter().enumerate() {
+        if let Event::Customer { id, tier } = e {
+            let mut r = BaseRecord::<[u8], [u8]>::to(customers)
+                .key(id.as_bytes())
+                .timestamp(t0 + 10 * i as i64);
+            if let Some(t) = tier {
+                r = r.payload(t.as_bytes());
+            }
+            send_record(&producer, r).expect("send a customer");
+        }
+    }
+    flush(&producer).expect("flush");
+    for (i, e) in events.iter().enumerate() {
+        if let Event::Order { id, amount } = e {
+            let amount = amount.to_string();
+            let r = BaseRecord::<[u8], [u8]>::to(orders)
+                .key(id.as_bytes())
+                .payload(amount.as_bytes())
+                .timestamp(t0 + 10 * i as i64);
+            send_record(&producer, r).expect("send an order");
+        }
+    }
+    flush(&producer).expect("flush");
+}
+
+/// Per order amount, its output (key, value), `None` when dropped.
+type Outputs = BTreeMap<u64, Option<(String, String)>>;
+/// Per customer id, its tier, `None` when deleted.
+type Table = HashMap<String, Option<String>>;
+
+/// The oracle: the events in timestamp order, each order joined with the table as it is then.
+fn oracle<'a>(events: impl Iterator<Item = &'a Event>) -> (Outputs, Table) {
+    let mut table: HashMap<String, Option<String>> = HashMap::new();
+    let mut out = BTreeMap::new();
+    for e in events {
+        match e {
+            Event::Customer { id, tier } => {
+                table.insert(id.clone(), tier.clone());
+            }
+            Event::Order { id, amount } => {
+                let joined = table
+                    .get(id)
+                    .cloned()
+                    .flatten()
+                    .map(|tier| (id.clone(), format!("{amount}|{tier}")));
+                out.insert(*amount, joined);
+            }
+        }
+    }
+    (out, table)
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test"]
+fn a_join_of_prepopulated_topics_meets_the_table_as_of_each_order_across_sigkills() {
+    let (customers, orders, output, app) = (
+        unique("customers"),
+        unique("orders"),
+        unique("enriched"),
+        unique("join"),
+    );
+    for t in [&customers, &orders, &output] {
+        create_topic(t, PARTITIONS);
+    }
+    let cluster = Cluster::test();
+    let mut rng = Rng::from_clock("join test");
+    let first = events(&mut rng, 0, 40_000, true);
+    let second = events(&mut rng, 1_000_000, 4_000, false);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let t0 = now - 3_600_000;
+    write(&cluster, &customers, &orders, &first, t0);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut service = Service::new(&app, "0", &orders, &output, dir.path());
+    service.binary = example_binary("enrich_orders");
+    service.args = [
+        "--customers",
+        &customers,
+        "--orders",
+        &orders,
+        "--output",
+        &output,
+    ]
+    .map(String::from)
+    .to_vec();
+    service.set("parallelising.factor", "3");
+    // The second batch's customers and orders are written within this of each other.
+    service.set("max.task.idle.ms", "3000");
+    let kills = 3;
+    let mut child = service.spawn_and_kill(&mut rng, kills, 800, 1500);
+    std::thread::sleep(Duration::from_secs(2));
+    let t1 = t0 + 10 * first.len() as i64 + 10;
+    write(&cluster, &customers, &orders, &second, t1);
+
+    let (want, table) = oracle(first.iter().chain(&second));
+    let joined: BTreeMap<u64, (String, String)> = want
+        .iter()
+        .filter_map(|(a, o)| o.clone().map(|o| (*a, o)))
+        .collect();
+    // Every output, until each joined order came out at least once.
+    let mut seen: BTreeMap<u64, Vec<(String, String)>> = BTreeMap::new();
+    let consumer = cluster.reader(&output);
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while Instant::now() < deadline && seen.len() < joined.len() {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+            let value = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+            let amount: u64 = value
+                .split('|')
+                .next()
+                .and_then(|a| a.parse().ok())
+                .unwrap_or_else(|| panic!("output {key} -> {value} is not <amount>|<tier>"));
+            seen.entry(amount).or_default().push((key, value));
+        }
+    }
+    // Outputs that were on their way when the last one came.
+    let settle = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < settle {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+            let value = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+            let amount = value.split('|').next().and_then(|a| a.parse().ok());
+            seen.entry(amount.unwrap_or(u64::MAX))
+                .or_default()
+                .push((key, value));
+        }
+    }
+    let clean = terminate(&mut child);
+    let log = service.log_tail(15);
+
+    let missing: Vec<_> = joined
+        .keys()
+        .filter(|a| !seen.contains_key(a))
+        .take(10)
+        .collect();
+    let wrong: Vec<_> = seen
+        .iter()
+        .filter(|(a, outs)| outs.iter().any(|o| joined.get(a) != Some(o)))
+        .map(|(a, outs)| (a, joined.get(a), outs))
+        .take(10)
+        .collect();
+    let repeated = seen.values().filter(|o| o.len() > 1).count();
+    println!(
+        "{} orders, {} joined, {} dropped; {} outputs, {repeated} orders output more than once after {kills} SIGKILLs",
+        want.len(),
+        joined.len(),
+        want.len() - joined.len(),
+        seen.values().map(Vec::len).sum::<usize>()
+    );
+    assert!(
+        wrong.is_empty(),
+        "outputs that are not the oracle's (amount, wanted, got; first 10): {wrong:?}; log:\n{log}"
+    );
+    assert!(
+        missing.is_empty(),
+        "{} joined orders never came out (first 10 amounts: {missing:?}); log:\n{log}",
+        joined.keys().filter(|a| !seen.contains_key(a)).count()
+    );
+
+    // The table's final state, as its changelog says.
+    let changelog = format!("{app}-customers-store-changelog");
+    let (latest, _) = read_until(&changelog, Duration::from_secs(60), |latest| {
+        table.iter().all(|(id, tier)| {
+            latest.get(id.as_bytes()).map(Vec::as_slice)
+                == tier.as_ref().map(String::as_bytes).or(Some(b""))
+        })
+    });
+    for (id, tier) in &table {
+        let got = latest
+            .get(id.as_bytes())
+            .map(|v| String::from_utf8_lossy(v).into_owned());
+        let want = tier.clone().unwrap_or_default();
+        assert_eq!(
+            got.as_deref(),
+            Some(want.as_str()),
+            "customer {id} in {changelog} (empty: deleted)"
+        );
+    }
+    assert!(clean, "SIGTERM must drain, commit and exit 0; log:\n{log}");
+}
