@@ -43,8 +43,9 @@ pub use record::{Headers, RawRecord, Record};
 /// The names most applications need.
 pub mod prelude {
     pub use crate::dsl::{
-        Consumed, Grouped, KGroupedStream, KStream, KTable, Materialized, Named, Produced,
-        Repartitioned, SessionWindowedKStream, StreamsBuilder, TimeWindowedKStream, TopologyError,
+        Consumed, Grouped, JoinWindows, KGroupedStream, KStream, KTable, Materialized, Named,
+        Produced, Repartitioned, SessionWindowedKStream, StreamJoined, StreamsBuilder,
+        TimeWindowedKStream, TopologyError,
     };
     pub use crate::graph::Topology;
     pub use crate::processor::{ProcessError, Processor, ProcessorContext, PunctuationType};

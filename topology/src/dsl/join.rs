@@ -12,15 +12,15 @@
 //! version valid at its own timestamp (KIP-914), whatever order the two topics' records arrive
 //! in, as long as the table's record was processed first and is within the history retention.
 //!
-//! Not yet as in Kafka Streams: records of the two topics are processed in arrival order, not
-//! by timestamp (`max.task.idle.ms`), so with both topics already populated and an unversioned
-//! table, an order may be joined with a table version newer or older than the one current at
-//! its timestamp.
+//! The two topics' records reach the join in timestamp order when both are already populated
+//! (`max.task.idle.ms`, see `rill_runtime::kafka::time_sync`), so each stream record meets the
+//! table as it was at its timestamp.
 
 use std::sync::Arc;
 
+use super::stream_join::co_partitioned;
 use super::table_view::TableLookup;
-use super::{KStream, KTable, Repartitioned};
+use super::{KStream, KTable};
 use crate::graph::Supplier;
 use crate::processor::{Datum, ProcessError, Processor, ProcessorContext, Typed};
 use crate::record::Record;
@@ -138,18 +138,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KStream<K, V> {
     {
         // Every record of a key must meet the table's range of that key. The keys have the
         // table's type: without a key serde of its own, the stream takes the table's.
-        let stream = if self.key_changed {
-            let by = Repartitioned {
-                key_serde: self
-                    .key_serde
-                    .clone()
-                    .or_else(|| table.stream.key_serde.clone()),
-                ..Repartitioned::default()
-            };
-            self.repartition(by)
-        } else {
-            self.clone()
-        };
+        let stream = co_partitioned(self, table.stream.key_serde.clone());
         let hint = "Materialized::with on the table";
         let Some((key_serde, lookup)) = table.lookup(hint) else {
             // The error is recorded; `build` reports it.
