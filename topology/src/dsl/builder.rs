@@ -8,6 +8,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::change::{Change, ChangeSerde};
 use super::table::TableSource;
 use super::{
     decoder, table_decoder, Consumed, Draft, GraphBuilder, KStream, KTable, Materialized,
@@ -174,7 +175,7 @@ impl StreamsBuilder {
         );
         let st = store.clone();
         let supplier: Supplier = Arc::new(move || {
-            Box::new(Typed::<_, K, Option<V>, K, V>::new(TableSource {
+            Box::new(Typed::<_, K, Option<V>, K, Change<V>>::new(TableSource {
                 store: st.clone(),
                 key_serde: ks.clone(),
                 value_serde: vs.clone(),
@@ -195,18 +196,24 @@ impl StreamsBuilder {
             vec![source],
         );
         drop(g);
+        let changes = KStream {
+            builder: self.clone(),
+            node,
+            key_serde: Some(key_serde.clone()),
+            value_serde: Some(
+                Arc::new(ChangeSerde(value_serde.clone())) as Arc<dyn Serde<Change<V>>>
+            ),
+            key_changed: false,
+        };
+        let mut stream = changes.values_op("table-updates", |c: Change<V>| c.new);
+        stream.value_serde = Some(value_serde);
         KTable {
-            stream: KStream {
-                builder: self.clone(),
-                node,
-                key_serde: Some(key_serde),
-                value_serde: Some(value_serde),
-                key_changed: false,
-            },
+            stream,
             store,
             window: None,
             versioned: versioned.is_some(),
             view: None,
+            changes: Some(changes),
         }
     }
 

@@ -23,8 +23,9 @@ pub struct KGroupedStream<K, V> {
     pub(super) repartitioned: Rc<Cell<Option<usize>>>,
 }
 
-/// The aggregation step of a `count`, `reduce` or `aggregate`.
-type AggregateFn<K, V, A> = Arc<dyn Fn(&K, V, Option<A>) -> A + Send + Sync>;
+/// The aggregation step of a `count`, `reduce` or `aggregate`: the new aggregate from a value
+/// and the old aggregate (`None`: the key has none any more; its entry is deleted).
+type AggregateFn<K, V, A> = Arc<dyn Fn(&K, V, Option<A>) -> Option<A> + Send + Sync>;
 
 /// What `KGroupedStream::resolve` hands back when a serde is missing: the store name and the
 /// value serde to chain on with (the error itself is recorded on the builder).
@@ -79,7 +80,11 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, K, A>
             Some(bytes) => Some(self.agg_serde.deserialize(&bytes)?),
             None => None,
         };
-        let new = (self.step)(&key, record.value, old);
+        let Some(new) = (self.step)(&key, record.value, old) else {
+            // Only a table aggregation's retraction of a value it never added gets here.
+            ctx.store(&self.store)?.delete(&key_bytes)?;
+            return Ok(());
+        };
         let bytes = self.agg_serde.serialize(&new)?;
         ctx.store(&self.store)?.put(&key_bytes, &bytes)?;
         let size = key_bytes.len() + bytes.len();
@@ -106,7 +111,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
         self.aggregate_with(
             materialized.into(),
             Some(Arc::new(I64Serde)),
-            |_k, _v, old: Option<i64>| old.unwrap_or(0) + 1,
+            |_k, _v, old: Option<i64>| Some(old.unwrap_or(0) + 1),
         )
     }
 
@@ -118,9 +123,11 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
         reducer: impl Fn(V, V) -> V + Send + Sync + 'static,
     ) -> KTable<K, V> {
         let values = self.stream.value_serde.clone();
-        self.aggregate_with(materialized.into(), values, move |_k, v, old| match old {
-            Some(a) => reducer(a, v),
-            None => v,
+        self.aggregate_with(materialized.into(), values, move |_k, v, old| {
+            Some(match old {
+                Some(a) => reducer(a, v),
+                None => v,
+            })
         })
     }
 
@@ -137,7 +144,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
         self.aggregate_with(
             materialized.into(),
             Some(Arc::new(agg_serde)),
-            move |k, v, old| aggregator(k, v, old.unwrap_or_else(&initializer)),
+            move |k, v, old| Some(aggregator(k, v, old.unwrap_or_else(&initializer))),
         )
     }
 
@@ -149,11 +156,11 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
             .missing_serde(self.stream.node, what, SERDE_HINT);
     }
 
-    fn aggregate_with<A: Datum + Clone>(
+    pub(super) fn aggregate_with<A: Datum + Clone>(
         &self,
         materialized: Materialized<K, A>,
         agg_serde: Option<Arc<dyn Serde<A>>>,
-        step: impl Fn(&K, V, Option<A>) -> A + Send + Sync + 'static,
+        step: impl Fn(&K, V, Option<A>) -> Option<A> + Send + Sync + 'static,
     ) -> KTable<K, A> {
         let r = match self.resolve(materialized, agg_serde, "aggregate-store") {
             Ok(r) => r,
@@ -182,6 +189,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
             window: None,
             versioned: false,
             view: None,
+            changes: None,
         }
     }
 
@@ -310,6 +318,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
             window: None,
             versioned: false,
             view: None,
+            changes: None,
         }
     }
 }

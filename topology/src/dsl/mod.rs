@@ -48,17 +48,22 @@ use crate::window::WindowError;
 
 pub mod async_stage;
 pub mod builder;
+pub mod change;
 pub mod grouped;
+pub mod grouped_table;
 pub mod join;
 pub mod options;
 pub mod stream;
 pub mod stream_join;
 pub mod table;
+pub mod table_join;
 pub mod table_view;
 pub mod windowed;
 
 pub use builder::StreamsBuilder;
+pub use change::{Change, ChangeSerde};
 pub use grouped::KGroupedStream;
+pub use grouped_table::KGroupedTable;
 pub use options::{Consumed, Grouped, Materialized, Named, Produced, Repartitioned};
 pub use stream::{KStream, Split};
 pub use stream_join::{JoinWindows, StreamJoined};
@@ -144,6 +149,13 @@ pub enum TopologyError {
         topic: String,
         /// The async stage.
         stage: String,
+    },
+    /// `KTable::group_by` or a table-table join on a table that does not carry its replaced
+    /// values.
+    #[error("table `{store}` cannot be regrouped or joined with another table: group_by and table-table joins need a table read from a topic (StreamsBuilder::table), a filter / map_values view of one, or a table-table join's result; an aggregation's table does not carry the values its updates replace yet")]
+    NoTableChanges {
+        /// The table's store.
+        store: String,
     },
     /// A serde needed by a node is not known.
     #[error("node `{node}` needs a {what} serde: the key or value type changed upstream; pass serdes explicitly ({hint})")]

@@ -144,7 +144,7 @@ where
         self.values_op("flat-map-values", f)
     }
 
-    fn values_op<V2: Datum + Clone, I: IntoIterator<Item = V2>>(
+    pub(super) fn values_op<V2: Datum + Clone, I: IntoIterator<Item = V2>>(
         &self,
         op: &str,
         f: impl Fn(V) -> I + Send + Sync + 'static,

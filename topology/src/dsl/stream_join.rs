@@ -178,7 +178,7 @@ struct JoinSide<K, VT, VO, VR> {
     after: i64,
     grace: i64,
     /// (this value, other value) to the result; `None`: absent.
-    pair: Arc<dyn Fn(Option<VT>, Option<VO>) -> VR + Send + Sync>,
+    pair: Joiner<VT, VO, VR>,
 }
 
 impl<K, VT, VO, VR> Processor<K, VT, K, VR> for JoinSide<K, VT, VO, VR>

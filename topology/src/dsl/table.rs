@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use super::change::Change;
 use super::table_view::TableLookup;
 use super::{KStream, TopologyError};
 use crate::graph::{NodeKind, Supplier};
@@ -42,11 +43,13 @@ pub(super) struct TableSource<K, V> {
     pub versioned: bool,
 }
 
-impl<K: Datum + Clone, V: Datum + Clone> Processor<K, Option<V>, K, V> for TableSource<K, V> {
+impl<K: Datum + Clone, V: Datum + Clone> Processor<K, Option<V>, K, Change<V>>
+    for TableSource<K, V>
+{
     fn process(
         &mut self,
         record: Record<K, Option<V>>,
-        ctx: &mut ProcessorContext<'_, K, V>,
+        ctx: &mut ProcessorContext<'_, K, Change<V>>,
     ) -> Result<(), ProcessError> {
         let Some(key) = record.key else {
             ctx.record_dropped("null_key");
@@ -58,8 +61,9 @@ impl<K: Datum + Clone, V: Datum + Clone> Processor<K, Option<V>, K, V> for Table
             .as_ref()
             .map(|v| self.value_serde.serialize(v))
             .transpose()?;
-        if self.versioned {
+        let old = if self.versioned {
             let mut store = VersionedBytes::open(ctx.timed_store(&self.store)?)?;
+            let old = store.get(&kb)?.map(|(value, _)| value);
             match store.put(&kb, vb.as_deref(), record.timestamp)? {
                 PutOutcome::Latest => {}
                 // Older than the history retention reaches: not stored (Kafka Streams drops it).
@@ -71,21 +75,30 @@ impl<K: Datum + Clone, V: Datum + Clone> Processor<K, Option<V>, K, V> for Table
                 // so nothing goes downstream (as in Kafka Streams).
                 PutOutcome::ValidTo(_) => return Ok(()),
             }
+            old
         } else {
             let store = ctx.store(&self.store)?;
+            let old = store.get(&kb)?;
             match &vb {
                 Some(vb) => store.put(&kb, vb)?,
                 None => store.delete(&kb)?,
             }
+            old
+        };
+        let old = old.map(|b| self.value_serde.deserialize(&b)).transpose()?;
+        if record.value.is_none() && old.is_none() {
+            // Deleting an absent key changes nothing.
+            return Ok(());
         }
-        if let Some(value) = record.value {
-            ctx.forward(Record {
-                key: Some(key),
-                value,
-                timestamp: record.timestamp,
-                headers: record.headers,
-            });
-        }
+        ctx.forward(Record {
+            key: Some(key),
+            value: Change {
+                new: record.value,
+                old,
+            },
+            timestamp: record.timestamp,
+            headers: record.headers,
+        });
         Ok(())
     }
 }
@@ -102,6 +115,9 @@ pub struct KTable<K, V> {
     /// For a table derived without a store ([`crate::dsl::table_view`]): its value from the
     /// bytes of the store it reads. `None`: the store's values, decoded with the value serde.
     pub(super) view: Option<TableLookup<K, V>>,
+    /// Its updates with the values they replace, deletions included (tables read from topics
+    /// and their views; `None` for aggregations' tables, which have no such stream yet).
+    pub(super) changes: Option<KStream<K, Change<V>>>,
 }
 
 impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
@@ -207,6 +223,8 @@ impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
                 .map(|w| WindowedTable { updates: None, ..w }),
             versioned: self.versioned,
             view: self.view.clone(),
+            // The held-back updates do not say what they replace.
+            changes: None,
         }
     }
 }
@@ -219,6 +237,7 @@ impl<K, V> Clone for KTable<K, V> {
             window: self.window.clone(),
             versioned: self.versioned,
             view: self.view.clone(),
+            changes: self.changes.clone(),
         }
     }
 }

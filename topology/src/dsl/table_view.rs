@@ -14,8 +14,10 @@
 
 use std::sync::Arc;
 
+use super::change::Change;
 use super::{KStream, KTable};
 use crate::processor::{Datum, ProcessError};
+use crate::record::Record;
 use crate::serdes::Serde;
 
 /// A table's value for a key, computed from the bytes its store holds for the key.
@@ -36,8 +38,25 @@ impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
         let predicate = Arc::new(predicate);
         let p = predicate.clone();
         let stream = self.stream.filter(move |k, v| k.is_some_and(|k| p(k, v)));
-        let view = self.view_then(move |k, v| v.filter(|v| predicate(k, v)));
-        self.derived(stream, view)
+        let q = predicate.clone();
+        let view = self.view_then(move |k, v| v.filter(|v| q(k, v)));
+        let changes = self.changes.as_ref().map(|c| {
+            c.stateless(
+                "table-filter",
+                false,
+                move |r: Record<K, Change<V>>, out| {
+                    let passes = |v: &V| r.key.as_ref().is_some_and(|k| predicate(k, v));
+                    let change = Change {
+                        new: r.value.new.clone().filter(passes),
+                        old: r.value.old.clone().filter(passes),
+                    };
+                    if change.new.is_some() || change.old.is_some() {
+                        out(Record { value: change, ..r });
+                    }
+                },
+            )
+        });
+        self.derived(stream, view, changes)
     }
 
     /// The table of the values for which `predicate(key, value)` does not hold (Kafka Streams'
@@ -58,8 +77,17 @@ impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
         let f = Arc::new(f);
         let g = f.clone();
         let stream = self.stream.map_values(move |v| g(v));
-        let view = self.view_then(move |_k, v| v.map(|v| f(v)));
-        self.derived(stream, view)
+        let h = f.clone();
+        let view = self.view_then(move |_k, v| v.map(|v| h(v)));
+        let changes = self.changes.as_ref().map(|c| {
+            c.values_op("table-map-values", move |c: Change<V>| {
+                Some(Change {
+                    new: c.new.map(|v| f(v)),
+                    old: c.old.map(|v| f(v)),
+                })
+            })
+        });
+        self.derived(stream, view, changes)
     }
 
     /// How a join reads this table: its key serde and its value for a key from the stored
@@ -97,13 +125,19 @@ impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
         Arc::new(move |k, b| Ok(step(k, parent(k, b)?)))
     }
 
-    fn derived<V2>(&self, stream: KStream<K, V2>, view: TableLookup<K, V2>) -> KTable<K, V2> {
+    fn derived<V2>(
+        &self,
+        stream: KStream<K, V2>,
+        view: TableLookup<K, V2>,
+        changes: Option<KStream<K, Change<V2>>>,
+    ) -> KTable<K, V2> {
         KTable {
             stream,
             store: self.store.clone(),
             window: None,
             versioned: self.versioned,
             view: Some(view),
+            changes,
         }
     }
 }

@@ -143,6 +143,7 @@ fn windowed_table<K: Datum + Clone, A: Datum + Clone>(
         window: Some(window),
         versioned: false,
         view: None,
+        changes: None,
     }
 }
 
