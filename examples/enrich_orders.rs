@@ -5,7 +5,9 @@
 //! amount, a string), joins each order with the customer's current tier and writes
 //! `orders-enriched`: key the customer id, value `<amount>|<tier>`. Orders of unknown customers
 //! are dropped and counted in `rill_discarded_records_total{reason="unmatched_join"}`. Both topics
-//! must have the same number of partitions (the join is co-partitioned; startup checks it).
+//! must have the same number of partitions (the join is co-partitioned; startup checks it);
+//! with `--global` the customers are a global table instead: every instance reads all of them
+//! and any partition counts do.
 //!
 //! ```sh
 //! cargo run --release --example enrich_orders                  # embedded cluster, generated data, Ctrl-C stops
@@ -37,16 +39,31 @@ const PARTITIONS: u32 = 4;
 /// Customers the generator knows; orders also go to 10 unknown ones.
 const KNOWN: u64 = 50;
 
-/// The topology: `customers` as a table, `orders` joined with it into `output`.
-fn topology(customers: &str, orders: &str, output: &str) -> Result<Topology, TopologyError> {
+/// The topology: `customers` as a table (a global one with `global`), `orders` joined with it
+/// into `output`.
+fn topology(
+    customers: &str,
+    orders: &str,
+    output: &str,
+    global: bool,
+) -> Result<Topology, TopologyError> {
     let builder = StreamsBuilder::new();
-    let customers = builder.table(customers, StringSerde, StringSerde, "customers-store");
-    builder
-        .stream(orders, StringSerde, StringSerde)
-        .join(&customers, |amount: String, tier: String| {
-            format!("{amount}|{tier}")
-        })
-        .to_with(output, Produced::with(StringSerde, StringSerde));
+    let stream = builder.stream(orders, StringSerde, StringSerde);
+    let joiner = |amount: String, tier: String| format!("{amount}|{tier}");
+    let enriched = if global {
+        // Every instance holds all customers: no co-partitioning needed.
+        let customers =
+            builder.global_table(customers, StringSerde, StringSerde, "customers-store");
+        stream.join_global(
+            &customers,
+            |id: Option<&String>, _| id.cloned().unwrap_or_default(),
+            joiner,
+        )
+    } else {
+        let customers = builder.table(customers, StringSerde, StringSerde, "customers-store");
+        stream.join(&customers, joiner)
+    };
+    enriched.to_with(output, Produced::with(StringSerde, StringSerde));
     builder.build()
 }
 
@@ -138,6 +155,10 @@ struct Cli {
     /// The output topic (id -> `<amount>|<tier>`)
     #[arg(long, default_value = OUTPUT)]
     output: String,
+    /// Read customers as a global table (every instance holds all of them; the topics need
+    /// not be co-partitioned)
+    #[arg(long)]
+    global: bool,
     #[command(flatten)]
     service: common::ServiceArgs,
 }
@@ -151,7 +172,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .with_config_file_and_env(cli.service.config.as_deref())
         .build()?;
     let kafka = config.kafka.clone();
-    let runtime = Runtime::new(topology(&cli.customers, &cli.orders, &cli.output)?, config)?;
+    let runtime = Runtime::new(
+        topology(&cli.customers, &cli.orders, &cli.output, cli.global)?,
+        config,
+    )?;
     let topics = [&cli.customers, &cli.orders, &cli.output];
     let Some(cluster) = runtime.embedded() else {
         let admin = client_config(runtime.bootstrap_servers(), &kafka);

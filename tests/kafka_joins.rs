@@ -9,7 +9,7 @@
 //! Checked against an oracle that replays the events in timestamp order: every order of a known
 //! customer comes out once or more (at least once) with exactly the oracle's `<amount>|<tier>`,
 //! no output for an unknown or deleted customer, and the table's changelog ends with the
-//! oracle's final table.
+//! oracle's final table. A second test joins a global table across partition counts.
 
 mod common;
 
@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::producer::{flush, send_record};
-use common::service::{example_binary, terminate, Rng, Service};
+use common::service::{example_binary, kill, terminate, Rng, Service};
 use common::{create_topic, read_until, unique, Cluster};
 use rdkafka::producer::BaseRecord;
 use rdkafka::Message;
@@ -161,45 +161,42 @@ fn a_join_of_prepopulated_topics_meets_the_table_as_of_each_order_across_sigkill
     service.set("parallelising.factor", "3");
     // The second batch's customers and orders are written within this of each other.
     service.set("max.task.idle.ms", "3000");
+    // SIGKILLed mid-run: each time once a further part of the first batch came out.
     let kills = 3;
-    let mut child = service.spawn_and_kill(&mut rng, kills, 800, 1500);
-    std::thread::sleep(Duration::from_secs(2));
+    let mut child = service.spawn();
+    let progress = cluster.reader(&output);
+    let mut outputs = 0usize;
+    let expected_first = first
+        .iter()
+        .filter(|e| matches!(e, Event::Order { .. }))
+        .count();
+    for k in 1..=kills {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while outputs < k * expected_first / 8 && Instant::now() < deadline {
+            if let Some(Ok(_)) = progress.poll(Duration::from_millis(50)) {
+                outputs += 1;
+            }
+        }
+        kill(&mut child);
+        println!("kill {k} after {outputs} outputs");
+        child = service.spawn();
+    }
+    drop(progress);
     let t1 = t0 + 10 * first.len() as i64 + 10;
     write(&cluster, &customers, &orders, &second, t1);
 
     let (want, table) = oracle(first.iter().chain(&second));
+    let joined_first = oracle(first.iter()).0.values().flatten().count();
+    assert!(
+        outputs < joined_first,
+        "the kills came after all {joined_first} outputs of the first batch: not mid-run"
+    );
     let joined: BTreeMap<u64, (String, String)> = want
         .iter()
         .filter_map(|(a, o)| o.clone().map(|o| (*a, o)))
         .collect();
     // Every output, until each joined order came out at least once.
-    let mut seen: BTreeMap<u64, Vec<(String, String)>> = BTreeMap::new();
-    let consumer = cluster.reader(&output);
-    let deadline = Instant::now() + Duration::from_secs(240);
-    while Instant::now() < deadline && seen.len() < joined.len() {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-            let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
-            let value = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
-            let amount: u64 = value
-                .split('|')
-                .next()
-                .and_then(|a| a.parse().ok())
-                .unwrap_or_else(|| panic!("output {key} -> {value} is not <amount>|<tier>"));
-            seen.entry(amount).or_default().push((key, value));
-        }
-    }
-    // Outputs that were on their way when the last one came.
-    let settle = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < settle {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-            let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
-            let value = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
-            let amount = value.split('|').next().and_then(|a| a.parse().ok());
-            seen.entry(amount.unwrap_or(u64::MAX))
-                .or_default()
-                .push((key, value));
-        }
-    }
+    let seen = read_outputs(&cluster, &output, joined.len());
     let clean = terminate(&mut child);
     let log = service.log_tail(15);
 
@@ -252,4 +249,144 @@ fn a_join_of_prepopulated_topics_meets_the_table_as_of_each_order_across_sigkill
         );
     }
     assert!(clean, "SIGTERM must drain, commit and exit 0; log:\n{log}");
+}
+
+/// `enrich_orders --global`: the customers are a global table on one partition, the orders have
+/// three, the service is SIGKILLed twice while orders flow; every order of a known customer
+/// comes out with its tier (the table does not change while orders flow), none of the others.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test"]
+fn a_global_table_joins_orders_of_another_partition_count_across_sigkills() {
+    let (customers, orders, output, app) = (
+        unique("global-customers"),
+        unique("orders"),
+        unique("enriched"),
+        unique("global-join"),
+    );
+    create_topic(&customers, 1);
+    create_topic(&orders, PARTITIONS);
+    create_topic(&output, PARTITIONS);
+    let cluster = Cluster::test();
+    let producer = cluster.producer();
+    let mut table: HashMap<String, Option<String>> = HashMap::new();
+    for c in 0..50u64 {
+        let (id, tier) = (format!("c{c}"), TIERS[(c % 3) as usize]);
+        send_record(
+            &producer,
+            BaseRecord::<[u8], [u8]>::to(&customers)
+                .key(id.as_bytes())
+                .payload(tier.as_bytes()),
+        )
+        .expect("send");
+        table.insert(id, Some(tier.to_string()));
+    }
+    for c in 45..50u64 {
+        let id = format!("c{c}");
+        send_record(
+            &producer,
+            BaseRecord::<[u8], [u8]>::to(&customers).key(id.as_bytes()),
+        )
+        .expect("send a tombstone");
+        table.insert(id, None);
+    }
+    flush(&producer).expect("flush");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut service = Service::new(&app, "0", &orders, &output, dir.path());
+    service.binary = example_binary("enrich_orders");
+    service.args = [
+        "--customers",
+        &customers,
+        "--orders",
+        &orders,
+        "--output",
+        &output,
+        "--global",
+    ]
+    .map(String::from)
+    .to_vec();
+    service.set("parallelising.factor", "2");
+    let mut rng = Rng::from_clock("global join test");
+    let orders_of: Vec<(String, u64)> = (0..6_000u64)
+        .map(|n| (format!("c{}", rng.next() % 60), n))
+        .collect();
+    let feed = {
+        let (orders, batch) = (orders.clone(), orders_of.clone());
+        std::thread::spawn(move || {
+            let producer = Cluster::test().producer();
+            for chunk in batch.chunks(500) {
+                for (id, amount) in chunk {
+                    let amount = amount.to_string();
+                    send_record(
+                        &producer,
+                        BaseRecord::<[u8], [u8]>::to(&orders)
+                            .key(id.as_bytes())
+                            .payload(amount.as_bytes()),
+                    )
+                    .expect("send an order");
+                }
+                flush(&producer).expect("flush");
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        })
+    };
+    let kills = 2;
+    let mut child = service.spawn_and_kill(&mut rng, kills, 1500, 1000);
+    feed.join().expect("feed");
+    let joined: BTreeMap<u64, (String, String)> = orders_of
+        .iter()
+        .filter_map(|(id, amount)| {
+            let tier = table.get(id).cloned().flatten()?;
+            Some((*amount, (id.clone(), format!("{amount}|{tier}"))))
+        })
+        .collect();
+    let seen = read_outputs(&cluster, &output, joined.len());
+    let clean = terminate(&mut child);
+    let log = service.log_tail(15);
+    let wrong: Vec<_> = seen
+        .iter()
+        .filter(|(a, outs)| outs.iter().any(|o| joined.get(a) != Some(o)))
+        .take(10)
+        .collect();
+    let missing = joined.keys().filter(|a| !seen.contains_key(a)).count();
+    println!(
+        "{} orders, {} joined; {} outputs after {kills} SIGKILLs",
+        orders_of.len(),
+        joined.len(),
+        seen.values().map(Vec::len).sum::<usize>()
+    );
+    assert!(
+        wrong.is_empty(),
+        "outputs that are not the oracle's: {wrong:?}; log:\n{log}"
+    );
+    assert_eq!(missing, 0, "joined orders that never came out; log:\n{log}");
+    assert!(clean, "SIGTERM must drain, commit and exit 0; log:\n{log}");
+}
+
+/// The outputs `<amount>|<tier>` of `topic` by amount, read until `want` amounts came out (or
+/// 240 s passed), then 3 s more for outputs still on their way.
+fn read_outputs(
+    cluster: &Cluster,
+    topic: &str,
+    want: usize,
+) -> BTreeMap<u64, Vec<(String, String)>> {
+    let mut seen: BTreeMap<u64, Vec<(String, String)>> = BTreeMap::new();
+    let consumer = cluster.reader(topic);
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut settle: Option<Instant> = None;
+    while Instant::now() < settle.unwrap_or(deadline) {
+        if settle.is_none() && seen.len() >= want {
+            settle = Some(Instant::now() + Duration::from_secs(3));
+        }
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+            let value = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+            let amount = value.split('|').next().and_then(|a| a.parse().ok());
+            // An output that is not `<amount>|..` is filed under u64::MAX: never the oracle's.
+            seen.entry(amount.unwrap_or(u64::MAX))
+                .or_default()
+                .push((key, value));
+        }
+    }
+    seen
 }

@@ -29,6 +29,10 @@ use crate::time::TimestampError;
 pub trait TaskEnv {
     /// The sub-task's view of store `name`.
     fn store(&mut self, name: &str) -> Result<&mut dyn KeyValueBytes, StoreError>;
+    /// The value of `key` in global store `store` (shared by every sub-task, read-only).
+    fn global_get(&mut self, store: &str, _key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Err(StoreError::UnknownStore(store.to_string()))
+    }
     /// Takes a record a sink wrote to `topic`.
     fn emit(&mut self, topic: &Topic, record: RawRecord);
     /// Counts a record a node dropped on purpose.
@@ -195,6 +199,9 @@ impl ProcessorHost for Host<'_> {
     }
     fn record_dropped(&mut self, reason: &'static str) {
         self.env.dropped(reason);
+    }
+    fn global_get(&mut self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.env.global_get(store, key)
     }
     fn meta(&self) -> &RecordMeta {
         self.meta

@@ -141,12 +141,19 @@ pub struct Topology {
     pub(crate) sub_topologies: Vec<SubTopology>,
     /// What each store holds (key-value, windows, sessions, a suppression buffer).
     pub(crate) store_kinds: BTreeMap<String, StoreKind>,
+    /// Global tables: store name -> the topic that fills it (see [`crate::global`]).
+    pub(crate) global_tables: BTreeMap<String, String>,
 }
 
 impl Topology {
     /// All nodes.
     pub fn nodes(&self) -> &[Node] {
         &self.nodes
+    }
+
+    /// Global tables: store name -> the topic that fills it.
+    pub fn global_tables(&self) -> &BTreeMap<String, String> {
+        &self.global_tables
     }
 
     /// The sub-topologies, in the order their first source was declared.

@@ -20,6 +20,7 @@
 pub mod cache;
 pub mod dsl;
 pub mod exec;
+pub mod global;
 pub mod graph;
 pub mod keyrange;
 pub mod processor;
@@ -43,9 +44,9 @@ pub use record::{Headers, RawRecord, Record};
 /// The names most applications need.
 pub mod prelude {
     pub use crate::dsl::{
-        Consumed, Grouped, JoinWindows, KGroupedStream, KStream, KTable, Materialized, Named,
-        Produced, Repartitioned, SessionWindowedKStream, StreamJoined, StreamsBuilder,
-        TimeWindowedKStream, TopologyError,
+        Consumed, GlobalKTable, Grouped, JoinWindows, KGroupedStream, KStream, KTable,
+        Materialized, Named, Produced, Repartitioned, SessionWindowedKStream, StreamJoined,
+        StreamsBuilder, TimeWindowedKStream, TopologyError,
     };
     pub use crate::graph::Topology;
     pub use crate::processor::{ProcessError, Processor, ProcessorContext, PunctuationType};

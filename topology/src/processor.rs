@@ -165,6 +165,10 @@ pub trait ProcessorHost {
     fn record_dropped(&mut self, reason: &'static str);
     /// The input record being processed (default values during punctuation).
     fn meta(&self) -> &RecordMeta;
+    /// The value of `key` in global store `store` ([`crate::global`]).
+    fn global_get(&mut self, store: &str, _key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Err(StoreError::UnknownStore(store.to_string()))
+    }
 }
 
 /// The context handed to a typed [`Processor`].
@@ -274,6 +278,12 @@ impl<'a, KOut: Datum, VOut: Datum> ProcessorContext<'a, KOut, VOut> {
     /// Counts a record dropped on purpose, under `reason` (a metric label).
     pub fn record_dropped(&mut self, reason: &'static str) {
         self.host.record_dropped(reason);
+    }
+
+    /// The value bytes of serialized `key` in global store `store` (a
+    /// [`crate::dsl::GlobalKTable`]'s, read-only; see [`crate::global`]).
+    pub fn global_get(&mut self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.host.global_get(store, key)
     }
 
     /// Topic, partition and offset of the input record.

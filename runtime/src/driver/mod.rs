@@ -263,6 +263,14 @@ impl Inner {
         partition: Option<u32>,
         raw: RawRecord,
     ) -> Result<(), DriverError> {
+        // A global table's topic fills its store at once (every instance holds all of it).
+        if self
+            .engine
+            .global_stores()
+            .apply(topic, raw.key.as_deref(), raw.value.as_deref())
+        {
+            return Ok(());
+        }
         let n = *self.partitions.get(topic).unwrap_or(&1);
         let p = partition.unwrap_or_else(|| default_partition(&raw, n));
         self.append(topic, p, raw)?;

@@ -52,6 +52,10 @@ impl<'a> Env<'a> {
 }
 
 impl TaskEnv for Env<'_> {
+    fn global_get(&mut self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.shared.globals.get(store, key)
+    }
+
     fn store(&mut self, name: &str) -> Result<&mut dyn KeyValueBytes, StoreError> {
         self.state
             .as_mut()

@@ -45,6 +45,7 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 use rill_state::StateDb;
 use rill_topology::cache::CacheBudget;
+use rill_topology::global::GlobalStores;
 use rill_topology::store::StoreKind;
 use rill_topology::{Topic, Topology};
 
@@ -105,6 +106,8 @@ pub(crate) struct Shared {
     record_cache: Arc<CacheBudget>,
     /// Where async stages' calls run (`None` when the topology has no async stage).
     async_runtime: Option<tokio::runtime::Handle>,
+    /// The global tables' stores, read by every sub-task (see `rill_topology::global`).
+    globals: Arc<GlobalStores>,
 }
 
 impl Shared {
@@ -273,6 +276,7 @@ impl Engine {
         };
         Ok(Engine {
             shared: Arc::new(Shared {
+                globals: Arc::new(GlobalStores::new(&topology)),
                 topology,
                 config,
                 sink,
@@ -309,6 +313,11 @@ impl Engine {
     /// The topology being run.
     pub fn topology(&self) -> &Arc<Topology> {
         &self.shared.topology
+    }
+
+    /// The global tables' stores, for whoever fills them (the service's reader, the TestDriver).
+    pub fn global_stores(&self) -> &Arc<GlobalStores> {
+        &self.shared.globals
     }
 
     /// What the engine has done so far.

@@ -8,6 +8,7 @@ pub(crate) mod changelog_reader;
 pub(crate) mod committer;
 pub(crate) mod elastic;
 pub mod embedded;
+pub mod global;
 pub mod metadata;
 pub(crate) mod producer;
 pub(crate) mod rebalance;

@@ -160,6 +160,9 @@ pub enum RuntimeError {
     /// The processing loop stopped on an error.
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// The global tables could not be loaded.
+    #[error(transparent)]
+    Global(#[from] crate::kafka::global::GlobalError),
     /// The processing thread panicked.
     #[error("the processing thread panicked")]
     Panicked,
@@ -382,6 +385,12 @@ impl Runtime {
             None
         };
         engine.restore_from(Arc::new(KafkaChangelogReader::new(restore_config)));
+        // Global tables are whole before any record is processed.
+        let mut global_config = client_config(&self.bootstrap, &c.kafka);
+        if exactly_once {
+            global_config.set("isolation.level", "read_committed");
+        }
+        crate::kafka::global::start(global_config, engine.global_stores())?;
         let engine = Arc::new(Mutex::new(engine));
         let mut cfg = client_config(&self.bootstrap, &c.kafka);
         // A sub-topology with several inputs needs partition p of each on one member: `range`

@@ -309,6 +309,7 @@ impl StreamsBuilder {
             nodes,
             sub_topologies,
             store_kinds: g.stores.clone(),
+            global_tables: g.global_tables.clone(),
         })
     }
 }

@@ -78,16 +78,40 @@ where
                 return Ok(());
             }
         };
-        match (self.joiner)(record.value, table) {
-            Some(value) => ctx.forward(Record {
-                key: record.key,
-                value,
-                timestamp: record.timestamp,
-                headers: record.headers,
-            }),
-            None => ctx.record_dropped("unmatched_join"),
-        }
+        let Record {
+            key,
+            value,
+            timestamp,
+            headers,
+        } = record;
+        let joined = (self.joiner)(value, table);
+        forward_joined(
+            ctx,
+            Record {
+                key,
+                value: joined,
+                timestamp,
+                headers,
+            },
+        );
         Ok(())
+    }
+}
+
+/// Forwards a stream record's join result with its key and timestamp, or counts it as
+/// unmatched (`None`).
+pub(super) fn forward_joined<K: Datum, VR: Datum>(
+    ctx: &mut ProcessorContext<'_, K, VR>,
+    joined: Record<K, Option<VR>>,
+) {
+    match joined.value {
+        Some(value) => ctx.forward(Record {
+            key: joined.key,
+            value,
+            timestamp: joined.timestamp,
+            headers: joined.headers,
+        }),
+        None => ctx.record_dropped("unmatched_join"),
     }
 }
 

@@ -49,6 +49,7 @@ use crate::window::WindowError;
 pub mod async_stage;
 pub mod builder;
 pub mod change;
+pub mod global_table;
 pub mod grouped;
 pub mod grouped_table;
 pub mod join;
@@ -62,6 +63,7 @@ pub mod windowed;
 
 pub use builder::StreamsBuilder;
 pub use change::{Change, ChangeSerde};
+pub use global_table::GlobalKTable;
 pub use grouped::KGroupedStream;
 pub use grouped_table::KGroupedTable;
 pub use options::{Consumed, Grouped, Materialized, Named, Produced, Repartitioned};
@@ -189,6 +191,8 @@ struct GraphBuilder {
     counter: usize,
     /// Errors found while chaining; `build` reports the first.
     errors: Vec<TopologyError>,
+    /// Global tables: store name -> topic.
+    global_tables: BTreeMap<String, String>,
 }
 
 impl GraphBuilder {
