@@ -97,22 +97,7 @@ where
             .global_get(&self.table.store, &kb)?
             .map(|b| self.table.value_serde.deserialize(&b))
             .transpose()?;
-        let Record {
-            key,
-            value,
-            timestamp,
-            headers,
-        } = record;
-        let joined = (self.joiner)(value, row);
-        forward_joined(
-            ctx,
-            Record {
-                key,
-                value: joined,
-                timestamp,
-                headers,
-            },
-        );
+        forward_joined(ctx, record, |v| (self.joiner)(v, row));
         Ok(())
     }
 }

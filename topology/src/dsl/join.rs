@@ -78,38 +78,24 @@ where
                 return Ok(());
             }
         };
-        let Record {
-            key,
-            value,
-            timestamp,
-            headers,
-        } = record;
-        let joined = (self.joiner)(value, table);
-        forward_joined(
-            ctx,
-            Record {
-                key,
-                value: joined,
-                timestamp,
-                headers,
-            },
-        );
+        forward_joined(ctx, record, |v| (self.joiner)(v, table));
         Ok(())
     }
 }
 
-/// Forwards a stream record's join result with its key and timestamp, or counts it as
-/// unmatched (`None`).
-pub(super) fn forward_joined<K: Datum, VR: Datum>(
+/// Forwards `join(value)` with the record's key and timestamp, or counts the record as
+/// unmatched when it is `None`.
+pub(super) fn forward_joined<K: Datum, V, VR: Datum>(
     ctx: &mut ProcessorContext<'_, K, VR>,
-    joined: Record<K, Option<VR>>,
+    record: Record<K, V>,
+    join: impl FnOnce(V) -> Option<VR>,
 ) {
-    match joined.value {
+    match join(record.value) {
         Some(value) => ctx.forward(Record {
-            key: joined.key,
+            key: record.key,
             value,
-            timestamp: joined.timestamp,
-            headers: joined.headers,
+            timestamp: record.timestamp,
+            headers: record.headers,
         }),
         None => ctx.record_dropped("unmatched_join"),
     }
