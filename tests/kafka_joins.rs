@@ -146,18 +146,7 @@ fn a_join_of_prepopulated_topics_meets_the_table_as_of_each_order_across_sigkill
     write(&cluster, &customers, &orders, &first, t0);
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut service = Service::new(&app, "0", &orders, &output, dir.path());
-    service.binary = example_binary("enrich_orders");
-    service.args = [
-        "--customers",
-        &customers,
-        "--orders",
-        &orders,
-        "--output",
-        &output,
-    ]
-    .map(String::from)
-    .to_vec();
+    let mut service = enrich_orders(&app, [&customers, &orders, &output], false, dir.path());
     service.set("parallelising.factor", "3");
     // The second batch's customers and orders are written within this of each other.
     service.set("max.task.idle.ms", "3000");
@@ -292,19 +281,7 @@ fn a_global_table_joins_orders_of_another_partition_count_across_sigkills() {
     flush(&producer).expect("flush");
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut service = Service::new(&app, "0", &orders, &output, dir.path());
-    service.binary = example_binary("enrich_orders");
-    service.args = [
-        "--customers",
-        &customers,
-        "--orders",
-        &orders,
-        "--output",
-        &output,
-        "--global",
-    ]
-    .map(String::from)
-    .to_vec();
+    let mut service = enrich_orders(&app, [&customers, &orders, &output], true, dir.path());
     service.set("parallelising.factor", "2");
     let mut rng = Rng::from_clock("global join test");
     let orders_of: Vec<(String, u64)> = (0..6_000u64)
@@ -389,4 +366,26 @@ fn read_outputs(
         }
     }
     seen
+}
+
+/// The `enrich_orders` example as application `app` on (customers, orders, output), with the
+/// customers as a global table when `global`.
+fn enrich_orders(app: &str, topics: [&str; 3], global: bool, dir: &std::path::Path) -> Service {
+    let [customers, orders, output] = topics;
+    let mut service = Service::new(app, "0", orders, output, dir);
+    service.binary = example_binary("enrich_orders");
+    service.args = [
+        "--customers",
+        customers,
+        "--orders",
+        orders,
+        "--output",
+        output,
+    ]
+    .map(String::from)
+    .to_vec();
+    if global {
+        service.args.push("--global".into());
+    }
+    service
 }
