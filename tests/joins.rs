@@ -488,3 +488,48 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_table_written_to_a_topic_carries_its_deletions_as_tombstones() {
+    let builder = StreamsBuilder::new();
+    builder
+        .table("customers", StringSerde, StringSerde, "customers-store")
+        .filter(|_id, tier| tier != "banned")
+        .to("customers-copy");
+    let driver = TestDriver::builder(builder.build().unwrap())
+        .parallelising_factor(2)
+        .build()
+        .unwrap();
+    let customers = driver.input_topic("customers", StringSerde, StringSerde);
+    customers.pipe_input("c1".into(), "gold".into());
+    customers.pipe_input("c1".into(), "banned".into());
+    customers.pipe_input("c2".into(), "silver".into());
+    driver
+        .pipe_raw(
+            "customers",
+            None,
+            RawRecord {
+                key: Some(b"c2".to_vec()),
+                value: None,
+                timestamp: 9,
+                headers: Headers::new(),
+            },
+        )
+        .unwrap();
+    let out = driver.output_topic("customers-copy", StringSerde, StringSerde);
+    let mut got = Vec::new();
+    while let Some(r) = out.read_raw_record() {
+        let s = |b: Vec<u8>| String::from_utf8(b).unwrap();
+        got.push((r.key.map(s).unwrap_or_default(), r.value.map(s)));
+    }
+    assert_eq!(
+        got,
+        vec![
+            ("c1".to_string(), Some("gold".to_string())),
+            // c1 stopped passing the filter: a tombstone, as Kafka Streams writes.
+            ("c1".to_string(), None),
+            ("c2".to_string(), Some("silver".to_string())),
+            ("c2".to_string(), None),
+        ]
+    );
+}

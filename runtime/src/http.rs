@@ -32,6 +32,9 @@ use crate::health::Health;
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Bound on one connection, request and response included (a scrape renders in milliseconds).
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections the kernel may queue before the accept loop takes them (capped by
+/// `net.core.somaxconn`).
+const LISTEN_BACKLOG: u32 = 4096;
 /// How long `drop` waits for the listener to close.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Content type of the Prometheus text exposition format.
@@ -127,13 +130,22 @@ impl HttpServer {
         router: Router,
     ) -> Result<Self, HttpError> {
         let bind = |source| HttpError::Bind { addr, source };
-        let std_listener = std::net::TcpListener::bind(addr).map_err(bind)?;
-        let bound = std_listener.local_addr().map_err(bind)?;
-        std_listener.set_nonblocking(true).map_err(bind)?;
         let listener = {
             let _enter = runtime.enter();
-            tokio::net::TcpListener::from_std(std_listener).map_err(bind)?
+            let socket = if addr.is_ipv4() {
+                tokio::net::TcpSocket::new_v4()
+            } else {
+                tokio::net::TcpSocket::new_v6()
+            }
+            .map_err(bind)?;
+            // As std's bind does; a port in TIME_WAIT can be reused, a listening one cannot.
+            socket.set_reuseaddr(true).map_err(bind)?;
+            socket.bind(addr).map_err(bind)?;
+            // A flood of clients reconnecting at once must not overflow the accept queue: a
+            // dropped SYN is retried only after 1 s, which would delay a probe that long.
+            socket.listen(LISTEN_BACKLOG).map_err(bind)?
         };
+        let bound = listener.local_addr().map_err(bind)?;
         let (stop, stopped) = watch::channel(false);
         let (closed_tx, closed) = mpsc::channel::<()>();
         runtime.spawn(async move {

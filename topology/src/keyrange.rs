@@ -85,6 +85,44 @@ impl fmt::Display for KeyRange {
     }
 }
 
+/// The partition Kafka's default partitioner (the Java producer's, librdkafka's
+/// `murmur2_random`) gives a keyed record among `partitions`: `toPositive(murmur2(key)) % n`.
+/// Repartition topics read beside user topics use it, so a re-keyed stream meets a table whose
+/// topic a Kafka producer wrote.
+pub fn kafka_partition(key: &[u8], partitions: u32) -> u32 {
+    (murmur2(key) & 0x7fff_ffff) % partitions.max(1)
+}
+
+/// Kafka's `Utils.murmur2` (seed 0x9747b28c).
+fn murmur2(data: &[u8]) -> u32 {
+    const M: u32 = 0x5bd1_e995;
+    let mut h: u32 = 0x9747_b28c ^ data.len() as u32;
+    let mut chunks = data.chunks_exact(4);
+    for c in &mut chunks {
+        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> 24;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let rest = chunks.remainder();
+    if rest.len() == 3 {
+        h ^= u32::from(rest[2]) << 16;
+    }
+    if rest.len() >= 2 {
+        h ^= u32::from(rest[1]) << 8;
+    }
+    if !rest.is_empty() {
+        h ^= u32::from(rest[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h
+}
+
 /// The `p` equal contiguous ranges of the hash space, in hash order.
 pub fn ranges(p: usize) -> Vec<KeyRange> {
     (0..p).map(|i| KeyRange::nth(i, p)).collect()
@@ -97,6 +135,33 @@ pub fn range_of(hash: u64, p: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn murmur2_is_kafkas() {
+        // Kafka's UtilsTest.testMurmur2 cases.
+        for (key, java) in [
+            (&b"21"[..], -973932308i32),
+            (b"foobar", -790332482),
+            (b"a-little-bit-long-string", -985981536),
+            (b"a-little-bit-longer-string", -1486304829),
+            (
+                b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
+                -58897971,
+            ),
+            (b"abc", 479470107),
+        ] {
+            assert_eq!(
+                super::murmur2(key) as i32,
+                java,
+                "{}",
+                String::from_utf8_lossy(key)
+            );
+        }
+        assert_eq!(
+            kafka_partition(b"21", 7),
+            ((-973932308i32 & 0x7fff_ffff) % 7) as u32
+        );
+    }
+
     use super::*;
     use proptest::prelude::*;
 

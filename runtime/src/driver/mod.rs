@@ -40,7 +40,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use rill_state::{StateConfig, StateDb};
 use rill_topology::serdes::Serde;
-use rill_topology::{key_hash, RawRecord, Topic, Topology};
+use rill_topology::{kafka_partition, RawRecord, Topic, Topology};
 
 use crate::engine::{
     Dispatch, Engine, EngineConfig, EngineError, EngineStats, FactorChange, RecordErrorHandler,
@@ -323,8 +323,10 @@ impl Inner {
 }
 
 /// Partition for a record written without one: by key hash, like a keyed producer.
+/// The partition a Kafka producer's default partitioner would choose (records without a key:
+/// partition 0).
 fn default_partition(raw: &RawRecord, n: u32) -> u32 {
-    (raw.key.as_deref().map_or(0, key_hash) % n as u64) as u32
+    raw.key.as_deref().map_or(0, |k| kafka_partition(k, n))
 }
 
 fn read_offsets(dir: &Path) -> Result<BTreeMap<TopicPartition, u64>, DriverError> {

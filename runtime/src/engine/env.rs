@@ -8,7 +8,7 @@ use rill_state::SubTaskState;
 use rill_topology::exec::TaskEnv;
 use rill_topology::serdes::SerdeError;
 use rill_topology::store::{KeyValueBytes, StoreError};
-use rill_topology::{key_hash, RawRecord, Topic};
+use rill_topology::{RawRecord, Topic};
 
 use super::origin::{Origin, ORIGIN_HEADER};
 use super::subtask::SubTaskId;
@@ -81,11 +81,7 @@ impl TaskEnv for Env<'_> {
                 self.seq += 1;
                 record.headers.add(ORIGIN_HEADER, origin.encode());
             }
-            let n = self.shared.partitions_of(topic).max(1);
-            // Not range_of: partitions and ranges must split the hash space independently, or
-            // each partition's records would fall into a few of its ranges.
-            let hash = record.key.as_deref().map_or(0, key_hash);
-            Some((hash % n as u64) as u32)
+            Some(self.shared.internal_partition(topic, record.key.as_deref()))
         } else {
             None
         };

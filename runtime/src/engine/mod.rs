@@ -80,6 +80,10 @@ pub(crate) struct Shared {
     internal_partitions: HashMap<Topic, u32>,
     /// Broker name of each internal topic.
     internal_names: HashMap<Topic, String>,
+    /// Internal topics read beside user topics: partitioned as Kafka's default partitioner does,
+    /// so that their keys meet the user topics' (see `kafka_partition`). Others keep the key hash
+    /// (their state is placed by it).
+    kafka_partitioned: std::collections::HashSet<Topic>,
     /// Work items queued or running. Invariant: incremented before an item is queued,
     /// decremented after it is processed. An atomic, so the per-record path takes no lock.
     in_flight: AtomicUsize,
@@ -138,6 +142,20 @@ impl Shared {
         self.internal_partitions.get(topic).copied().unwrap_or(1)
     }
 
+    /// The partition of a keyed record written to internal topic `topic`.
+    fn internal_partition(&self, topic: &Topic, key: Option<&[u8]>) -> u32 {
+        let n = self.partitions_of(topic).max(1);
+        match key {
+            Some(k) if self.kafka_partitioned.contains(topic) => {
+                rill_topology::kafka_partition(k, n)
+            }
+            // Not range_of: partitions and ranges must split the hash space independently, or
+            // each partition's records would fall into a few of its ranges.
+            Some(k) => (rill_topology::key_hash(k) % u64::from(n)) as u32,
+            None => 0,
+        }
+    }
+
     fn work_added(&self, n: usize) {
         self.in_flight.fetch_add(n, Ordering::SeqCst);
     }
@@ -176,6 +194,17 @@ pub(crate) struct Source {
     pub name: Arc<str>,
     /// [`topic_id`] of the name (origins carry it).
     pub id: u64,
+}
+
+/// Internal topics that a sub-topology reads beside user topics.
+fn kafka_partitioned(topology: &Topology) -> std::collections::HashSet<Topic> {
+    topology
+        .sub_topologies()
+        .iter()
+        .filter(|s| s.sources.iter().any(|(t, _)| !t.is_internal()))
+        .flat_map(|s| s.sources.iter().map(|(t, _)| t.clone()))
+        .filter(Topic::is_internal)
+        .collect()
 }
 
 /// The engine of one process: its assigned tasks and their sub-tasks.
@@ -277,6 +306,7 @@ impl Engine {
         Ok(Engine {
             shared: Arc::new(Shared {
                 globals: Arc::new(GlobalStores::new(&topology)),
+                kafka_partitioned: kafka_partitioned(&topology),
                 topology,
                 config,
                 sink,

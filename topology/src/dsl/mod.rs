@@ -302,6 +302,14 @@ fn encoder<K: Datum, V: Datum + Clone>(
     key: Arc<dyn Serde<K>>,
     value: Arc<dyn Serde<V>>,
 ) -> Encoder {
+    encoder_with(key, move |v: &V| value.serialize(v).map(Some))
+}
+
+/// A sink's encoder whose value bytes come from `value` (`None`: a tombstone).
+fn encoder_with<K: Datum, V: Datum + Clone>(
+    key: Arc<dyn Serde<K>>,
+    value: impl Fn(&V) -> Result<Option<Vec<u8>>, SerdeError> + Send + Sync + 'static,
+) -> Encoder {
     Arc::new(move |rec: &ErasedRecord| {
         let k = match &rec.key {
             Some(k) => Some(key.serialize((**k).as_any().downcast_ref::<K>().ok_or_else(
@@ -322,7 +330,7 @@ fn encoder<K: Datum, V: Datum + Clone>(
         })?;
         Ok(RawRecord {
             key: k,
-            value: Some(value.serialize(v)?),
+            value: value(v)?,
             timestamp: rec.timestamp,
             headers: rec.headers.clone(),
         })

@@ -9,7 +9,7 @@ use super::{
     decoder, encoder, FnProcessor, Grouped, KGroupedStream, Named, Pred, Produced, Repartitioned,
     StreamsBuilder,
 };
-use crate::graph::{NodeKind, Supplier, Topic};
+use crate::graph::{Encoder, NodeKind, Supplier, Topic};
 use crate::processor::{
     erase, unerase, Datum, ErasedRecord, ProcessError, Processor, ProcessorHost, Typed,
 };
@@ -299,16 +299,19 @@ where
         k: Arc<dyn Serde<K>>,
         v: Arc<dyn Serde<V>>,
     ) -> usize {
+        self.add_encoded_sink(name, topic, encoder(k, v))
+    }
+
+    /// Adds a sink node writing this stream to `topic` through `encode`.
+    pub(super) fn add_encoded_sink(
+        &self,
+        name: Option<&str>,
+        topic: Topic,
+        encode: Encoder,
+    ) -> usize {
         let mut g = self.builder.inner.borrow_mut();
         let name = g.name_or_generated(name, "sink");
-        g.add(
-            name,
-            NodeKind::Sink {
-                topic,
-                encode: encoder(k, v),
-            },
-            vec![self.node],
-        )
+        g.add(name, NodeKind::Sink { topic, encode }, vec![self.node])
     }
 
     /// The given serdes, else the stream's; records a [`super::TopologyError::MissingSerde`]

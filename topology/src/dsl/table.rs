@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use super::change::Change;
 use super::table_view::TableLookup;
-use super::{KStream, TopologyError};
-use crate::graph::{NodeKind, Supplier};
+use super::{encoder_with, KStream, Produced, TopologyError};
+use crate::graph::{NodeKind, Supplier, Topic};
 use crate::processor::{Datum, ProcessError, Processor, ProcessorContext, Typed};
 use crate::record::Record;
 use crate::serdes::Serde;
@@ -124,6 +124,37 @@ impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
     /// The stream of updates: one record per change, carrying the new value.
     pub fn to_stream(&self) -> KStream<K, V> {
         self.stream.clone()
+    }
+
+    /// Writes the table to `topic` with its serdes (see [`KTable::to_with`]).
+    pub fn to(&self, topic: &str) {
+        self.to_with(topic, Produced::default());
+    }
+
+    /// Writes the table to `topic`: each update, and each deletion as a tombstone (a record with
+    /// a null value), which is what Kafka Streams' `table.toStream().to(topic, produced)`
+    /// writes (rill's `to_stream` carries no deletions). Serdes unset in `produced` are the
+    /// table's. An aggregation's table has no deletions to write.
+    pub fn to_with(&self, topic: &str, produced: impl Into<Produced<K, V>>) {
+        let Some(changes) = &self.changes else {
+            self.stream.to_with(topic, produced);
+            return;
+        };
+        let Produced {
+            name,
+            key_serde,
+            value_serde,
+        } = produced.into();
+        let Some((k, v)) = self
+            .stream
+            .serdes_or_error(key_serde, value_serde, "KTable::to_with")
+        else {
+            return;
+        };
+        let encode = encoder_with(k, move |c: &Change<V>| {
+            c.new.as_ref().map(|x| v.serialize(x)).transpose()
+        });
+        changes.add_encoded_sink(name.as_deref(), Topic::External(topic.to_string()), encode);
     }
 
     /// The name of the store that materializes the table.
