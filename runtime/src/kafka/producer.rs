@@ -153,9 +153,11 @@ impl KafkaSink {
                 });
             }
         }
-        let mut cfg = ClientConfig::new();
-        cfg.set("bootstrap.servers", bootstrap)
-            .set("enable.idempotence", "true")
+        // Through client_config for rill's rebootstrap trigger: without it a producer that saw a
+        // broker come back from a pause with an empty broker list forgot it for librdkafka's
+        // 5 minutes, and commits waiting for its acknowledgements failed (kafka_outage in CI).
+        let mut cfg = super::admin::client_config(bootstrap, &BTreeMap::new());
+        cfg.set("enable.idempotence", "true")
             .set("enable.gapless.guarantee", "true")
             .set("linger.ms", "5")
             .set("compression.type", "lz4")
