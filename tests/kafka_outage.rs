@@ -52,6 +52,9 @@ impl Drop for Thaw {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test"]
 fn a_frozen_broker_that_comes_back_loses_nothing() {
+    // What the clients saw goes to the test's output (`RILL_LOG`, default info): a failure in CI
+    // is diagnosed from it.
+    rill::runtime::service::init_logging();
     let (input, output, app) = (unique("outage-in"), unique("outage-out"), unique("outage"));
     create_topic(&input, 2);
     create_topic(&output, 2);

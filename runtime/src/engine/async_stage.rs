@@ -444,6 +444,7 @@ fn spawn_call(
         return;
     };
     shared.work_added(1);
+    let live = LiveCall::new(&shared.async_calls);
     let (in_flight, retries) = (
         shared.metrics.async_in_flight.clone(),
         shared.metrics.async_retries.clone(),
@@ -452,6 +453,7 @@ fn spawn_call(
     // Weak: a call that outlives its sub-task (revoked, engine dropped) keeps nothing alive.
     let (me, weak_shared) = (me.clone(), Arc::downgrade(shared));
     runtime.spawn(async move {
+        let _live = live;
         let mut attempts = 0u32;
         let result = loop {
             attempts += 1;
@@ -487,6 +489,22 @@ fn spawn_call(
         }
         shared.work_done(1);
     });
+}
+
+/// Counts a call's task as live until it is dropped (see `Shared::async_calls`).
+struct LiveCall(Arc<std::sync::atomic::AtomicUsize>);
+
+impl LiveCall {
+    fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        LiveCall(Arc::clone(count))
+    }
+}
+
+impl Drop for LiveCall {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// The engine's async runtime: calls of async stages run on it. Shut down without waiting

@@ -228,7 +228,7 @@ fn run(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: std::env::var("RILL_ASYNC_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(24), ..ProptestConfig::default() })]
 
     /// Random keys and call durations (so random completion orders), P and in-flight limits,
     /// and up to three crashes with calls in flight: the end equals the sequential run.

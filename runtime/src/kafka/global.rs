@@ -20,9 +20,16 @@ use rill_topology::global::GlobalStores;
 
 /// The reader's client context: partition ends are how the bootstrap knows it is done, not
 /// errors to log (librdkafka's default context logs every one).
-struct Quiet;
+struct Quiet {
+    /// Gives the consumer its `bootstrap.servers` back when it forgot every broker.
+    brokers: super::broker_watch::BrokerWatch,
+}
 
 impl ClientContext for Quiet {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        self.brokers.check(&statistics);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         if error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF) {
             tracing::warn!(%error, reason, "global tables: librdkafka error");
@@ -74,7 +81,17 @@ pub fn start(mut config: ClientConfig, stores: &Arc<GlobalStores>) -> Result<(),
         // Required by librdkafka; nothing joins or commits under it.
         config.set("group.id", "rill-global-tables");
     }
-    let consumer: BaseConsumer<Quiet> = config.create_with_context(Quiet)?;
+    if config.get("statistics.interval.ms").is_none() {
+        // For the broker watch only.
+        config.set("statistics.interval.ms", "5000");
+    }
+    let context = Quiet {
+        brokers: super::broker_watch::BrokerWatch::new(
+            config.get("bootstrap.servers").unwrap_or_default(),
+        ),
+    };
+    let consumer: BaseConsumer<Quiet> = config.create_with_context(context)?;
+    consumer.context().brokers.attach(consumer.client());
     let mut tpl = TopicPartitionList::new();
     let mut left = BTreeSet::new();
     for topic in &topics {

@@ -1,9 +1,10 @@
 //! Kafka I/O: the consumer-group source (`source` loop, `rebalance` protocol, `committer`,
-//! `backpressure`, `time_sync`), the producer sink, the transaction cycle of `exactly_once_v2` (`transaction`), internal topics ([`admin`]), the commit metadata codec
+//! `backpressure`, `time_sync`), the producer sink, the [`broker_watch`] that works around a librdkafka bug, the transaction cycle of `exactly_once_v2` (`transaction`), internal topics ([`admin`]), the commit metadata codec
 //! ([`metadata`]), the changelog reader for restore, and the [`embedded`] cluster.
 
 pub mod admin;
 pub(crate) mod backpressure;
+pub(crate) mod broker_watch;
 pub(crate) mod changelog_reader;
 pub(crate) mod committer;
 pub(crate) mod elastic;

@@ -21,13 +21,20 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext, ThreadedPro
 use rdkafka::Message;
 use rill_topology::RawRecord;
 
+use super::broker_watch::BrokerWatch;
 use crate::sink::{RecordSink, SinkError, Ticket};
 
 /// Settles each record's delivery ticket.
-#[derive(Default)]
-pub struct DeliveryContext;
+pub struct DeliveryContext {
+    /// Gives the producer its `bootstrap.servers` back when it forgot every broker.
+    brokers: BrokerWatch,
+}
 
-impl ClientContext for DeliveryContext {}
+impl ClientContext for DeliveryContext {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        self.brokers.check(&statistics);
+    }
+}
 
 impl ProducerContext for DeliveryContext {
     type DeliveryOpaque = Box<Ticket>;
@@ -119,6 +126,21 @@ const REQUIRED: &[Required] = &[
     ),
 ];
 
+/// A producer of `cfg` whose broker watch re-adds `bootstrap`.
+fn create_producer(
+    cfg: &ClientConfig,
+    bootstrap: &str,
+) -> Result<ThreadedProducer<DeliveryContext>, KafkaError> {
+    let context = DeliveryContext {
+        brokers: BrokerWatch::new(bootstrap),
+    };
+    let producer: ThreadedProducer<DeliveryContext> = cfg.create_with_context(context)?;
+    rdkafka::producer::Producer::context(&producer)
+        .brokers
+        .attach(rdkafka::producer::Producer::client(&producer));
+    Ok(producer)
+}
+
 impl KafkaSink {
     /// An idempotent, gapless producer for `bootstrap` with extra librdkafka settings; refuses
     /// settings that would break either.
@@ -162,7 +184,10 @@ impl KafkaSink {
             .set("linger.ms", "5")
             .set("compression.type", "lz4")
             // The Java client's partitioner, so keyed outputs land where Kafka Streams puts them.
-            .set("partitioner", "murmur2_random");
+            .set("partitioner", "murmur2_random")
+            // For the broker watch only (see `broker_watch`): how soon a producer that forgot
+            // every broker gets them back.
+            .set("statistics.interval.ms", "5000");
         if let Some(id) = transactional_id {
             cfg.set("transactional.id", id);
         }
@@ -170,7 +195,7 @@ impl KafkaSink {
             cfg.set(k, v);
         }
         Ok(KafkaSink {
-            producer: parking_lot::RwLock::new(Arc::new(cfg.create_with_context(DeliveryContext)?)),
+            producer: parking_lot::RwLock::new(Arc::new(create_producer(&cfg, bootstrap)?)),
             config: cfg,
             handler: ProductionHandler::Fail,
             internal_prefix: String::new(),
@@ -189,7 +214,8 @@ impl KafkaSink {
     /// the old one failed for good; the old one is dropped on a thread of its own, as closing it
     /// may wait for its queue.
     pub(crate) fn renew(&self) -> Result<(), KafkaError> {
-        let fresh = Arc::new(self.config.create_with_context(DeliveryContext)?);
+        let bootstrap = self.config.get("bootstrap.servers").unwrap_or_default();
+        let fresh = Arc::new(create_producer(&self.config, bootstrap)?);
         let old = std::mem::replace(&mut *self.producer.write(), fresh);
         let closing = std::thread::Builder::new()
             .name("rill-producer-close".into())

@@ -70,6 +70,8 @@ pub struct SourceContext {
     /// Records of tasks with several inputs, waiting for their turn in timestamp order. Only the
     /// loop's thread takes it (callbacks run inside `poll`); never held across `poll`.
     pub time_sync: Mutex<super::time_sync::TimeSync>,
+    /// Gives the consumer its `bootstrap.servers` back when it forgot every broker.
+    pub brokers: super::broker_watch::BrokerWatch,
 }
 
 impl ClientContext for SourceContext {
@@ -80,6 +82,7 @@ impl ClientContext for SourceContext {
     fn stats(&self, statistics: rdkafka::Statistics) {
         let high = crate::metrics::set_lag_from_statistics(&statistics);
         self.high_watermarks.lock().extend(high);
+        self.brokers.check(&statistics);
         let up = statistics.brokers.values().any(|b| b.state == "UP");
         if self.health.set_brokers_reachable(up) {
             if up {

@@ -42,6 +42,7 @@ use crate::engine::{Engine, EngineConfig, EngineError};
 use crate::health::Health;
 use crate::http::{self, HttpError, HttpServer};
 use crate::kafka::admin::{client_config, cluster_id};
+use crate::kafka::broker_watch::BrokerWatch;
 use crate::kafka::changelog_reader::KafkaChangelogReader;
 use crate::kafka::embedded::EmbeddedCluster;
 use crate::kafka::producer::KafkaSink;
@@ -445,6 +446,7 @@ impl Runtime {
             c.max_task_idle,
         );
         let renewable = transactions.clone();
+        let bootstrap = self.bootstrap.clone();
         // A context per consumer: a consumer that hit a fatal error is replaced by a new one.
         let context = move || SourceContext {
             engine: engine2.clone(),
@@ -460,6 +462,7 @@ impl Runtime {
             transactions: transactions.clone(),
             roll_back: Mutex::new(None),
             time_sync: Mutex::new(TimeSync::new(max_task_idle)),
+            brokers: BrokerWatch::new(&bootstrap),
         };
         let topics: Vec<String> = self
             .topology
@@ -469,6 +472,7 @@ impl Runtime {
             .collect();
         let join = move || -> Result<BaseConsumer<SourceContext>, KafkaError> {
             let consumer: BaseConsumer<SourceContext> = cfg.create_with_context(context())?;
+            consumer.context().brokers.attach(consumer.client());
             let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
             consumer.subscribe(&refs)?;
             Ok(consumer)
