@@ -194,6 +194,38 @@ impl Topology {
             .collect()
     }
 
+    /// Adds the partition counts of the internal topics to `partitions` (the user topics' counts
+    /// by name; internal topics are named for `application_id`). An internal topic read beside
+    /// user topics (a re-keyed stream joining a table, a foreign-key join's topics) takes their
+    /// count, so the sub-topology reading it is co-partitioned as in Kafka Streams; others take
+    /// the largest count of the inputs of the sub-topology writing them. One may feed another,
+    /// so this resolves until nothing changes.
+    pub fn resolve_internal_partitions(
+        &self,
+        application_id: &str,
+        partitions: &mut BTreeMap<String, u32>,
+    ) {
+        let internal = self.internal_topics();
+        for _ in 0..=internal.len() {
+            for (t, writer) in &internal {
+                let max_of = |sources: &[(Topic, usize)], external: bool| {
+                    sources
+                        .iter()
+                        .filter(|(s, _)| !external || !s.is_internal())
+                        .filter_map(|(s, _)| partitions.get(&s.resolve(application_id)).copied())
+                        .max()
+                };
+                let beside = self
+                    .sub_topology_of(t)
+                    .and_then(|reader| max_of(&reader.sources, true));
+                let n = beside
+                    .or_else(|| max_of(&self.sub_topologies[*writer].sources, false))
+                    .unwrap_or(1);
+                partitions.insert(t.resolve(application_id), n);
+            }
+        }
+    }
+
     /// Every internal (repartition) topic, with the sub-topology that writes it.
     pub fn internal_topics(&self) -> BTreeMap<Topic, usize> {
         self.sub_topologies

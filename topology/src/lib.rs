@@ -39,7 +39,7 @@ pub use dsl::{
 pub use graph::{Topic, Topology};
 pub use keyrange::{kafka_partition, key_hash, range_of, ranges, KeyRange, HASH_ID};
 pub use processor::{Processor, ProcessorContext, PunctuationType};
-pub use record::{Headers, RawRecord, Record};
+pub use record::{Headers, RawRecord, Record, PARTITION_HEADER};
 
 /// The names most applications need.
 pub mod prelude {

@@ -1,5 +1,10 @@
 //! Records as processors see them: key, value, timestamp and headers.
 
+/// A record written to an internal topic with this header (the partition, 4 bytes big-endian)
+/// goes to that partition instead of its key's, and loses the header (Kafka Streams' stream
+/// partitioner, as the foreign-key join's responses use it to reach their left record's task).
+pub const PARTITION_HEADER: &str = "rill.partition";
+
 /// Kafka record headers: an ordered list of (name, value) pairs; names may repeat.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Headers(Vec<(String, Option<Vec<u8>>)>);

@@ -174,24 +174,11 @@ impl TestDriverBuilder {
                 }
             }
         }
-        // Internal topics can feed further internal topics: resolve until nothing changes.
-        loop {
-            let mut changed = false;
-            for (t, writer) in topology.internal_topics() {
-                let n = topology.sub_topologies()[writer]
-                    .sources
-                    .iter()
-                    .map(|(s, _)| *partitions.get(&s.resolve(&app)).unwrap_or(&1))
-                    .max()
-                    .unwrap_or(1);
-                if partitions.insert(t.resolve(&app), n) != Some(n) {
-                    changed = true;
-                }
-                internal.insert(t, n);
-            }
-            if !changed {
-                break;
-            }
+        // Internal topics as the service sizes them.
+        topology.resolve_internal_partitions(&app, &mut partitions);
+        for t in topology.internal_topics().into_keys() {
+            let n = partitions.get(&t.resolve(&app)).copied().unwrap_or(1);
+            internal.insert(t, n);
         }
         let sink = Arc::new(MemorySink::new());
         let mut engine = Engine::new(

@@ -68,23 +68,34 @@ impl TaskEnv for Env<'_> {
             return;
         }
         let resolved = self.shared.output_name(topic);
-        let partition = if topic.is_internal() {
-            if let Some((topic, offset, hash)) = self.origin {
-                let origin = Origin {
-                    topic,
-                    partition: self.id.partition,
-                    range: self.id.range,
-                    hash,
-                    offset,
-                    seq: self.seq,
-                };
-                self.seq += 1;
-                record.headers.add(ORIGIN_HEADER, origin.encode());
-            }
-            Some(self.shared.internal_partition(topic, record.key.as_deref()))
-        } else {
-            None
-        };
+        let partition =
+            if topic.is_internal() {
+                if let Some((topic, offset, hash)) = self.origin {
+                    let origin = Origin {
+                        topic,
+                        partition: self.id.partition,
+                        range: self.id.range,
+                        hash,
+                        offset,
+                        seq: self.seq,
+                    };
+                    self.seq += 1;
+                    record.headers.add(ORIGIN_HEADER, origin.encode());
+                }
+                let named = record
+                    .headers
+                    .last(rill_topology::PARTITION_HEADER)
+                    .flatten()
+                    .and_then(|b| b.try_into().ok())
+                    .map(u32::from_be_bytes)
+                    .filter(|&p| p < self.shared.partitions_of(topic));
+                record.headers.remove(rill_topology::PARTITION_HEADER);
+                Some(named.unwrap_or_else(|| {
+                    self.shared.internal_partition(topic, record.key.as_deref())
+                }))
+            } else {
+                None
+            };
         let ticket = self.deliveries.ticket();
         if let Err(e) = self.shared.sink.send(&resolved, partition, record, ticket) {
             self.error = Some(e.into());

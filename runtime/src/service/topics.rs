@@ -53,30 +53,9 @@ impl Runtime {
             let n = n.ok_or_else(|| RuntimeError::MissingSourceTopic(t.clone()))?;
             partitions.insert(t, n);
         }
-        // An internal topic read beside user topics (a re-keyed stream joining a table) takes
-        // their partition count, so the sub-topology reading it is co-partitioned (as Kafka
-        // Streams does); others take the count of the inputs of the sub-topology writing them.
-        // One may feed another, so resolve until nothing changes.
+        self.topology
+            .resolve_internal_partitions(&self.config.application_id, &mut partitions);
         let internal = self.topology.internal_topics();
-        for _ in 0..=internal.len() {
-            for (t, writer) in &internal {
-                let max_of = |sources: &[(rill_topology::Topic, usize)], external: bool| {
-                    sources
-                        .iter()
-                        .filter(|(s, _)| !external || !s.is_internal())
-                        .filter_map(|(s, _)| partitions.get(&self.resolve(s)).copied())
-                        .max()
-                };
-                let beside = self
-                    .topology
-                    .sub_topology_of(t)
-                    .and_then(|reader| max_of(&reader.sources, true));
-                let n = beside
-                    .or_else(|| max_of(&self.topology.sub_topologies()[*writer].sources, false))
-                    .unwrap_or(1);
-                partitions.insert(self.resolve(t), n);
-            }
-        }
         for st in self.topology.sub_topologies() {
             let topics: Vec<String> = st.sources.iter().map(|(t, _)| self.resolve(t)).collect();
             let counts: Vec<u32> = topics

@@ -49,6 +49,7 @@ use crate::window::WindowError;
 pub mod async_stage;
 pub mod builder;
 pub mod change;
+pub mod fk_join;
 pub mod global_table;
 pub mod grouped;
 pub mod grouped_table;

@@ -32,12 +32,34 @@ use crate::versioned::VersionedBytes;
 /// The result from the two sides' values; `None` when the join kind has none.
 type TableJoiner<V1, V2, VR> = Arc<dyn Fn(Option<V1>, Option<V2>) -> Option<VR> + Send + Sync>;
 
-/// How one side reads the other table.
+/// How a join processor reads a table: its store and how its value for a key is made.
 #[derive(Clone)]
-struct OtherTable<K, VO> {
-    store: String,
-    versioned: bool,
-    lookup: TableLookup<K, VO>,
+pub(super) struct OtherTable<K, VO> {
+    pub store: String,
+    pub versioned: bool,
+    pub lookup: TableLookup<K, VO>,
+}
+
+impl<K, VO> OtherTable<K, VO> {
+    /// The table's current value for `key` (serialized: `kb`).
+    pub fn read<KC: Datum, VC: Datum>(
+        &self,
+        ctx: &mut ProcessorContext<'_, KC, VC>,
+        key: &K,
+        kb: &[u8],
+    ) -> Result<Option<VO>, ProcessError> {
+        let bytes = if self.versioned {
+            VersionedBytes::open(ctx.timed_store(&self.store)?)?
+                .get(kb)?
+                .map(|(value, _)| value)
+        } else {
+            ctx.store(&self.store)?.get(kb)?
+        };
+        match bytes {
+            Some(b) => (self.lookup)(key, b.as_slice()),
+            None => Ok(None),
+        }
+    }
 }
 
 /// The join processor of one side: an update of this table against the other's current value.
@@ -67,33 +89,49 @@ where
             return Ok(());
         };
         let kb = self.key_serde.serialize(&key)?;
-        let other_bytes = if self.other.versioned {
-            VersionedBytes::open(ctx.timed_store(&self.other.store)?)?
-                .get(&kb)?
-                .map(|(value, _)| value)
-        } else {
-            ctx.store(&self.other.store)?.get(&kb)?
-        };
-        let other = match other_bytes {
-            Some(b) => (self.other.lookup)(&key, &b)?,
-            None => None,
-        };
+        let other = self.other.read(ctx, &key, &kb)?;
         let new = (self.pair)(record.value.new, other);
-        let store = ctx.store(&self.result_store)?;
+        let result = JoinResult {
+            store: &self.result_store,
+            serde: &*self.result_serde,
+        };
+        result.set(ctx, key, &kb, new, record.timestamp, record.headers)
+    }
+}
+
+/// A join's result table: its store and value serde.
+pub(super) struct JoinResult<'a, VR> {
+    pub store: &'a str,
+    pub serde: &'a dyn Serde<VR>,
+}
+
+impl<VR: Datum + Clone> JoinResult<'_, VR> {
+    /// Stores `new` as `key`'s result (deletes it for `None`) and forwards the change, unless
+    /// there was nothing to delete.
+    pub fn set<K: Datum + Clone>(
+        &self,
+        ctx: &mut ProcessorContext<'_, K, Change<VR>>,
+        key: K,
+        kb: &[u8],
+        new: Option<VR>,
+        timestamp: i64,
+        headers: crate::record::Headers,
+    ) -> Result<(), ProcessError> {
+        let store = ctx.store(self.store)?;
         let old = store
-            .get(&kb)?
-            .map(|b| self.result_serde.deserialize(&b))
+            .get(kb)?
+            .map(|b| self.serde.deserialize(&b))
             .transpose()?;
         match &new {
-            Some(v) => store.put(&kb, &self.result_serde.serialize(v)?)?,
-            None if old.is_some() => store.delete(&kb)?,
+            Some(v) => store.put(kb, &self.serde.serialize(v)?)?,
+            None if old.is_some() => store.delete(kb)?,
             None => return Ok(()),
         }
         ctx.forward(Record {
             key: Some(key),
             value: Change { new, old },
-            timestamp: record.timestamp,
-            headers: record.headers,
+            timestamp,
+            headers,
         });
         Ok(())
     }
@@ -177,19 +215,8 @@ impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
             .or_else(|| other.stream.key_serde.clone());
         let result_serde = materialized.value_serde.clone();
         let (this_reader, other_reader) = (self.lookup(hint), other.lookup(hint));
-        let (Some(this_changes), Some(other_changes)) = (&self.changes, &other.changes) else {
-            let store = if self.changes.is_none() {
-                &self.store
-            } else {
-                &other.store
-            };
-            builder
-                .inner
-                .borrow_mut()
-                .error(TopologyError::NoTableChanges {
-                    store: store.clone(),
-                });
-            return self.dangling(store.clone());
+        let Some((this_changes, other_changes)) = self.changes_with(other) else {
+            return self.dangling(store);
         };
         let (Some(key_serde), Some(result_serde), Some((_, this_lookup)), Some((_, other_lookup))) =
             (key_serde, result_serde, this_reader, other_reader)
@@ -230,25 +257,36 @@ impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
         };
         let this_side = side_node(this_changes, op, left, stores.clone());
         let other_side = side_node(other_changes, op, right, stores);
-        let mut changes = this_side.merge(&other_side);
-        changes.key_serde = Some(key_serde.clone());
-        changes.value_serde =
-            Some(Arc::new(ChangeSerde(result_serde.clone())) as Arc<dyn Serde<Change<VR>>>);
-        let mut stream = changes.values_op("table-updates", |c: Change<VR>| c.new);
-        stream.key_serde = Some(key_serde);
-        stream.value_serde = Some(result_serde);
-        KTable {
-            stream,
-            store,
-            window: None,
-            versioned: false,
-            view: None,
-            changes: Some(changes),
+        result_table(this_side.merge(&other_side), key_serde, result_serde, store)
+    }
+
+    /// This table's and `other`'s change streams; `None` (with the error `build` reports
+    /// recorded) when one has none.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn changes_with<'a, KO: Datum + Clone, VO: Datum + Clone>(
+        &'a self,
+        other: &'a KTable<KO, VO>,
+    ) -> Option<(&'a KStream<K, Change<V>>, &'a KStream<KO, Change<VO>>)> {
+        if let (Some(a), Some(b)) = (&self.changes, &other.changes) {
+            return Some((a, b));
         }
+        let store = if self.changes.is_none() {
+            &self.store
+        } else {
+            &other.store
+        };
+        self.stream
+            .builder
+            .inner
+            .borrow_mut()
+            .error(TopologyError::NoTableChanges {
+                store: store.clone(),
+            });
+        None
     }
 
     /// A table `build` rejects (an error was recorded), so chaining can go on.
-    fn dangling<VR: Datum + Clone>(&self, store: String) -> KTable<K, VR> {
+    pub(super) fn dangling<VR: Datum + Clone>(&self, store: String) -> KTable<K, VR> {
         KTable {
             stream: self.stream.stateless("table-join", false, |_, _| {}),
             store,
@@ -257,6 +295,29 @@ impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
             view: None,
             changes: None,
         }
+    }
+}
+
+/// The table of a join's result `changes`, kept in `store`.
+pub(super) fn result_table<K: Datum + Clone, VR: Datum + Clone>(
+    mut changes: KStream<K, Change<VR>>,
+    key_serde: Arc<dyn Serde<K>>,
+    result_serde: Arc<dyn Serde<VR>>,
+    store: String,
+) -> KTable<K, VR> {
+    changes.key_serde = Some(key_serde.clone());
+    changes.value_serde =
+        Some(Arc::new(ChangeSerde(result_serde.clone())) as Arc<dyn Serde<Change<VR>>>);
+    let mut stream = changes.values_op("table-updates", |c: Change<VR>| c.new);
+    stream.key_serde = Some(key_serde);
+    stream.value_serde = Some(result_serde);
+    KTable {
+        stream,
+        store,
+        window: None,
+        versioned: false,
+        view: None,
+        changes: Some(changes),
     }
 }
 
