@@ -436,17 +436,7 @@ fn a_rekeyed_stream_joins_a_table_of_another_partition_count() {
         })
         .to_with(&output, Produced::with(StringSerde, StringSerde));
     let state = tempfile::tempdir().expect("tempdir");
-    let config = rill::runtime::ConfigBuilder::new()
-        .set("application.id", &app)
-        .set("bootstrap.servers", &cluster.bootstrap)
-        .set("parallelising.factor", 2)
-        .set("state.dir", state.path().display())
-        .set("metrics.addr", "off")
-        .build()
-        .expect("config");
-    let running = rill::runtime::Runtime::new(builder.build().expect("topology"), config)
-        .expect("runtime")
-        .start()
+    let running = start(&cluster, &app, builder, 2, state.path())
         .expect("starts: the repartition topic takes the table's 3 partitions");
     let orders_in: Vec<(Option<Vec<u8>>, Vec<u8>)> = (0..300u64)
         .map(|n| {
@@ -474,6 +464,27 @@ fn a_rekeyed_stream_joins_a_table_of_another_partition_count() {
         "outputs that are not the oracle's: {wrong:?}"
     );
     assert_eq!(seen.len(), joined.len(), "every joined order comes out");
+}
+
+/// Runs `builder`'s topology in this process as `app` with parallelising factor `p`.
+fn start(
+    cluster: &Cluster,
+    app: &str,
+    builder: StreamsBuilder,
+    p: usize,
+    state: &std::path::Path,
+) -> Result<rill::runtime::RunningRuntime, rill::runtime::RuntimeError> {
+    let config = rill::runtime::ConfigBuilder::new()
+        .set("application.id", app)
+        .set("bootstrap.servers", &cluster.bootstrap)
+        .set("parallelising.factor", p)
+        .set("state.dir", state.display())
+        .set("metrics.addr", "off")
+        .build()
+        .expect("config");
+    rill::runtime::Runtime::new(builder.build().expect("topology"), config)
+        .expect("runtime")
+        .start()
 }
 
 /// The foreign-key join on a real broker: orders (2 partitions, keyed by order id, the value
@@ -514,18 +525,7 @@ fn a_foreign_key_join_ends_as_the_join_of_the_final_tables() {
         )
         .to_with(&output, Produced::with(StringSerde, StringSerde));
     let state = tempfile::tempdir().expect("tempdir");
-    let config = rill::runtime::ConfigBuilder::new()
-        .set("application.id", &app)
-        .set("bootstrap.servers", &cluster.bootstrap)
-        .set("parallelising.factor", 4)
-        .set("state.dir", state.path().display())
-        .set("metrics.addr", "off")
-        .build()
-        .expect("config");
-    let running = rill::runtime::Runtime::new(builder.build().expect("topology"), config)
-        .expect("runtime")
-        .start()
-        .expect("starts");
+    let running = start(&cluster, &app, builder, 4, state.path()).expect("starts");
     let mut rng = Rng::from_clock("fk-join");
     let (mut order_table, mut customer_table): (
         BTreeMap<String, String>,
