@@ -903,3 +903,60 @@ fn regression_ghost_crashes_around_a_factor_change() {
     ];
     run(1, ops).unwrap();
 }
+
+/// Found by the model (CI, seed a3b51037): a member started at factor 2 after a crash, a zombie's
+/// durable commit after the next owner's claim, a crash of that owner; a member restored from
+/// scratch lacked a key.
+#[test]
+fn regression_zombie_commit_after_a_crash_at_another_factor() {
+    let ops = vec![
+        Op::Configure(2),
+        produce(&[(0, 0); 3]),
+        Op::Crash {
+            after: 0,
+            ghost: false,
+        },
+        Op::Configure(1),
+        produce(&[
+            (0, 0),
+            (0, 0),
+            (0, 0),
+            (0, 0),
+            (0, 0),
+            (0, 0),
+            (1, 0),
+            (0, 0),
+            (0, 0),
+        ]),
+        Op::Process {
+            n: 10,
+            zombie: false,
+        },
+        Op::Commit {
+            durable: false,
+            zombie: false,
+        },
+        Op::Process {
+            n: 1,
+            zombie: false,
+        },
+        Op::Handover {
+            dir: 0,
+            wipe: false,
+            zombie: true,
+        },
+        Op::Commit {
+            durable: true,
+            zombie: true,
+        },
+        Op::Crash {
+            after: 0,
+            ghost: false,
+        },
+        Op::Process {
+            n: 1,
+            zombie: false,
+        },
+    ];
+    run(1, ops).unwrap();
+}

@@ -18,7 +18,9 @@
 //!   (lineage, consumer-group generation, the lineage it continues);
 //! - a **base** right after the new owner's restore, also in the last store's changelog only:
 //!   header `rill.base`, key `rill.base/<lineage>` (never compacted away), value = [`Base`]: per
-//!   range, the progress of the newest complete commit the new lineage continues from.
+//!   range, the progress of the newest complete commit the new lineage continues from, and per
+//!   (commit range, lineage) the highest complete attempt its restore read since the last base
+//!   (commit ranges, not current ones: after a factor change they differ).
 //!
 //! A **lineage** is one owner's tenure of a task: a random id chosen at assignment. Within a
 //! lineage, a range's commit attempts are numbered 1, 2, ...; an attempt that does not finish
@@ -44,8 +46,8 @@
 //! is not below the accepted one makes its lineage the accepted one; data records wait for their
 //! range's confirmation; a marker of the accepted lineage confirms that lineage's waiting data
 //! (attempts up to its own) and becomes the range's newest complete commit; a base of the accepted
-//! lineage confirms, per range, the waiting data of the commit it continues from (attempts up to
-//! the base's) and drops every other older lineage's data. Data and markers of a lineage that is
+//! lineage confirms the waiting data of the commits it lists (per commit range and lineage, the
+//! attempts up to the listed one) and drops every other older lineage's data. Data and markers of a lineage that is
 //! not the accepted one when they appear are dropped. Everything dropped, and data still waiting
 //! at the end, has its keys **repaired**: the first commit after the restore of the range that
 //! holds the key (by the restored state, not the record's hash) rewrites its current value. Every other store then applies exactly the data of the commits the last store
@@ -71,8 +73,10 @@
 //! Claims and bases have keys of their own per lineage, so compaction never removes what orders
 //! lineages or what a new lineage continues from. A marker's key is per (range, lineage): a
 //! zombie's marker written after the next owner's claim can shadow the zombie lineage's last
-//! legitimate marker, which is why the next owner writes its base: the base carries that commit's
-//! progress and confirms its data, whatever compaction removed.
+//! legitimate marker, which is why the next owner writes its base: the base names that commit
+//! by the range it was written under and confirms its data, whatever compaction removed. (A base
+//! that named only the restorer's current ranges confirmed nothing of a commit made at another
+//! factor: the model test found a key lost that way.)
 //!
 //! A zombie cannot make its own lineage win: it has no claim after the new owner's, and its
 //! generation is older. What a zombie writes before it learns that it lost the partition is
@@ -166,16 +170,56 @@ pub struct Claim {
     pub parent: u64,
 }
 
+/// The [`Base`] format that confirms data by [`Base::confirms`] (0: by [`Base::ranges`]).
+pub const BASE_VERSION: u32 = 1;
+
 /// What a new lineage continues from: per range, the progress of the newest complete commit its
-/// restore found (written right after the restore, before the lineage processes).
+/// restore found, and exactly which commits that state holds (written right after the restore,
+/// before the lineage processes).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Base {
     /// The new lineage.
     #[prost(fixed64, tag = "1")]
     pub lineage: u64,
-    /// Per range with any commit: that commit's progress (its lineage and attempt included).
+    /// Per current range with any commit: its progress (composed from the commits that cover
+    /// it when the factor changed, so its writer fields name one of them only).
     #[prost(message, repeated, tag = "2")]
     pub ranges: Vec<Progress>,
+    /// Per (commit range, lineage) the restore confirmed since the last base it read: the
+    /// highest complete attempt. Their markers may be compacted away by a zombie's later marker
+    /// of the same key; these entries confirm their data instead.
+    #[prost(message, repeated, tag = "3")]
+    pub confirms: Vec<Confirmed>,
+    /// [`BASE_VERSION`] when written by this format; 0 for a base without `confirms`.
+    #[prost(uint32, tag = "4")]
+    pub version: u32,
+}
+
+/// A complete commit of one range by one lineage, up to an attempt (an entry of [`Base`]).
+#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
+pub struct Confirmed {
+    /// First hash of the range the commits were written under.
+    #[prost(fixed64, tag = "1")]
+    pub range_start: u64,
+    /// Last hash (inclusive) of that range.
+    #[prost(fixed64, tag = "2")]
+    pub range_end: u64,
+    /// The lineage that wrote them.
+    #[prost(fixed64, tag = "3")]
+    pub lineage: u64,
+    /// Every attempt of that lineage and range up to this one is complete.
+    #[prost(uint64, tag = "4")]
+    pub attempt: u64,
+}
+
+impl Confirmed {
+    /// The range the commits were written under.
+    pub fn range(&self) -> KeyRange {
+        KeyRange {
+            start: self.range_start,
+            end: self.range_end,
+        }
+    }
 }
 
 /// The base record of `base`.
@@ -300,6 +344,14 @@ pub(super) fn classify(
             // The same checks as a marker's progress.
             Progress::from_bytes(&p.to_bytes())
                 .map_err(|e| corrupt(topic, partition, offset, e))?;
+        }
+        if base.confirms.iter().any(|c| c.range_start > c.range_end) {
+            return Err(corrupt(
+                topic,
+                partition,
+                offset,
+                "a base confirming an empty range".into(),
+            ));
         }
         return Ok(Entry::Base(base));
     }

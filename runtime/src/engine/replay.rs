@@ -8,7 +8,9 @@ use std::sync::atomic::AtomicBool;
 use rill_state::{Progress, StoreWrite, SubTaskState, TopicOffset};
 use rill_topology::KeyRange;
 
-use super::changelog::{changelog_topic, classify, ChangelogReader, Entry};
+use super::changelog::{
+    changelog_topic, classify, Base, ChangelogReader, Confirmed, Entry, BASE_VERSION,
+};
 use super::EngineError;
 
 /// What a restore did, for logs, metrics and the first commit after it.
@@ -21,6 +23,9 @@ pub struct RestoreSummary {
     /// Per range (in order), per store: keys with unconfirmed records in the changelog, whose
     /// current value the range's next commit must write again.
     pub repairs: Vec<Vec<(String, BTreeSet<Vec<u8>>)>>,
+    /// The commits the deciding store confirmed after the last base it read, by the range they
+    /// were written under: what the new lineage's base must confirm.
+    pub confirms: Vec<Confirmed>,
 }
 
 /// A data record waiting for confirmation: (lineage, attempt, changelog offset, write).
@@ -190,6 +195,8 @@ pub fn restore(
         let mut accepted: Option<u64> = oldest.map(|p| p.lineage);
         let mut accepted_generation = oldest.map_or(i32::MIN, |p| p.generation);
         let mut pending: BTreeMap<KeyRange, Pending> = BTreeMap::new();
+        // Per (commit range, lineage): the highest attempt confirmed since the last base read.
+        let mut since_base: BTreeMap<(KeyRange, u64), u64> = BTreeMap::new();
         let count = reader.read(&topic, partition, from, cancel, &mut |offset, record| {
             match classify(&topic, partition, offset, record)? {
                 Entry::Claim(claim) => {
@@ -203,20 +210,26 @@ pub fn restore(
                     if accepted != Some(base.lineage) {
                         return Ok(());
                     }
+                    let confirms = if base.version >= BASE_VERSION {
+                        base.confirms.clone()
+                    } else {
+                        legacy_confirms(&base)
+                    };
+                    for c in &confirms {
+                        let (ok, _) = pending
+                            .entry(c.range())
+                            .or_default()
+                            .confirm(c.lineage, c.attempt, false);
+                        targets.apply(last, ok)?;
+                        let max = confirmed
+                            .entry(c.range())
+                            .or_default()
+                            .entry(c.lineage)
+                            .or_insert(0);
+                        *max = (*max).max(c.attempt);
+                    }
                     for p in &base.ranges {
                         let range = p.range();
-                        let (ok, dropped) = pending
-                            .entry(range)
-                            .or_default()
-                            .confirm(p.lineage, p.attempt, true);
-                        targets.apply(last, ok)?;
-                        targets.orphan(dropped);
-                        let max = confirmed
-                            .entry(range)
-                            .or_default()
-                            .entry(p.lineage)
-                            .or_insert(0);
-                        *max = (*max).max(p.attempt);
                         let newer = finals.get(&range).is_some_and(|f| {
                             f.progress.lineage == p.lineage && f.progress.attempt >= p.attempt
                         });
@@ -231,13 +244,12 @@ pub fn restore(
                         }
                     }
                     // Data of older lineages the base does not confirm never will be.
-                    let based: Vec<KeyRange> = base.ranges.iter().map(Progress::range).collect();
-                    for (range, waiting) in pending.iter_mut() {
-                        if !based.contains(range) {
-                            let (_, dropped) = waiting.confirm(base.lineage, 0, true);
-                            targets.orphan(dropped);
-                        }
+                    for waiting in pending.values_mut() {
+                        let (_, dropped) = waiting.confirm(base.lineage, 0, true);
+                        targets.orphan(dropped);
                     }
+                    // A later reader that gets here has what came before resolved by this base.
+                    since_base.clear();
                 }
                 Entry::Data { id, write } => {
                     let r = targets.of(write.hash);
@@ -275,6 +287,8 @@ pub fn restore(
                         .entry(progress.lineage)
                         .or_insert(0);
                     *max = (*max).max(progress.attempt);
+                    let since = since_base.entry((range, progress.lineage)).or_insert(0);
+                    *since = (*since).max(progress.attempt);
                     // The marker itself is where this store's changelog continues.
                     set_changelog_position(&mut progress, &topic, offset + 1);
                     finals.insert(
@@ -289,6 +303,15 @@ pub fn restore(
             Ok(())
         })?;
         summary.records.push((last.clone(), count));
+        summary.confirms = since_base
+            .into_iter()
+            .map(|((range, lineage), attempt)| Confirmed {
+                range_start: range.start,
+                range_end: range.end,
+                lineage,
+                attempt,
+            })
+            .collect();
         for waiting in pending.into_values() {
             targets.orphan(waiting.entries.into_iter().map(|(_, _, at, w)| (at, w)));
         }
@@ -412,6 +435,20 @@ fn set_changelog_position(progress: &mut Progress, topic: &str, next_offset: u64
             [],
         )),
     }
+}
+
+/// What a base of the first format (without `confirms`) confirms: per current range, the commit
+/// its progress names, as if written under that range (exact unless the factor changed before).
+fn legacy_confirms(base: &Base) -> Vec<Confirmed> {
+    base.ranges
+        .iter()
+        .map(|p| Confirmed {
+            range_start: p.range_start,
+            range_end: p.range_end,
+            lineage: p.lineage,
+            attempt: p.attempt,
+        })
+        .collect()
 }
 
 /// Entries buffered before a restore writes them to RocksDB.

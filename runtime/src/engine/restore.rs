@@ -12,8 +12,9 @@
 //!    record before it is what this owner continues; a zombie's later writes are ignored.
 //! 4. Read the changelogs from each range's local position (the start, when cleared) and apply
 //!    the confirmed commits ([`restore`]).
-//! 5. Write the base: per range, the progress of the commit the state now holds. Later restores
-//!    take it as confirmation even where compaction removed the commit's own marker.
+//! 5. Write the base: per range, the progress of the commit the state now holds, and the commits
+//!    the restore confirmed by the ranges they were written under. Later restores take it as
+//!    confirmation even where compaction removed the commit's own marker.
 //! 6. Record the new lineage as the owner in every range's progress, so a restart finds the state
 //!    it owns.
 //!
@@ -28,7 +29,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use rill_state::{StateDb, SubTaskState};
 
-use super::changelog::{base_record, changelog_topic, claim_record, Base, ChangelogReader, Claim};
+use super::changelog::{
+    base_record, changelog_topic, claim_record, Base, ChangelogReader, Claim, BASE_VERSION,
+};
 use super::task::{open_states, resplit_local, PriorClaim, Task};
 use super::{Engine, EngineError, Shared, TaskId};
 use crate::sink::Deliveries;
@@ -154,6 +157,8 @@ impl Engine {
                                 .iter()
                                 .filter_map(|s| s.committed_progress().cloned())
                                 .collect(),
+                            confirms: summary.confirms.clone(),
+                            version: BASE_VERSION,
                         };
                         let topic = changelog_topic(app, last);
                         write_acknowledged(&shared, &topic, partition, base_record(&base), &stop)?;
