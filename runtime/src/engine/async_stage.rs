@@ -13,12 +13,14 @@
 //! A range commit covers completed records only: its offset is the lowest open one, and the
 //! offsets above it that completed are listed in the progress record
 //! ([`rill_state::TopicOffset::applied_above`]), which the RocksDB progress and the changelog
-//! markers carry in full; a restart skips them. The Kafka commit metadata carries only the
-//! lowest open offset, so a range without state (which resumes from that metadata alone)
-//! runs the listed records again: its outputs are at least once, as always.
+//! markers carry in full; a restart skips them. A range without state resumes from the Kafka
+//! commit metadata alone, which lists them too, in the shortest of three forms (gaps, runs or a
+//! bitmap; see `kafka::metadata`).
 //!
-//! Offsets listed stay bounded: a record waits to be admitted while a range lists
-//! [`MAX_APPLIED_ABOVE`] completed offsets above a stuck one.
+//! Offsets listed stay bounded: no record starts while a range lists [`MAX_APPLIED_ABOVE`]
+//! completed offsets above a stuck one, or, without state, while their shortest form would
+//! take more than the range's share of the metadata (so a commit never falls back to its low
+//! watermark alone, which would run them all again).
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
@@ -30,6 +32,7 @@ use rill_topology::exec::{panic_message, AsyncCall, TaskError};
 use rill_topology::processor::{ErasedRecord, ProcessError, RecordMeta};
 use rill_topology::{KeyRange, RawRecord};
 
+use super::applied::AppliedAbove;
 use super::config::{AsyncConfig, ProcessingOrder};
 use super::env::Env;
 use super::record_errors::{record_error_node, Failed};
@@ -40,15 +43,24 @@ use super::{EngineError, Shared, Source};
 /// records (the progress record stays small: about 2 bytes per listed offset).
 pub(crate) const MAX_APPLIED_ABOVE: usize = 100_000;
 
-/// The completed offsets a range without state may list: its share of the 4096-byte commit
-/// metadata (base64 of ~3000 bytes; each range costs ~19 bytes of bounds, offset and framing,
-/// each listed offset up to 3 bytes as a gap below 2^21), so that the partition's commit
-/// always fits and a restart skips every record it lists. Ranges are counted from the width of
-/// `range` (one of the partition's equal ranges).
+/// The bytes a range without state may spend listing completed offsets: its share of the
+/// 4096-byte commit metadata (base64 of ~3000 bytes; each range costs up to 26 bytes of bounds,
+/// offset and framing), so that the partition's commit always fits and a restart skips every
+/// record it lists. Ranges are counted from the width of `range` (one of the partition's
+/// equal ranges).
 fn metadata_share(range: KeyRange) -> usize {
     let width = range.end.saturating_sub(range.start).max(1);
     let ranges = usize::try_from((u64::MAX / width).max(1)).unwrap_or(usize::MAX);
-    (3000usize.saturating_sub(19usize.saturating_mul(ranges)) / ranges / 3).max(1)
+    (3000usize.saturating_sub(26usize.saturating_mul(ranges)) / ranges).max(1)
+}
+
+/// How many completed offsets a range may list before it starts no more records.
+#[derive(Clone, Copy, Debug)]
+enum Limit {
+    /// With state: this many (the progress record carries them).
+    Offsets(usize),
+    /// Without state: as many as the shortest metadata form fits in this many bytes.
+    MetadataBytes(usize),
 }
 
 /// What [`Core::process`] leaves running: the calls of a record that reached an async stage.
@@ -91,7 +103,7 @@ pub(crate) struct AsyncStage {
     /// Completed offsets the range may list above its lowest open one before it starts no
     /// more records: [`MAX_APPLIED_ABOVE`], or, without state, its share of the commit metadata
     /// (see [`metadata_share`]).
-    cap: usize,
+    limit: Limit,
     /// Per routing hash that has a record started or in `ready`: the records of that hash
     /// admitted after it, in offset order. Invariant: at most one record per hash is started
     /// or in `ready`, so the records of a key run one at a time, in offset order.
@@ -119,10 +131,10 @@ impl AsyncStage {
     /// no store (only then may `processing.order=unordered` lift per-key order).
     pub fn new(topics: usize, config: AsyncConfig, stateless: bool, range: KeyRange) -> Self {
         AsyncStage {
-            cap: if stateless {
-                metadata_share(range)
+            limit: if stateless {
+                Limit::MetadataBytes(metadata_share(range))
             } else {
-                MAX_APPLIED_ABOVE
+                Limit::Offsets(MAX_APPLIED_ABOVE)
             },
             unordered: stateless && config.order == ProcessingOrder::Unordered,
             config,
@@ -152,9 +164,18 @@ impl AsyncStage {
         self.durable_pending
     }
 
-    /// Whether a record waits to be admitted (see [`MAX_APPLIED_ABOVE`]).
-    fn full(&self, applied_above: &[BTreeSet<u64>]) -> bool {
-        applied_above.iter().any(|s| s.len() >= self.cap)
+    /// Whether a record waits to be started (see [`Limit`]).
+    fn full(&self, applied_above: &[AppliedAbove]) -> bool {
+        applied_above
+            .iter()
+            .enumerate()
+            .any(|(i, s)| match self.limit {
+                Limit::Offsets(n) => s.len() >= n,
+                Limit::MetadataBytes(bytes) => {
+                    let next = self.open[i].first().copied().unwrap_or(0);
+                    s.metadata_bytes(next) >= bytes
+                }
+            })
     }
 }
 
@@ -172,7 +193,7 @@ impl Core {
         let Some(stage) = self.asyncs.as_mut() else {
             return Ok(());
         };
-        if self.applied_above[source].contains(&offset) {
+        if self.applied_above[source].contains(offset) {
             // Completed before a restart (listed in the progress record).
             stage.released += 1;
             shared.stats.count_skipped_duplicate();
@@ -409,7 +430,7 @@ impl Core {
         }
         // What the lowest open offset passed needs no listing any more.
         if let Some(floor) = low.or(self.processed[source]) {
-            prune_below(&mut self.applied_above[source], floor);
+            self.applied_above[source].prune_below(floor);
         }
         stage.changed = true;
         if let Some(behind) = stage.keys.get_mut(&hash) {
@@ -420,13 +441,6 @@ impl Core {
                 }
             }
         }
-    }
-}
-
-/// Drops the offsets of `set` below `floor`.
-pub(super) fn prune_below(set: &mut BTreeSet<u64>, floor: u64) {
-    while set.first().is_some_and(|&o| o < floor) {
-        set.pop_first();
     }
 }
 

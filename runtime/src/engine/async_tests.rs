@@ -582,17 +582,7 @@ fn a_restart_without_state_runs_only_the_incomplete_records_again() {
         e.abandon();
         drop(e);
         // Through the codec, as the committer and the next owner see it.
-        let text = crate::kafka::metadata::encode(
-            &crate::kafka::metadata::RangeOffsets {
-                hash_id: rill_topology::HASH_ID,
-                ranges: p.ranges.clone(),
-                lineage: None,
-                applied: p.applied.clone(),
-            },
-            p.low_watermark,
-        )
-        .unwrap();
-        let m = crate::kafka::metadata::decode(&text, p.low_watermark).unwrap();
+        let (_, m) = through_metadata(&p);
         let resume = Resume {
             committed: Some(p.low_watermark),
             applied: m.ranges.iter().map(|(r, _)| *r).zip(m.applied).collect(),
@@ -619,5 +609,97 @@ fn a_restart_without_state_runs_only_the_incomplete_records_again() {
             ["stuck"],
             "{order}: only the incomplete record runs again"
         );
+    }
+}
+
+/// A partition's progress through the commit-metadata codec, as the committer writes it and
+/// the next owner reads it: the text and what it decodes to.
+fn through_metadata(
+    p: &crate::engine::PartitionProgress,
+) -> (String, crate::kafka::metadata::RangeOffsets) {
+    let text = crate::kafka::metadata::encode(
+        &crate::kafka::metadata::RangeOffsets {
+            hash_id: rill_topology::HASH_ID,
+            ranges: p.ranges.clone(),
+            lineage: None,
+            applied: p.applied.clone(),
+        },
+        p.low_watermark,
+    )
+    .expect("the listing fits the commit metadata");
+    let m = crate::kafka::metadata::decode(&text, p.low_watermark).expect("decodes");
+    (text, m)
+}
+
+/// Dispatches `input` (offset = index) until done or until the engine has taken nothing for
+/// 300 ms (a range that starts no more records); returns how many it took.
+fn feed_until_held(e: &mut Engine, input: &[(String, String)]) -> usize {
+    let mut stalled_since = Instant::now();
+    let mut offset = 0;
+    while offset < input.len() && stalled_since.elapsed() < Duration::from_millis(300) {
+        let (k, v) = &input[offset];
+        match e.dispatch("in", 0, offset as u64, raw(k, v)).unwrap() {
+            Dispatch::Full(_) => std::thread::sleep(Duration::from_millis(2)),
+            _ => {
+                offset += 1;
+                stalled_since = Instant::now();
+            }
+        }
+    }
+    offset
+}
+
+/// Without state, the completed offsets a range lists travel in the commit metadata in their
+/// shortest form: one stuck record below thousands of completed ones costs one run (before,
+/// gaps let a range list 993 and then start nothing more); with a stuck record every third,
+/// the range stops starting records before their listing would overflow the metadata, so the
+/// commit still carries every one of them.
+#[test]
+fn the_listed_offsets_fit_the_commit_metadata() {
+    for (stuck_every, records) in [(usize::MAX, 5_000), (3, 60_000)] {
+        let sink = Arc::new(MemorySink::new());
+        let mut e = engine(
+            stateless_topology(Some("stuck")),
+            None,
+            1,
+            // Stuck calls keep their slots: room for all of them.
+            unordered(30_000),
+            sink.clone(),
+        );
+        let input: Vec<(String, String)> = (0..records)
+            .map(|i| {
+                let v = if i % stuck_every == 0 {
+                    "stuck".to_string()
+                } else {
+                    "1".to_string()
+                };
+                (format!("k{i}"), v)
+            })
+            .collect();
+        let taken = feed_until_held(&mut e, &input);
+        // Every started call but the stuck ones answers within a few milliseconds.
+        std::thread::sleep(Duration::from_millis(300));
+        e.request_commit();
+        std::thread::sleep(Duration::from_millis(200));
+        let p = e.collect_progress().remove(0);
+        let listed: usize = p.applied.iter().map(Vec::len).sum();
+        let (text, m) = through_metadata(&p);
+        assert_eq!(
+            m.applied, p.applied,
+            "the metadata carries every listed offset"
+        );
+        eprintln!(
+            "stuck every {stuck_every}: {taken} records taken, {listed} listed, {} bytes of metadata",
+            text.len()
+        );
+        if stuck_every == usize::MAX {
+            assert_eq!(taken, records);
+            assert_eq!(listed, records - 1, "all but the stuck one completed");
+        } else {
+            assert!(taken < records, "the range stopped starting records");
+            // ~3,000 bytes of bitmap: about 24,000 offsets, two thirds of them completed.
+            assert!(listed > 10_000, "listed {listed}");
+        }
+        e.abandon();
     }
 }

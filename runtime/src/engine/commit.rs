@@ -223,7 +223,7 @@ impl Core {
                 .enumerate()
                 .filter_map(|(i, o)| {
                     o.map(|next_offset| {
-                        let applied = self.applied_above[i].iter().copied();
+                        let applied = self.applied_above[i].iter();
                         TopicOffset::with_applied(names[i].clone(), next_offset, applied)
                     })
                 })
@@ -301,7 +301,7 @@ impl Core {
                 next.iter()
                     .enumerate()
                     .filter(|(_, n)| n.is_some())
-                    .map(|(i, _)| (i, self.applied_above[i].iter().copied().collect()))
+                    .map(|(i, _)| (i, self.applied_above[i].iter().collect()))
                     .collect()
             } else {
                 Vec::new()

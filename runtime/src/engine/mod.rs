@@ -16,6 +16,7 @@
 //! - [`changelog`]: the changelog records and why restore is exact; [`origin`]: de-duplication
 //!   across repartition topics; [`progress`]: per-range offsets and the low watermark.
 
+mod applied;
 mod async_stage;
 pub mod changelog;
 pub mod commit;

@@ -35,7 +35,8 @@ pub struct Lineage {
     pub generation: i32,
 }
 
-use super::async_stage::{prune_below, AsyncStage, Completion, Launch};
+use super::applied::AppliedAbove;
+use super::async_stage::{AsyncStage, Completion, Launch};
 use super::commit::Sealed;
 use super::env::Env;
 use super::origin::{
@@ -103,7 +104,7 @@ pub(crate) struct Core {
     pub(super) processed: Vec<Option<u64>>,
     /// Per source topic: offsets above the range's next offset that were applied already
     /// (restored from the progress record, or completed out of order by an async stage).
-    pub(super) applied_above: Vec<BTreeSet<u64>>,
+    pub(super) applied_above: Vec<AppliedAbove>,
     /// The async side, when the sub-topology has an async stage.
     pub(super) asyncs: Option<AsyncStage>,
     /// Per source topic: the offset after the last record sealed or made durable.
@@ -191,7 +192,7 @@ impl SubTask {
             shared.wall_clock_interval.fetch_min(ms, Ordering::Relaxed);
         }
         let mut committed = vec![None; topics];
-        let mut applied_above = vec![BTreeSet::new(); topics];
+        let mut applied_above = vec![AppliedAbove::default(); topics];
         let mut origins: BTreeMap<OriginKey, Vec<OriginEntry>> = BTreeMap::new();
         let mut resume = Vec::new();
         let mut carried = Vec::new();
@@ -274,7 +275,7 @@ impl SubTask {
         let mut core = self.core.lock();
         let floor = core.processed[source].unwrap_or(0);
         if let Some(set) = core.applied_above.get_mut(source) {
-            set.extend(offsets.range(floor..));
+            set.extend(offsets.range(floor..).copied());
         }
     }
 
@@ -434,7 +435,7 @@ impl Core {
             Work::Record(input) if self.asyncs.is_some() => self.admit(id, input, shared, me),
             Work::Record(input) => {
                 let (source, offset) = (input.source.index, input.offset);
-                if self.applied_above[source].remove(&offset) {
+                if self.applied_above[source].remove(offset) {
                     // Applied before a restart (by an async stage of an earlier topology).
                     shared.stats.count_skipped_duplicate();
                     self.advance_processed(source, offset);
@@ -605,7 +606,7 @@ impl Core {
             .collect();
         for (set, n) in self.applied_above.iter_mut().zip(&next) {
             if let Some(n) = n {
-                prune_below(set, *n);
+                set.prune_below(*n);
             }
         }
         next

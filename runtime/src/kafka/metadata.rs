@@ -34,8 +34,15 @@
 //! }
 //! message Applied {
 //!   uint32 range = 1;                        // index into range_starts
+//!   // Exactly one of these three forms (the encoder writes the shortest):
 //!   repeated uint64 gaps = 2;                // packed; first offset - next[range], then each
 //!                                            // offset - the one before (all >= 1)
+//!   repeated uint64 runs = 3;                // packed pairs (skip, length), both >= 1: a run of
+//!                                            // `length` consecutive offsets starting `skip`
+//!                                            // after the end of the run before (the first:
+//!                                            // after next[range])
+//!   bytes bitmap = 4;                        // bit i (least significant bit first in each
+//!                                            // byte) set: offset next[range] + 1 + i applied
 //! }
 //! ```
 //!
@@ -60,8 +67,12 @@
 //!   stateless tasks.
 //! - **Applied.** Records of a range above its next offset that were applied too (an async
 //!   stage completes records out of offset order): a resuming range skips them as well. At most
-//!   one entry per range; a range without one applied nothing above its next offset. Version-1
-//!   readers that predate the field ignore it and process those records again (at least once).
+//!   one entry per range; a range without one applied nothing above its next offset. Gaps suit
+//!   sparse offsets (a range of many: its records are a fraction of the partition's), runs a few
+//!   stuck records below many completed ones, the bitmap a dense window with many holes. Version-1
+//!   readers that predate the field ignore it and process those records again (at least once);
+//!   readers that predate `runs` and `bitmap` (rill before 2026-12-04) read such an entry as
+//!   empty, with the same effect.
 //! - **Other fields** are ignored, as protobuf decoding does, so a writer may add fields without a
 //!   new version as long as version-1 readers may ignore them. [`encode`] writes fields 1–4 in
 //!   order, each once, the repeated ones packed (proto3 encoding: a field holding 0 is omitted).
@@ -190,6 +201,118 @@ struct AppliedV1 {
     range: u32,
     #[prost(uint64, repeated, packed = "true", tag = "2")]
     gaps: Vec<u64>,
+    #[prost(uint64, repeated, packed = "true", tag = "3")]
+    runs: Vec<u64>,
+    #[prost(bytes = "vec", tag = "4")]
+    bitmap: Vec<u8>,
+}
+
+impl AppliedV1 {
+    /// The shortest of the three forms of `offsets` (increasing, all above `next`).
+    fn shortest(range: u32, next: u64, offsets: &[u64]) -> AppliedV1 {
+        let mut gaps = Vec::with_capacity(offsets.len());
+        let mut runs = Vec::new();
+        let mut prev = next;
+        let mut run_end = next;
+        for &o in offsets {
+            gaps.push(o - prev);
+            if o == run_end + 1 && !runs.is_empty() {
+                if let Some(len) = runs.last_mut() {
+                    *len += 1;
+                }
+            } else {
+                runs.push(o - run_end);
+                runs.push(1);
+            }
+            run_end = o;
+            prev = o;
+        }
+        let last = offsets.last().copied().unwrap_or(next);
+        let bits = usize::try_from(last - next).unwrap_or(usize::MAX);
+        let size = |v: &[u64]| {
+            v.iter()
+                .map(|&x| prost::encoding::encoded_len_varint(x))
+                .sum()
+        };
+        let (gaps_len, runs_len): (usize, usize) = (size(&gaps), size(&runs));
+        let entry = |gaps, runs, bitmap| AppliedV1 {
+            range,
+            gaps,
+            runs,
+            bitmap,
+        };
+        if bits.div_ceil(8) < gaps_len.min(runs_len) {
+            let mut bitmap = vec![0u8; bits.div_ceil(8)];
+            for &o in offsets {
+                let i = (o - next - 1) as usize;
+                bitmap[i / 8] |= 1 << (i % 8);
+            }
+            entry(Vec::new(), Vec::new(), bitmap)
+        } else if runs_len < gaps_len {
+            entry(Vec::new(), runs, Vec::new())
+        } else {
+            entry(gaps, Vec::new(), Vec::new())
+        }
+    }
+
+    /// The offsets of this entry, for a range whose next offset is `next`.
+    fn offsets(&self, next: u64) -> Result<Vec<u64>, String> {
+        let forms = [
+            !self.gaps.is_empty(),
+            !self.runs.is_empty(),
+            !self.bitmap.is_empty(),
+        ];
+        if forms.iter().filter(|f| **f).count() > 1 {
+            return Err("more than one form".into());
+        }
+        let mut out = Vec::new();
+        let mut o: u64 = next;
+        for &gap in &self.gaps {
+            o = o
+                .checked_add(gap)
+                .filter(|_| gap > 0)
+                .ok_or_else(|| format!("gap {gap} after offset {o}"))?;
+            out.push(o);
+        }
+        if self.runs.len() % 2 == 1 {
+            return Err("a run without its length".into());
+        }
+        for pair in self.runs.chunks_exact(2) {
+            let (skip, len) = (pair[0], pair[1]);
+            let start = o
+                .checked_add(skip)
+                .filter(|_| skip > 0 && len > 0)
+                .ok_or_else(|| format!("run of {len} skipping {skip} after offset {o}"))?;
+            o = start
+                .checked_add(len - 1)
+                .ok_or_else(|| format!("run of {len} from offset {start}"))?;
+            out.extend(start..=o);
+        }
+        for (i, byte) in self.bitmap.iter().enumerate() {
+            for bit in 0..8 {
+                if byte & (1 << bit) != 0 {
+                    let o = next
+                        .checked_add(1 + (i * 8 + bit) as u64)
+                        .ok_or_else(|| format!("bit {} after offset {next}", i * 8 + bit))?;
+                    out.push(o);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The payload bytes of the shortest form of `offsets` (increasing, all above `next`): what
+/// admission control of an async stage bounds (`engine::applied`).
+#[cfg(test)]
+pub(crate) fn applied_bytes(next: u64, offsets: &[u64]) -> usize {
+    let a = AppliedV1::shortest(0, next, offsets);
+    let size = |v: &[u64]| -> usize {
+        v.iter()
+            .map(|&x| prost::encoding::encoded_len_varint(x))
+            .sum()
+    };
+    size(&a.gaps) + size(&a.runs) + a.bitmap.len()
 }
 
 /// Encodes `offsets` as commit metadata text for a commit of offset `base`.
@@ -251,20 +374,16 @@ pub fn encode(offsets: &RangeOffsets, base: u64) -> Result<String, MetadataError
             continue;
         }
         let mut prev = next;
-        let mut gaps = Vec::with_capacity(offsets.len());
         for &o in offsets {
             if o <= prev {
                 return Err(MetadataError::InvalidRanges(format!(
                     "applied offset {o} of range {range} is not above {prev}"
                 )));
             }
-            gaps.push(o - prev);
             prev = o;
         }
-        applied.push(AppliedV1 {
-            range: u32::try_from(i).unwrap_or(u32::MAX),
-            gaps,
-        });
+        let index = u32::try_from(i).unwrap_or(u32::MAX);
+        applied.push(AppliedV1::shortest(index, next, offsets));
     }
     let message = CommitMetadataV1 {
         version: VERSION,
@@ -369,18 +488,9 @@ pub fn decode(text: &str, base: u64) -> Result<RangeOffsets, MetadataError> {
                 "two applied entries for range {i}"
             )));
         }
-        let mut o: u64 = next;
-        for &gap in &a.gaps {
-            o = match o.checked_add(gap) {
-                Some(n) if gap > 0 => n,
-                _ => {
-                    return Err(MetadataError::Malformed(format!(
-                        "applied gap {gap} after offset {o} of range {i}"
-                    )))
-                }
-            };
-            out.push(o);
-        }
+        *out = a
+            .offsets(next)
+            .map_err(|e| MetadataError::Malformed(format!("applied offsets of range {i}: {e}")))?;
     }
     Ok(RangeOffsets {
         applied,

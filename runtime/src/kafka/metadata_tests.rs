@@ -405,3 +405,114 @@ fn applied_offsets_round_trip_and_bad_ones_are_refused() {
         encode(&with_empty, 100).unwrap()
     );
 }
+
+/// The form an encoded entry took, and its payload bytes.
+fn form_of(text: &str) -> (&'static str, usize) {
+    let bytes = STANDARD.decode(text.strip_prefix(PREFIX).unwrap()).unwrap();
+    let m = CommitMetadataV1::decode(bytes.as_slice()).unwrap();
+    let a = &m.applied[0];
+    let size = |v: &[u64]| -> usize {
+        v.iter()
+            .map(|&x| prost::encoding::encoded_len_varint(x))
+            .sum()
+    };
+    if !a.gaps.is_empty() {
+        ("gaps", size(&a.gaps))
+    } else if !a.runs.is_empty() {
+        ("runs", size(&a.runs))
+    } else {
+        ("bitmap", a.bitmap.len())
+    }
+}
+
+#[test]
+fn applied_offsets_take_their_shortest_form() {
+    let mut o = offsets(1, 1000, |_| 0);
+    // Sparse (the records of one range of many): gaps.
+    o.applied = vec![(1..200).map(|i| 1000 + i * 16).collect()];
+    let text = encode(&o, 1000).unwrap();
+    assert_eq!(form_of(&text), ("gaps", 199));
+    assert_eq!(decode(&text, 1000).unwrap(), o);
+    // One stuck record below 100,000 completed ones, and one more stuck in the middle: runs.
+    o.applied = vec![(1001..=100_000).filter(|&x| x != 50_000).collect()];
+    let text = encode(&o, 1000).unwrap();
+    assert_eq!(form_of(&text).0, "runs");
+    assert!(text.len() < 60, "{}", text.len());
+    assert_eq!(decode(&text, 1000).unwrap(), o);
+    // A dense window of 20,000 with every 7th still open: a bitmap of 2,500 bytes, where gaps
+    // would take ~17,000 and runs ~5,700.
+    o.applied = vec![(1001..=21_000).filter(|x| x % 7 != 0).collect()];
+    let text = encode(&o, 1000).unwrap();
+    assert_eq!(form_of(&text), ("bitmap", 2500));
+    assert!(text.len() <= MAX_METADATA_BYTES);
+    assert_eq!(decode(&text, 1000).unwrap(), o);
+}
+
+proptest! {
+    #[test]
+    fn applied_offsets_round_trip_in_every_form(
+        base in 0u64..(1 << 50),
+        picks in proptest::collection::vec((1u64..40, any::<bool>()), 0..3000),
+    ) {
+        // Runs and holes of random lengths above a range's next offset.
+        let mut applied = Vec::new();
+        let mut o = base + 4;
+        for (len, keep) in picks {
+            if keep {
+                applied.extend(o..o + len);
+            }
+            o += len;
+        }
+        let mut offsets = offsets(2, base, |i| i as u64 * 3);
+        if !applied.is_empty() {
+            offsets.applied = vec![Vec::new(), applied.clone()];
+        }
+        match encode(&offsets, base) {
+            Ok(text) => {
+                prop_assert_eq!(decode(&text, base).unwrap(), offsets);
+                prop_assert!(applied_bytes(base + 3, &applied) <= text.len());
+            }
+            Err(MetadataError::TooLarge { .. }) => {
+                prop_assert!(applied_bytes(base + 3, &applied) > 2900);
+            }
+            Err(e) => prop_assert!(false, "{}", e),
+        }
+    }
+}
+
+#[test]
+fn malformed_applied_forms_are_refused() {
+    let entry = |gaps: Vec<u64>, runs: Vec<u64>, bitmap: Vec<u8>| {
+        let mut m = valid_message();
+        m.applied = vec![AppliedV1 {
+            range: 1,
+            gaps,
+            runs,
+            bitmap,
+        }];
+        decode(&raw(&m), 10)
+    };
+    // Range 1's next offset is 15: run (2, 3) is 17, 18, 19; bitmap 0b101 is 16 and 18.
+    assert_eq!(
+        entry(vec![], vec![2, 3], vec![]).unwrap().applied[1],
+        vec![17, 18, 19]
+    );
+    assert_eq!(
+        entry(vec![], vec![], vec![0b101]).unwrap().applied[1],
+        vec![16, 18]
+    );
+    for (gaps, runs, bitmap) in [
+        (vec![1], vec![1, 1], vec![]),
+        (vec![], vec![1, 1], vec![1]),
+        (vec![], vec![0, 1], vec![]),
+        (vec![], vec![1, 0], vec![]),
+        (vec![], vec![1], vec![]),
+        (vec![], vec![1, u64::MAX], vec![]),
+    ] {
+        let r = entry(gaps.clone(), runs.clone(), bitmap.clone());
+        assert!(
+            matches!(r, Err(MetadataError::Malformed(_))),
+            "{gaps:?} {runs:?} {bitmap:?}: {r:?}"
+        );
+    }
+}
