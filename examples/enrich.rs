@@ -16,10 +16,15 @@
 //! cargo run --release --example enrich -- --factor 8      # one service at P = 8, until Ctrl-C
 //! cargo run --release --example enrich -- --factor 1 --async   # the async form
 //! cargo run --release --example enrich -- --records 5000 --latency-ms 5
+//! RILL_BOOTSTRAP_SERVERS=127.0.0.1:9092 cargo run --release --example enrich -- --async  # a service
 //! ```
-//! The lookup blocks its worker thread, so the example sets `worker.threads` to the factor; with
-//! non-blocking work the default (one thread per core) is right. Settings also come from
-//! `--config FILE`, `RILL_CONFIG` and `RILL_*` variables (see `rill_runtime::config`).
+//! The lookup takes half, once or one and a half times `--latency-ms` (by the click), so calls
+//! finish out of order. It blocks its worker thread, so the example sets `worker.threads` to the
+//! factor; with non-blocking work the default (one thread per core) is right. Settings also come
+//! from `--config FILE`, `RILL_CONFIG` and `RILL_*` variables (see `rill_runtime::config`). With
+//! `RILL_BOOTSTRAP_SERVERS` set it runs as a service on that cluster (topics `--input` and
+//! `--output`, which must exist) until SIGTERM; `processing.order=unordered` then lets the async
+//! form run any clicks at once, not only those of different users.
 
 mod common;
 
@@ -34,23 +39,49 @@ use rill::runtime::{ConfigBuilder, Runtime};
 const INPUT: &str = "clicks";
 const OUTPUT: &str = "clicks-enriched";
 
+/// The topics the topology reads and writes.
+struct Topics<'a> {
+    input: &'a str,
+    output: &'a str,
+}
+
+const TOPICS: Topics<'static> = Topics {
+    input: INPUT,
+    output: OUTPUT,
+};
+
+/// How long the lookup of `click` takes: 0.5, 1 or 1.5 times `lookup`, by the click's bytes.
+fn lookup_time(click: &str, lookup: Duration) -> Duration {
+    let spread = click
+        .bytes()
+        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b.into()))
+        % 3;
+    lookup * (spread + 1) / 2
+}
+
 /// The topology: click -> click with the user's profile, one slow lookup per record; the
 /// lookup blocks a worker thread, or (`asynchronous`) is awaited.
-fn topology(lookup: Duration, asynchronous: bool) -> Result<Topology, TopologyError> {
+fn topology(
+    topics: &Topics<'_>,
+    lookup: Duration,
+    asynchronous: bool,
+) -> Result<Topology, TopologyError> {
     let builder = StreamsBuilder::new();
-    let clicks = builder.stream(INPUT, StringSerde, StringSerde);
+    let clicks = builder.stream(topics.input, StringSerde, StringSerde);
     let enriched = if asynchronous {
         clicks.map_values_async(move |click: String| async move {
-            tokio::time::sleep(lookup).await; // the per-record I/O call, awaited
+            // The per-record I/O call, awaited.
+            tokio::time::sleep(lookup_time(&click, lookup)).await;
             Ok(format!("{click} country=NL tier=gold"))
         })
     } else {
         clicks.map_values(move |click: String| {
-            std::thread::sleep(lookup); // the per-record I/O call, blocking
+            // The per-record I/O call, blocking.
+            std::thread::sleep(lookup_time(&click, lookup));
             format!("{click} country=NL tier=gold")
         })
     };
-    enriched.to_with(OUTPUT, Produced::with(StringSerde, StringSerde));
+    enriched.to_with(topics.output, Produced::with(StringSerde, StringSerde));
     builder.build()
 }
 
@@ -77,7 +108,7 @@ fn prepare(
         builder = builder.set("worker.threads", mode.p);
     }
     let config = builder.with_config_file_and_env(config).build()?;
-    let runtime = Runtime::new(topology(lookup, mode.asynchronous)?, config)?;
+    let runtime = Runtime::new(topology(&TOPICS, lookup, mode.asynchronous)?, config)?;
     let cluster = runtime.embedded().ok_or(
         "this example feeds an embedded cluster: leave bootstrap.servers unset (RILL_BOOTSTRAP_SERVERS)",
     )?;
@@ -134,9 +165,16 @@ struct Cli {
     /// Run one service at this parallelising factor until Ctrl-C, instead of the comparison
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     factor: Option<u64>,
-    /// With --factor: await the lookup (map_values_async) instead of blocking a thread
+    /// With --factor, or as a service: await the lookup (map_values_async) instead of blocking
+    /// a thread
     #[arg(long = "async")]
     asynchronous: bool,
+    /// Input topic (as a service on a real cluster)
+    #[arg(long, default_value = INPUT)]
+    input: String,
+    /// Output topic (as a service on a real cluster)
+    #[arg(long, default_value = OUTPUT)]
+    output: String,
     #[command(flatten)]
     service: common::ServiceArgs,
 }
@@ -146,6 +184,18 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     rill::runtime::service::init_logging();
     let (records, config) = (cli.records, cli.service.config.as_deref());
     let lookup = Duration::from_millis(cli.latency_ms);
+    let service = ConfigBuilder::new()
+        .set("application.id", "enrich")
+        .with_config_file_and_env(config)
+        .build()?;
+    if service.bootstrap_servers.is_some() {
+        let topics = Topics {
+            input: &cli.input,
+            output: &cli.output,
+        };
+        let runtime = Runtime::new(topology(&topics, lookup, cli.asynchronous)?, service)?;
+        return Ok(runtime.run_until_signal()?);
+    }
     if let Some(p) = cli.factor {
         let mode = Mode {
             p,

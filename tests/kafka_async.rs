@@ -4,7 +4,12 @@
 //! restarted on the same state dir each time; then once more on a fresh state dir (restored
 //! from the changelogs, which carry the offsets completed out of order).
 //!
-//! What rill promises and this test checks: state is exactly once, and each customer's orders
+//! The second test runs unordered mode (a stateless stage, any records at once): the `enrich`
+//! example's async lookup with `processing.order=unordered`, SIGKILLed 5 times while clicks
+//! flow; every click must be enriched at least once, nothing else written, and after a clean
+//! stop a restart must enrich nothing again.
+//!
+//! What rill promises and the first test checks: state is exactly once, and each customer's orders
 //! reach its total one at a time in offset order. So every total ever emitted is the total of
 //! a prefix of that customer's orders (none applied twice, none skipped, none out of order),
 //! and the last one is the total of all of them. Outputs are at least once: a total emitted
@@ -158,4 +163,99 @@ fn async_totals_are_exact_across_sigkills_and_a_lost_state_dir() {
         read.len()
     );
     assert!(clean, "SIGTERM must drain, commit and exit 0; log:\n{log}");
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test"]
+fn unordered_enrichment_loses_no_click_across_sigkills() {
+    let (input, output, app) = (unique("clicks"), unique("enriched"), unique("unordered"));
+    create_topic(&input, PARTITIONS);
+    create_topic(&output, PARTITIONS);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut service = Service::new(&app, "0", &input, &output, dir.path());
+    service.binary = example_binary("enrich");
+    // Lookups of 100, 200 or 300 ms, longer than the commit interval: calls finish out of
+    // order and every commit lists offsets completed above one still running. At P = 1 a
+    // range's offsets are dense, so the listing takes the runs or bitmap form.
+    service
+        .args
+        .extend(["--async", "--latency-ms", "200"].map(String::from));
+    service.set("processing.order", "unordered");
+    service.set("async.max.in.flight", "1000");
+    service.set("parallelising.factor", "1");
+    let click = |i: usize| -> Input {
+        (
+            Some(format!("c{i}").into_bytes()),
+            format!("click {i}").into_bytes(),
+        )
+    };
+    let enriched = |(k, v): &Input| {
+        let v = format!("{} country=NL tier=gold", String::from_utf8_lossy(v));
+        (k.clone().unwrap_or_default(), v.into_bytes())
+    };
+    let clicks: Vec<Input> = (0..6000).map(click).collect();
+    let want: HashMap<Vec<u8>, Vec<u8>> = clicks.iter().map(enriched).collect();
+    let batches: Vec<Vec<Input>> = clicks.chunks(250).map(<[Input]>::to_vec).collect();
+    let topic = input.clone();
+    let producer = std::thread::spawn(move || {
+        for b in batches {
+            produce(&topic, &b);
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    });
+    let mut rng = Rng::from_clock("unordered crash test");
+    let kills = 5;
+    let mut child = service.spawn_and_kill(&mut rng, kills, 1200, 1800);
+    producer.join().expect("producer");
+    let (latest, _) = read_until(&output, Duration::from_secs(180), |latest| {
+        latest.len() >= want.len()
+    });
+    let missing: Vec<_> = want
+        .keys()
+        .filter(|k| !latest.contains_key(*k))
+        .map(|k| String::from_utf8_lossy(k).into_owned())
+        .take(10)
+        .collect();
+    let clean = terminate(&mut child);
+    let log = service.log_tail(12);
+    assert!(
+        missing.is_empty(),
+        "after {kills} SIGKILLs, clicks never enriched (first 10): {missing:?}; log:\n{log}"
+    );
+    assert!(clean, "SIGTERM must drain, commit and exit 0; log:\n{log}");
+    // Everything written so far, duplicates of killed runs included.
+    let (_, before) = read_until(&output, Duration::from_secs(5), |_| false);
+    for (k, v) in &before {
+        assert_eq!(
+            want.get(k),
+            Some(v),
+            "an output that is no enriched click: {}",
+            String::from_utf8_lossy(k)
+        );
+    }
+    // The clean stop committed every completed click: a restart enriches only the new one.
+    let mut child = service.spawn();
+    let last = click(6000);
+    let (last_key, _) = enriched(&last);
+    produce(&input, std::slice::from_ref(&last));
+    let (latest, _) = read_until(&output, Duration::from_secs(60), |latest| {
+        latest.contains_key(&last_key)
+    });
+    assert!(
+        latest.contains_key(&last_key),
+        "the restarted service enriched the new click"
+    );
+    assert!(terminate(&mut child), "SIGTERM after the restart");
+    let (_, after) = read_until(&output, Duration::from_secs(5), |_| false);
+    assert_eq!(
+        after.len(),
+        before.len() + 1,
+        "after a clean stop, a restart writes the new click's enrichment and nothing again"
+    );
+    println!(
+        "{} clicks, {} outputs after {kills} SIGKILLs ({} duplicates)",
+        want.len(),
+        before.len(),
+        before.len() - want.len()
+    );
 }
