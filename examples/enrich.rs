@@ -39,17 +39,6 @@ use rill::runtime::{ConfigBuilder, Runtime};
 const INPUT: &str = "clicks";
 const OUTPUT: &str = "clicks-enriched";
 
-/// The topics the topology reads and writes.
-struct Topics<'a> {
-    input: &'a str,
-    output: &'a str,
-}
-
-const TOPICS: Topics<'static> = Topics {
-    input: INPUT,
-    output: OUTPUT,
-};
-
 /// How long the lookup of `click` takes: 0.5, 1 or 1.5 times `lookup`, by the click's bytes.
 fn lookup_time(click: &str, lookup: Duration) -> Duration {
     let spread = click
@@ -59,15 +48,15 @@ fn lookup_time(click: &str, lookup: Duration) -> Duration {
     lookup * (spread + 1) / 2
 }
 
-/// The topology: click -> click with the user's profile, one slow lookup per record; the
-/// lookup blocks a worker thread, or (`asynchronous`) is awaited.
+/// The topology from `input` to `output`: click -> click with the user's profile, one slow
+/// lookup per record; the lookup blocks a worker thread, or (`asynchronous`) is awaited.
 fn topology(
-    topics: &Topics<'_>,
+    (input, output): (&str, &str),
     lookup: Duration,
     asynchronous: bool,
 ) -> Result<Topology, TopologyError> {
     let builder = StreamsBuilder::new();
-    let clicks = builder.stream(topics.input, StringSerde, StringSerde);
+    let clicks = builder.stream(input, StringSerde, StringSerde);
     let enriched = if asynchronous {
         clicks.map_values_async(move |click: String| async move {
             // The per-record I/O call, awaited.
@@ -81,7 +70,7 @@ fn topology(
             format!("{click} country=NL tier=gold")
         })
     };
-    enriched.to_with(topics.output, Produced::with(StringSerde, StringSerde));
+    enriched.to_with(output, Produced::with(StringSerde, StringSerde));
     builder.build()
 }
 
@@ -108,7 +97,10 @@ fn prepare(
         builder = builder.set("worker.threads", mode.p);
     }
     let config = builder.with_config_file_and_env(config).build()?;
-    let runtime = Runtime::new(topology(&TOPICS, lookup, mode.asynchronous)?, config)?;
+    let runtime = Runtime::new(
+        topology((INPUT, OUTPUT), lookup, mode.asynchronous)?,
+        config,
+    )?;
     let cluster = runtime.embedded().ok_or(
         "this example feeds an embedded cluster: leave bootstrap.servers unset (RILL_BOOTSTRAP_SERVERS)",
     )?;
@@ -189,11 +181,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .with_config_file_and_env(config)
         .build()?;
     if service.bootstrap_servers.is_some() {
-        let topics = Topics {
-            input: &cli.input,
-            output: &cli.output,
-        };
-        let runtime = Runtime::new(topology(&topics, lookup, cli.asynchronous)?, service)?;
+        let topics = (cli.input.as_str(), cli.output.as_str());
+        let runtime = Runtime::new(topology(topics, lookup, cli.asynchronous)?, service)?;
         return Ok(runtime.run_until_signal()?);
     }
     if let Some(p) = cli.factor {

@@ -19,10 +19,8 @@ impl AppliedAbove {
         if !self.set.insert(offset) {
             return false;
         }
-        let joined = usize::from(offset > 0 && self.set.contains(&(offset - 1)))
-            + usize::from(offset < u64::MAX && self.set.contains(&(offset + 1)));
         // A lone offset starts a run; joining two runs makes one.
-        self.runs = self.runs + 1 - joined;
+        self.runs = self.runs + 1 - self.neighbours(offset);
         true
     }
 
@@ -31,10 +29,14 @@ impl AppliedAbove {
         if !self.set.remove(&offset) {
             return false;
         }
-        let neighbours = usize::from(offset > 0 && self.set.contains(&(offset - 1)))
-            + usize::from(offset < u64::MAX && self.set.contains(&(offset + 1)));
-        self.runs = self.runs + neighbours - 1;
+        self.runs = self.runs + self.neighbours(offset) - 1;
         true
+    }
+
+    /// How many of `offset - 1` and `offset + 1` are there.
+    fn neighbours(&self, offset: u64) -> usize {
+        usize::from(offset > 0 && self.set.contains(&(offset - 1)))
+            + usize::from(offset < u64::MAX && self.set.contains(&(offset + 1)))
     }
 
     /// Adds every offset of `offsets`.

@@ -229,12 +229,7 @@ impl AppliedV1 {
         }
         let last = offsets.last().copied().unwrap_or(next);
         let bits = usize::try_from(last - next).unwrap_or(usize::MAX);
-        let size = |v: &[u64]| {
-            v.iter()
-                .map(|&x| prost::encoding::encoded_len_varint(x))
-                .sum()
-        };
-        let (gaps_len, runs_len): (usize, usize) = (size(&gaps), size(&runs));
+        let (gaps_len, runs_len) = (varints_len(&gaps), varints_len(&runs));
         let entry = |gaps, runs, bitmap| AppliedV1 {
             range,
             gaps,
@@ -307,12 +302,15 @@ impl AppliedV1 {
 #[cfg(test)]
 pub(crate) fn applied_bytes(next: u64, offsets: &[u64]) -> usize {
     let a = AppliedV1::shortest(0, next, offsets);
-    let size = |v: &[u64]| -> usize {
-        v.iter()
-            .map(|&x| prost::encoding::encoded_len_varint(x))
-            .sum()
-    };
-    size(&a.gaps) + size(&a.runs) + a.bitmap.len()
+    varints_len(&a.gaps) + varints_len(&a.runs) + a.bitmap.len()
+}
+
+/// The bytes of `values` as packed varints.
+fn varints_len(values: &[u64]) -> usize {
+    values
+        .iter()
+        .map(|&x| prost::encoding::encoded_len_varint(x))
+        .sum()
 }
 
 /// Encodes `offsets` as commit metadata text for a commit of offset `base`.

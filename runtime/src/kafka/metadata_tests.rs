@@ -411,15 +411,10 @@ fn form_of(text: &str) -> (&'static str, usize) {
     let bytes = STANDARD.decode(text.strip_prefix(PREFIX).unwrap()).unwrap();
     let m = CommitMetadataV1::decode(bytes.as_slice()).unwrap();
     let a = &m.applied[0];
-    let size = |v: &[u64]| -> usize {
-        v.iter()
-            .map(|&x| prost::encoding::encoded_len_varint(x))
-            .sum()
-    };
     if !a.gaps.is_empty() {
-        ("gaps", size(&a.gaps))
+        ("gaps", varints_len(&a.gaps))
     } else if !a.runs.is_empty() {
-        ("runs", size(&a.runs))
+        ("runs", varints_len(&a.runs))
     } else {
         ("bitmap", a.bitmap.len())
     }
