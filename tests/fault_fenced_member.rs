@@ -21,6 +21,14 @@ fn rejoins(service: &Service) -> usize {
     service.log_text().matches(REJOINING).count()
 }
 
+/// Whether the service's consumer since its last replacement has been assigned partitions: only
+/// then does a new impostor fence it (one that joins first is fenced by the service instead).
+fn rejoined(service: &Service) -> bool {
+    let log = service.log_text();
+    log.rfind(REJOINING)
+        .is_some_and(|at| log[at..].contains("partition assigned"))
+}
+
 /// Joins group `app` with instance 0's `group.instance.id` (fencing the service's member) and
 /// polls until `done` holds or 30 s pass; returns whether it held.
 fn impersonate(cluster: &Cluster, app: &str, input: &str, mut done: impl FnMut() -> bool) -> bool {
@@ -124,6 +132,11 @@ fn a_member_fenced_again_and_again_stops_with_a_clear_error() {
         assert!(
             impersonate(&cluster, &app, &input, || rejoins(&service) == n),
             "fence {n} was not followed by a rejoin; log:\n{}",
+            service.log_tail(40)
+        );
+        assert!(
+            eventually(Duration::from_secs(60), || rejoined(&service)),
+            "the consumer that replaced fence {n}'s was never assigned partitions; log:\n{}",
             service.log_tail(40)
         );
     }
