@@ -268,6 +268,7 @@ impl Cluster {
                 claim: c.lineage.map_or(PriorClaim::None, PriorClaim::Lineage),
                 generation: self.generation,
                 applied: Vec::new(),
+                hash_id: rill_topology::HASH_ID,
             };
             let start = engine.assign(topic, 0, resume).expect("assign");
             positions.insert(topic, start.unwrap_or(0));

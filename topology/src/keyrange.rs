@@ -14,6 +14,11 @@ use std::fmt;
 /// Identifier of the key-hash function, stored with every persisted range (1 = XXH3-64, seed 0).
 pub const HASH_ID: u32 = 1;
 
+/// Identifier of routing by offset alone ([`null_key_hash`] of every record's offset, keyed or
+/// not), which unordered sub-topologies without state use; their commit metadata records it so
+/// that a run with the other routing does not read their range offsets as its own.
+pub const OFFSET_HASH_ID: u32 = 2;
+
 /// The stable 64-bit hash of serialized key bytes (XXH3-64 with seed 0).
 pub fn key_hash(key: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(key)

@@ -37,7 +37,9 @@ pub use dsl::{
     TopologyError,
 };
 pub use graph::{Topic, Topology};
-pub use keyrange::{kafka_partition, key_hash, range_of, ranges, KeyRange, HASH_ID};
+pub use keyrange::{
+    kafka_partition, key_hash, range_of, ranges, KeyRange, HASH_ID, OFFSET_HASH_ID,
+};
 pub use processor::{Processor, ProcessorContext, PunctuationType};
 pub use record::{Headers, RawRecord, Record, PARTITION_HEADER};
 

@@ -288,7 +288,7 @@ settings! {
         doc "the wait before an async call's second attempt, doubled before each further one (milliseconds)";
     "processing.order" => processing_order: crate::engine::config::ProcessingOrder = crate::engine::config::ProcessingOrder::Key,
         shown "`key`",
-        doc "async stages: `key` runs the records of one key one at a time, in offset order; `unordered` runs any records at once (Parallel Consumer's UNORDERED), in sub-topologies without state only (a stateful one keeps per-key order); outputs of a key may then come out of order";
+        doc "`key` runs the records of one key one at a time, in offset order; `unordered` runs any records at once (Parallel Consumer's UNORDERED) in sub-topologies without state or repartition topics: records go to sub-tasks by offset, not key, and async stages start any record; outputs of a key may then come out of order";
     "max.task.idle.ms" => max_task_idle: crate::kafka::time_sync::MaxTaskIdle = crate::kafka::time_sync::MaxTaskIdle::Wait(Duration::ZERO),
         shown "0",
         doc "Kafka Streams' key: a task that reads several topics (a join, a merge) takes the queued record with the smallest timestamp first; while one of its inputs has nothing queued it waits for records the broker has for it, and when that input is caught up, this long more (milliseconds); `-1` never waits";

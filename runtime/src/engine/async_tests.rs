@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -452,6 +452,22 @@ fn stateless_topology(stuck: Option<&'static str>) -> Arc<Topology> {
     Arc::new(b.build().unwrap())
 }
 
+/// `in` -> `map_values` (blocking: sleeps 1 ms while `running` counts the records in it and
+/// `most` the most at once) -> `out`, without state.
+fn blocking_topology(running: Arc<AtomicUsize>, most: Arc<AtomicUsize>) -> Arc<Topology> {
+    let b = StreamsBuilder::new();
+    b.stream("in", StringSerde, StringSerde)
+        .map_values(move |v: String| {
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(1));
+            running.fetch_sub(1, Ordering::SeqCst);
+            v
+        })
+        .to_with("out", Produced::with(StringSerde, StringSerde));
+    Arc::new(b.build().unwrap())
+}
+
 fn unordered(in_flight: usize) -> AsyncConfig {
     AsyncConfig {
         max_in_flight: in_flight,
@@ -489,15 +505,21 @@ fn unordered_runs_records_of_one_key_at_once() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
 
-    /// Unordered, stateless, with crashes: every record's output is there at least once (and
-    /// exactly once without a crash), whatever the completion order.
+    /// Unordered, stateless, async or blocking, with crashes: every record's output is there at
+    /// least once (and exactly once without a crash), whatever the completion order.
     #[test]
     fn unordered_outputs_are_at_least_once(
         keys in proptest::collection::vec(0u8..3, 1..100),
-        factor in 1usize..3,
+        factor in 1usize..4,
         in_flight in 1usize..20,
         crashes in proptest::collection::vec(0usize..150, 0..3),
+        blocking in any::<bool>(),
     ) {
+        let topology = if blocking {
+            blocking_topology(Arc::default(), Arc::default())
+        } else {
+            stateless_topology(None)
+        };
         let input: Vec<(String, String)> = keys
             .iter()
             .enumerate()
@@ -516,7 +538,7 @@ proptest! {
         let mut resume = Resume::default();
         for &stop in &stops {
             let from = resume.committed.unwrap_or(0) as usize;
-            let mut e = engine_at(stateless_topology(None), None, factor, unordered(in_flight), sink.clone(), resume.clone());
+            let mut e = engine_at(topology.clone(), None, factor, unordered(in_flight), sink.clone(), resume.clone());
             feed_from(&mut e, &input, from, stop.max(from), 5);
             std::thread::sleep(Duration::from_millis(3));
             e.request_commit();
@@ -524,13 +546,14 @@ proptest! {
             if let Some(p) = e.collect_progress().into_iter().next() {
                 resume.committed = Some(p.low_watermark);
                 resume.ranges = p.ranges;
+                resume.hash_id = p.hash_id;
             }
             e.abandon();
             drop(e);
             take(&sink);
         }
         let from = resume.committed.unwrap_or(0) as usize;
-        let mut e = engine_at(stateless_topology(None), None, factor, unordered(in_flight), sink.clone(), resume);
+        let mut e = engine_at(topology, None, factor, unordered(in_flight), sink.clone(), resume);
         feed_from(&mut e, &input, from, input.len(), 5);
         prop_assert!(e.wait_idle(Duration::from_secs(60)));
         prop_assert!(e.failure().is_none());
@@ -587,6 +610,7 @@ fn a_restart_without_state_runs_only_the_incomplete_records_again() {
             committed: Some(p.low_watermark),
             applied: m.ranges.iter().map(|(r, _)| *r).zip(m.applied).collect(),
             ranges: m.ranges,
+            hash_id: m.hash_id,
             ..Resume::default()
         };
         let mut e = engine_at(
@@ -619,7 +643,7 @@ fn through_metadata(
 ) -> (String, crate::kafka::metadata::RangeOffsets) {
     let text = crate::kafka::metadata::encode(
         &crate::kafka::metadata::RangeOffsets {
-            hash_id: rill_topology::HASH_ID,
+            hash_id: p.hash_id,
             ranges: p.ranges.clone(),
             lineage: None,
             applied: p.applied.clone(),
@@ -702,4 +726,145 @@ fn the_listed_offsets_fit_the_commit_metadata() {
         }
         e.abandon();
     }
+}
+
+/// The values written to `out` so far (numbers), sorted.
+fn sorted_values(sink: &MemorySink) -> Vec<u64> {
+    let mut values: Vec<u64> = sink
+        .take("out")
+        .into_iter()
+        .map(|(_, r)| {
+            String::from_utf8_lossy(r.value.as_deref().unwrap_or_default())
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    values.sort_unstable();
+    values
+}
+
+/// Unordered without state routes records to ranges by offset, not key: a single hot key's
+/// blocking records run on every worker at once, and the commit says how it routed them. Keyed
+/// routing runs them one at a time.
+#[test]
+fn unordered_spreads_one_hot_key_over_every_range() {
+    use rill_topology::OFFSET_HASH_ID;
+    for (order, hash_id, at_once) in [
+        (super::config::ProcessingOrder::Key, HASH_ID, 1..=1),
+        (
+            super::config::ProcessingOrder::Unordered,
+            OFFSET_HASH_ID,
+            2..=2,
+        ),
+    ] {
+        let (running, most) = (Arc::default(), Arc::new(AtomicUsize::new(0)));
+        let sink = Arc::new(MemorySink::new());
+        let config = AsyncConfig {
+            order,
+            ..AsyncConfig::default()
+        };
+        let topology = blocking_topology(running, most.clone());
+        let mut e = engine(topology, None, 4, config, sink.clone());
+        let input: Vec<(String, String)> = (0..200)
+            .map(|i| ("hot".to_string(), i.to_string()))
+            .collect();
+        feed(&mut e, &input, input.len(), 1000);
+        assert!(e.wait_idle(Duration::from_secs(30)));
+        e.request_commit();
+        assert!(e.wait_idle(Duration::from_secs(30)));
+        let progress = e.collect_progress();
+        assert_eq!(progress[0].hash_id, hash_id, "{order}");
+        assert_eq!(progress[0].low_watermark, 200, "{order}");
+        assert!(
+            at_once.contains(&most.load(Ordering::SeqCst)),
+            "{order}: {} records of the hot key ran at once on 2 workers",
+            most.load(Ordering::SeqCst)
+        );
+        let values = sorted_values(&sink);
+        assert_eq!(values, (0..200).collect::<Vec<u64>>(), "{order}: each once");
+    }
+}
+
+/// Range offsets committed under one routing are not read under the other (a change of
+/// `processing.order` between runs): the range's offsets name other records there. A restart
+/// with the same routing skips exactly what the ranges applied; with the other, it runs every
+/// record above the committed offset again (at least once), and skips none wrongly.
+#[test]
+fn range_offsets_of_another_routing_are_not_trusted() {
+    use super::config::ProcessingOrder::{Key, Unordered};
+    use rill_topology::keyrange::null_key_hash;
+    use rill_topology::{ranges, OFFSET_HASH_ID};
+    let input: Vec<(String, String)> = (0..60).map(|i| (format!("k{i}"), i.to_string())).collect();
+    // Range 0 of 4 applied everything below 40 that routes to it; the others nothing.
+    let committed = |hash_id| Resume {
+        committed: Some(0),
+        ranges: ranges(4).into_iter().zip([40, 0, 0, 0]).collect(),
+        hash_id,
+        ..Resume::default()
+    };
+    let routes_to_0 = |i: u64, hash_id| {
+        let hash = if hash_id == HASH_ID {
+            key_hash(format!("k{i}").as_bytes())
+        } else {
+            null_key_hash(i)
+        };
+        range_of(hash, 4) == 0
+    };
+    for (order, ran_with) in [(Key, HASH_ID), (Unordered, OFFSET_HASH_ID)] {
+        for hash_id in [HASH_ID, OFFSET_HASH_ID] {
+            let sink = Arc::new(MemorySink::new());
+            let config = AsyncConfig {
+                order,
+                ..AsyncConfig::default()
+            };
+            let topology = blocking_topology(Arc::default(), Arc::default());
+            let mut e = engine_at(topology, None, 4, config, sink.clone(), committed(hash_id));
+            feed(&mut e, &input, input.len(), 1000);
+            assert!(e.wait_idle(Duration::from_secs(30)));
+            let ran = sorted_values(&sink);
+            let want: Vec<u64> = (0..60)
+                .filter(|&i| hash_id != ran_with || i >= 40 || !routes_to_0(i, hash_id))
+                .collect();
+            assert_eq!(ran, want, "{order} after a commit with hash id {hash_id}");
+            assert!(
+                want.len() < 60 || hash_id != ran_with,
+                "some records skipped"
+            );
+        }
+    }
+}
+
+/// Offset routing only where nothing depends on the key's range: a sub-topology with state,
+/// or one that writes or reads a repartition topic (whose de-duplication follows the upstream
+/// routing), keeps routing by key under `processing.order=unordered`.
+#[test]
+fn only_sub_topologies_without_state_or_repartition_route_by_offset() {
+    use super::config::ProcessingOrder::{Key, Unordered};
+    use rill_topology::OFFSET_HASH_ID;
+    let b = StreamsBuilder::new();
+    let s = b.stream("in", StringSerde, StringSerde);
+    s.to_with("copy", Produced::with(StringSerde, StringSerde));
+    s.select_key(|_k: Option<&String>, v: &String| v.clone())
+        .group_by_key_with(Grouped::with(StringSerde, StringSerde))
+        .count("counts");
+    let topology = b.build().unwrap();
+    let subs = topology.sub_topologies();
+    assert_eq!(
+        subs.len(),
+        2,
+        "the stream, and the count after its repartition"
+    );
+    for sub in subs {
+        assert_eq!(routing_hash_id(sub, Key), HASH_ID);
+        assert_eq!(
+            routing_hash_id(sub, Unordered),
+            HASH_ID,
+            "sub-topology {}",
+            sub.id
+        );
+    }
+    let plain = blocking_topology(Arc::default(), Arc::default());
+    let sub = &plain.sub_topologies()[0];
+    assert_eq!(routing_hash_id(sub, Key), HASH_ID);
+    assert_eq!(routing_hash_id(sub, Unordered), OFFSET_HASH_ID);
 }

@@ -84,6 +84,8 @@ pub struct PartitionProgress {
     /// Per range (as `ranges`): offsets above its offset that it applied too (async stages of
     /// ranges without state).
     pub applied: Vec<Vec<u64>>,
+    /// How records were routed to `ranges` (`rill_topology::HASH_ID` or `OFFSET_HASH_ID`).
+    pub hash_id: u32,
 }
 
 impl Engine {
@@ -160,6 +162,7 @@ impl Engine {
                         low_watermark: lw,
                         ranges: t.range_offsets(),
                         applied: t.range_applied(),
+                        hash_id: self.shared.hash_ids[sub],
                         lineage: (stateful && self.shared.config.changelogs)
                             .then_some(task.lineage.id),
                     });

@@ -87,13 +87,14 @@ pub struct AsyncConfig {
     pub order: ProcessingOrder,
 }
 
-/// Which records of an async stage may run at once (`processing.order`).
+/// Which records may run at once (`processing.order`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProcessingOrder {
     /// Records of one key one at a time, in offset order (Parallel Consumer's `KEY`).
     Key,
     /// Any records at once, in sub-topologies without state (Parallel Consumer's
-    /// `UNORDERED`); a stateful sub-topology keeps per-key order.
+    /// `UNORDERED`): records go to ranges by offset, not key, and async stages run records of
+    /// one key concurrently; a stateful sub-topology keeps per-key order.
     Unordered,
 }
 

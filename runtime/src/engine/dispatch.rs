@@ -1,7 +1,8 @@
 //! Dispatch: each input record goes to the sub-task of its key range, and backpressure.
 //!
 //! A record's range is `range_of(key_hash(key), P)` (null keys: a hash of the offset), so every
-//! record of a key reaches the same sub-task in offset order. Records a range already applied
+//! record of a key reaches the same sub-task in offset order; unordered sub-topologies without
+//! state route every record by its offset's hash instead (see `routing_hash_id`). Records a range already applied
 //! (by its local progress or the commit metadata, under any past factor) are skipped here.
 //!
 //! Backpressure: each sub-task's mailbox holds at most [`Engine::queue_limit`] records; a full
@@ -12,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use rill_topology::keyrange::null_key_hash;
-use rill_topology::{key_hash, range_of, RawRecord};
+use rill_topology::{key_hash, range_of, RawRecord, HASH_ID};
 
 use super::subtask::{Input, Work};
 use super::{Engine, EngineError, TaskId};
@@ -69,9 +70,9 @@ impl Engine {
                 topic: topic.to_string(),
                 partition,
             })?;
-        let hash = match &raw.key {
-            Some(k) => key_hash(k),
-            None => null_key_hash(offset),
+        let hash = match (&raw.key, self.shared.hash_ids[sub]) {
+            (Some(k), HASH_ID) => key_hash(k),
+            _ => null_key_hash(offset),
         };
         let running = task.is_running() && !task.held;
         let tracker = &mut task.trackers[topic_index];

@@ -47,8 +47,9 @@ use parking_lot::{Condvar, Mutex};
 use rill_state::StateDb;
 use rill_topology::cache::CacheBudget;
 use rill_topology::global::GlobalStores;
+use rill_topology::graph::SubTopology;
 use rill_topology::store::StoreKind;
-use rill_topology::{Topic, Topology};
+use rill_topology::{Topic, Topology, HASH_ID, OFFSET_HASH_ID};
 
 pub use changelog::ChangelogReader;
 pub use commit::PartitionProgress;
@@ -85,6 +86,8 @@ pub(crate) struct Shared {
     /// so that their keys meet the user topics' (see `kafka_partition`). Others keep the key hash
     /// (their state is placed by it).
     kafka_partitioned: std::collections::HashSet<Topic>,
+    /// How each sub-topology routes records to ranges ([`routing_hash_id`]), by index.
+    hash_ids: Vec<u32>,
     /// Work items queued or running. Invariant: incremented before an item is queued,
     /// decremented after it is processed. An atomic, so the per-record path takes no lock.
     in_flight: AtomicUsize,
@@ -202,6 +205,20 @@ pub(crate) struct Source {
     pub id: u64,
 }
 
+/// How the records of `sub` are routed to ranges: by key ([`HASH_ID`]), or by offset
+/// ([`OFFSET_HASH_ID`]) under `processing.order=unordered` when it has no state and neither reads
+/// nor writes a repartition topic (whose de-duplication follows the upstream routing), so that
+/// even a single hot key spreads over every sub-task.
+fn routing_hash_id(sub: &SubTopology, order: config::ProcessingOrder) -> u32 {
+    let repartitions = sub.sources.iter().any(|(t, _)| t.is_internal())
+        || sub.sinks.iter().any(Topic::is_internal);
+    if order == config::ProcessingOrder::Unordered && !sub.is_stateful() && !repartitions {
+        OFFSET_HASH_ID
+    } else {
+        HASH_ID
+    }
+}
+
 /// Internal topics that a sub-topology reads beside user topics.
 fn kafka_partitioned(topology: &Topology) -> std::collections::HashSet<Topic> {
     topology
@@ -313,6 +330,11 @@ impl Engine {
             shared: Arc::new(Shared {
                 globals: Arc::new(GlobalStores::new(&topology)),
                 kafka_partitioned: kafka_partitioned(&topology),
+                hash_ids: topology
+                    .sub_topologies()
+                    .iter()
+                    .map(|s| routing_hash_id(s, config.async_stages.order))
+                    .collect(),
                 topology,
                 config,
                 sink,

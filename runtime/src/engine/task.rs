@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rill_state::{StateDb, SubTaskState};
-use rill_topology::{ranges, KeyRange};
+use rill_topology::{ranges, KeyRange, HASH_ID};
 
 use super::commit::PartitionProgress;
 use super::restore::{Restored, Restoring};
@@ -50,7 +50,7 @@ pub enum PriorClaim {
 }
 
 /// What the consumer group says about a partition when it is assigned.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Resume {
     /// The committed offset, if any.
     pub committed: Option<u64>,
@@ -64,6 +64,22 @@ pub struct Resume {
     pub applied: Vec<(KeyRange, Vec<u64>)>,
     /// The consumer-group generation of this assignment.
     pub generation: i32,
+    /// How the commit routed records to `ranges` (`rill_topology::HASH_ID` or
+    /// `OFFSET_HASH_ID`); ranges of another routing than the task's are not its own.
+    pub hash_id: u32,
+}
+
+impl Default for Resume {
+    fn default() -> Self {
+        Resume {
+            committed: None,
+            ranges: Vec::new(),
+            claim: PriorClaim::default(),
+            applied: Vec::new(),
+            generation: 0,
+            hash_id: HASH_ID,
+        }
+    }
 }
 
 /// How a revocation ended, for the caller's offset commit.
@@ -206,6 +222,15 @@ impl Engine {
             });
         };
         let i = source.index;
+        let mut resume = resume;
+        let hash_id = self.shared.hash_ids[source.sub];
+        if resume.hash_id != hash_id && !resume.ranges.is_empty() {
+            // Range offsets under another routing say nothing about this routing's ranges.
+            tracing::warn!(topic, partition, committed_with = resume.hash_id, now = hash_id,
+                "the last commit routed records to ranges another way (processing.order changed): resuming from its committed offset, so records above it may be processed again");
+            resume.ranges.clear();
+            resume.applied.clear();
+        }
         let metadata = floor_of(&KeyRange::FULL, &resume.ranges);
         let start = match (resume.committed, metadata) {
             (Some(c), Some(m)) => Some(c.max(m)),

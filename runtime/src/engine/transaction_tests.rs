@@ -41,6 +41,7 @@ fn engine(dir: &Path, log: &Arc<MemoryChangelog>, after: Option<&PartitionProgre
             claim: p.lineage.map_or(PriorClaim::None, PriorClaim::Lineage),
             ranges: p.ranges.clone(),
             applied: Vec::new(),
+            hash_id: p.hash_id,
         },
         None => Resume {
             claim: PriorClaim::None,
@@ -87,6 +88,7 @@ fn seal(e: &mut Engine) -> PartitionProgress {
         ranges: Vec::new(),
         lineage: None,
         applied: Vec::new(),
+        hash_id: rill_topology::HASH_ID,
     })
 }
 

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::{Offset, TopicPartitionList};
-use rill_topology::{KeyRange, HASH_ID};
+use rill_topology::KeyRange;
 
 use super::metadata::{self, RangeOffsets};
 use crate::engine::{PartitionProgress, TopicPartition};
@@ -87,7 +87,7 @@ impl Committer {
             let mut elem = tpl.add_partition(&p.topic, p.partition as i32);
             elem.set_offset(Offset::Offset(p.low_watermark as i64))?;
             let offsets = RangeOffsets {
-                hash_id: HASH_ID,
+                hash_id: p.hash_id,
                 ranges: p.ranges.clone(),
                 lineage: p.lineage,
                 applied: p.applied.clone(),
@@ -98,7 +98,7 @@ impl Committer {
                 metrics::counter!(crate::metrics::COMMIT_METADATA_OVERFLOW).increment(1);
                 // One range at the watermark: always fits, and keeps the lineage.
                 let alone = RangeOffsets {
-                    hash_id: HASH_ID,
+                    hash_id: p.hash_id,
                     ranges: vec![(KeyRange::FULL, p.low_watermark)],
                     lineage: p.lineage,
                     applied: Vec::new(),
@@ -141,6 +141,7 @@ mod tests {
             ranges: ranges(2).into_iter().zip(next).collect(),
             lineage: Some(42),
             applied: Vec::new(),
+            hash_id: rill_topology::HASH_ID,
         }
     }
 

@@ -26,7 +26,7 @@
 //! ```text
 //! message CommitMetadata {
 //!   uint32 version = 1;                      // 1
-//!   uint32 hash_id = 2;                      // rill_topology::HASH_ID of the key hash (1 = XXH3-64)
+//!   uint32 hash_id = 2;                      // how records were routed to ranges (1, 2)
 //!   repeated fixed64 range_starts = 3;       // packed; start of each key range, in hash order
 //!   repeated uint64 next_offset_deltas = 4;  // packed varints; next[r] - base, same order
 //!   fixed64 lineage = 5;                     // the task's lineage (stateful tasks), else absent
@@ -50,8 +50,10 @@
 //!   version other than 1 with [`MetadataError::UnknownVersion`]; a missing (or zero) version is
 //!   [`MetadataError::Malformed`].
 //!   A later version keeps field 1 as `uint32 version` and may change everything else.
-//! - **Hash id.** The id of the key-hash function that assigned records to ranges; a decoder
-//!   rejects an id other than its own [`HASH_ID`] with [`MetadataError::WrongHashId`].
+//! - **Hash id.** How records were assigned to ranges: [`HASH_ID`] (1, the XXH3-64 key hash) or
+//!   [`OFFSET_HASH_ID`] (2, a hash of the offset alone: unordered sub-topologies without state).
+//!   A decoder rejects any other id with [`MetadataError::UnknownHashId`]; the reader compares
+//!   the id with its own routing before it trusts the range offsets.
 //! - **Ranges.** There is one range per entry of `range_starts` (at least one). The ranges are the
 //!   closed intervals `[start_i, start_{i+1} - 1]`, the last one ending at `u64::MAX`: they are
 //!   contiguous and cover the whole 64-bit hash space, so the starts alone give explicit bounds
@@ -90,7 +92,7 @@
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use prost::Message as _;
-use rill_topology::{KeyRange, HASH_ID};
+use rill_topology::{KeyRange, HASH_ID, OFFSET_HASH_ID};
 
 /// The largest metadata text a broker accepts by default (`offset.metadata.max.bytes`).
 pub const MAX_METADATA_BYTES: usize = 4096;
@@ -139,14 +141,9 @@ pub enum MetadataError {
     /// The metadata was written in a format version this build does not read.
     #[error("unknown rill commit metadata version {0} (this build reads version {VERSION})")]
     UnknownVersion(u32),
-    /// The ranges refer to a different key-hash function.
-    #[error("commit metadata uses key hash id {found}, this build uses {expected}")]
-    WrongHashId {
-        /// Hash id found in the metadata.
-        found: u32,
-        /// Hash id of this build ([`HASH_ID`]).
-        expected: u32,
-    },
+    /// The ranges refer to a routing this build does not know.
+    #[error("commit metadata routes records by hash id {0}; this build knows {HASH_ID} (key) and {OFFSET_HASH_ID} (offset)")]
+    UnknownHashId(u32),
     /// The encoded text would exceed what the broker accepts.
     #[error("commit metadata of {bytes} bytes exceeds the limit of {limit} bytes")]
     TooLarge {
@@ -410,7 +407,7 @@ pub fn encode(offsets: &RangeOffsets, base: u64) -> Result<String, MetadataError
 ///
 /// # Errors
 /// [`MetadataError::NotRill`] for empty or foreign metadata (no range has progress beyond
-/// `base`), [`MetadataError::UnknownVersion`], [`MetadataError::WrongHashId`], and
+/// `base`), [`MetadataError::UnknownVersion`], [`MetadataError::UnknownHashId`], and
 /// [`MetadataError::Malformed`] for anything else that is not valid version 1 metadata.
 pub fn decode(text: &str, base: u64) -> Result<RangeOffsets, MetadataError> {
     let body = text.strip_prefix(PREFIX).ok_or(MetadataError::NotRill)?;
@@ -426,11 +423,8 @@ pub fn decode(text: &str, base: u64) -> Result<RangeOffsets, MetadataError> {
     }
     let message = CommitMetadataV1::decode(bytes.as_slice())
         .map_err(|e| MetadataError::Malformed(format!("protobuf: {e}")))?;
-    if message.hash_id != HASH_ID {
-        return Err(MetadataError::WrongHashId {
-            found: message.hash_id,
-            expected: HASH_ID,
-        });
+    if ![HASH_ID, OFFSET_HASH_ID].contains(&message.hash_id) {
+        return Err(MetadataError::UnknownHashId(message.hash_id));
     }
     let starts = &message.range_starts;
     let deltas = &message.next_offset_deltas;

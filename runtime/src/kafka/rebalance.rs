@@ -289,20 +289,21 @@ impl SourceContext {
                 claim: PriorClaim::None,
                 ranges: Vec::new(),
                 applied: Vec::new(),
+                hash_id: HASH_ID,
             };
             if let Some(base) = base {
                 match std::str::from_utf8(&meta)
                     .map_err(|_| metadata::MetadataError::NotRill)
                     .and_then(|text| metadata::decode(text, base))
                 {
-                    Ok(m) if m.hash_id == HASH_ID => {
+                    Ok(m) => {
+                        resume.hash_id = m.hash_id;
                         resume.applied = m.ranges.iter().map(|(r, _)| *r).zip(m.applied).collect();
                         resume.ranges = m.ranges;
                         if let Some(l) = m.lineage {
                             resume.claim = PriorClaim::Lineage(l);
                         }
                     }
-                    Ok(_) => {}
                     Err(err) => {
                         if !meta.is_empty() {
                             tracing::warn!(%topic, partition, error = %err, "ignoring commit metadata");

@@ -23,7 +23,6 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
-use rill_topology::HASH_ID;
 
 use super::metadata::{self, RangeOffsets};
 use super::producer::KafkaSink;
@@ -252,7 +251,7 @@ fn offsets(progress: &[PartitionProgress]) -> Result<TopicPartitionList, Transac
     for p in progress {
         let text = metadata::encode(
             &RangeOffsets {
-                hash_id: HASH_ID,
+                hash_id: p.hash_id,
                 ranges: p.ranges.clone(),
                 lineage: p.lineage,
                 applied: p.applied.clone(),
