@@ -134,6 +134,7 @@ const PROMISED: &[&str] = &[
     "rill_errors_total",
     "rill_rocksdb_block_cache_usage_bytes",
     "rill_rocksdb_memtable_bytes",
+    "rill_state_read_cache_bytes",
     "rill_subtasks",
 ];
 

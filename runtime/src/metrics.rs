@@ -61,6 +61,8 @@ pub const ERRORS: &str = "rill_errors_total";
 pub const ROCKSDB_BLOCK_CACHE_USAGE: &str = "rill_rocksdb_block_cache_usage_bytes";
 /// Memory of all memtables.
 pub const ROCKSDB_MEMTABLE: &str = "rill_rocksdb_memtable_bytes";
+/// Bytes held by the stores' read caches of committed values.
+pub const STATE_READ_CACHE: &str = "rill_state_read_cache_bytes";
 /// Sub-tasks (task x key range) open in this process.
 pub const SUBTASKS: &str = "rill_subtasks";
 /// Offset commits whose range offsets did not fit in the commit metadata.
@@ -96,6 +98,7 @@ pub const ALL: &[&str] = &[
     ERRORS,
     ROCKSDB_BLOCK_CACHE_USAGE,
     ROCKSDB_MEMTABLE,
+    STATE_READ_CACHE,
     SUBTASKS,
     COMMIT_METADATA_OVERFLOW,
     TRANSACTION_COMMIT_LATENCY,
@@ -275,6 +278,11 @@ fn describe() {
         "Memory of all RocksDB memtables, all column families."
     );
     describe_gauge!(
+        STATE_READ_CACHE,
+        Unit::Bytes,
+        "Bytes held by the stores' read caches of committed values (an eighth of rocksdb.memory.bytes at most)."
+    );
+    describe_gauge!(
         SUBTASKS,
         Unit::Count,
         "Sub-tasks (task x key range) open in this process."
@@ -415,6 +423,8 @@ pub(crate) struct EngineMetrics {
     pub block_cache: Gauge,
     /// [`ROCKSDB_MEMTABLE`].
     pub memtables: Gauge,
+    /// [`STATE_READ_CACHE`].
+    pub read_cache: Gauge,
     /// [`RECORDS_PRODUCED`] per resolved output topic known when the engine was built. A list
     /// searched linearly: a topology writes a handful of topics, and comparing a few short
     /// strings costs less than hashing one (measured: ~45 ns per record with a SipHash map).
@@ -455,6 +465,7 @@ impl EngineMetrics {
             async_retries: metrics::counter!(ASYNC_RETRIES),
             block_cache: metrics::gauge!(ROCKSDB_BLOCK_CACHE_USAGE),
             memtables: metrics::gauge!(ROCKSDB_MEMTABLE),
+            read_cache: metrics::gauge!(STATE_READ_CACHE),
             produced: outputs
                 .into_iter()
                 .map(|t| {

@@ -15,6 +15,7 @@ use rocksdb::{
 
 use crate::cf::{validate_store_name, ColumnFamilyId};
 use crate::error::StateError;
+use crate::read_cache::ReadBudget;
 
 /// The RocksDB flavour rill uses: column families created and dropped through `&self`.
 pub(crate) type Db = rocksdb::DBWithThreadMode<rocksdb::MultiThreaded>;
@@ -42,7 +43,8 @@ const MAX_WRITE_BUFFER: usize = 64 << 20;
 pub struct StateConfig {
     /// The state directory (`state.dir`); RocksDB lives in its `rocksdb/` subdirectory.
     pub dir: PathBuf,
-    /// One budget for the block cache and all memtables together (`rocksdb.memory.bytes`).
+    /// One budget for the block cache, all memtables and the stores' read caches together
+    /// (`rocksdb.memory.bytes`).
     pub memory_bytes: usize,
 }
 
@@ -54,13 +56,17 @@ pub struct MemoryUsage {
     pub block_cache_bytes: usize,
     /// Memory of all memtables (mutable and immutable) of all column families.
     pub memtable_bytes: usize,
+    /// Bytes held by the stores' read caches (outside RocksDB, within `rocksdb.memory.bytes`).
+    pub read_cache_bytes: usize,
 }
 
 /// How the memory budget is split (see [`StateDb::open`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct MemoryPlan {
-    /// Capacity of the shared LRU cache: the whole budget.
+    /// Capacity of the shared LRU cache: the budget less the read caches'.
     pub cache_bytes: usize,
+    /// Bytes the stores' read caches may hold together (see `read_cache`): an eighth.
+    pub read_cache_bytes: usize,
     /// Limit of the write-buffer manager (charged to the cache): half the budget.
     pub memtable_bytes: usize,
     /// `write_buffer_size` of every column family.
@@ -74,7 +80,9 @@ pub(crate) struct MemoryPlan {
 impl MemoryPlan {
     /// Splits `memory_bytes`.
     ///
-    /// - The LRU cache gets the whole budget as capacity, and the write-buffer manager charges
+    /// - The stores' read caches of committed values get an eighth (reads of a key written
+    ///   since its last flush search every version of the memtable otherwise).
+    /// - The LRU cache gets the rest as capacity, and the write-buffer manager charges
     ///   every memtable to that cache, so blocks + memtables stay under one limit (the scheme of
     ///   RocksDB's "cost write buffer to cache", also used by Kafka Streams' bounded-memory
     ///   config). Memtables may take up to half of it; blocks get the rest.
@@ -89,12 +97,14 @@ impl MemoryPlan {
     ///   would otherwise pin old WAL files forever; past this size RocksDB flushes the column
     ///   families that hold the oldest WAL.
     pub fn new(memory_bytes: usize) -> Self {
+        let read_cache_bytes = memory_bytes / 8;
         let memtable_bytes = memory_bytes / 2;
         let write_buffer_size = (memtable_bytes / 8).clamp(MIN_WRITE_BUFFER, MAX_WRITE_BUFFER);
         let arena_block_size = (write_buffer_size / 16).clamp(64 << 10, 1 << 20);
         let max_total_wal_size = (memtable_bytes as u64).saturating_mul(4).max(64 << 20);
         MemoryPlan {
-            cache_bytes: memory_bytes,
+            cache_bytes: memory_bytes - read_cache_bytes,
+            read_cache_bytes,
             memtable_bytes,
             write_buffer_size,
             arena_block_size,
@@ -120,6 +130,8 @@ pub struct StateDb {
     dir: PathBuf,
     cache: Cache,
     write_buffer_manager: WriteBufferManager,
+    /// The budget of every store's read cache.
+    read_budget: Arc<ReadBudget>,
     plan: MemoryPlan,
     /// Guards column family creation and dropping, and ownership by sub-tasks. Invariant: a
     /// column family is owned by at most one live `SubTaskState`, and is only dropped when no
@@ -231,6 +243,7 @@ impl StateDb {
             dir,
             cache,
             write_buffer_manager,
+            read_budget: ReadBudget::new(plan.read_cache_bytes),
             plan,
             registry: Mutex::new(Registry {
                 existing: names.into_iter().collect(),
@@ -400,7 +413,13 @@ impl StateDb {
         MemoryUsage {
             block_cache_bytes: self.cache.get_usage(),
             memtable_bytes: self.write_buffer_manager.get_usage(),
+            read_cache_bytes: self.read_budget.used(),
         }
+    }
+
+    /// The budget the stores' read caches share.
+    pub(crate) fn read_budget(&self) -> Arc<ReadBudget> {
+        self.read_budget.clone()
     }
 
     /// The RocksDB handle.

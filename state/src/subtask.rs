@@ -1,5 +1,6 @@
 //! The state of one sub-task: a write cache per store and the atomic commit.
 
+use std::cell::RefCell;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::iter::Peekable;
@@ -14,6 +15,7 @@ use crate::cf::ColumnFamilyId;
 use crate::db::StateDb;
 use crate::error::StateError;
 use crate::progress::{Progress, PROGRESS_VERSION};
+use crate::read_cache::ReadCache;
 
 /// First byte of every data key in a column family (`0x01 ++ user_key`).
 pub const DATA_PREFIX: u8 = 0x01;
@@ -79,6 +81,9 @@ struct StoreHandle {
     cache: WriteCache,
     /// Writes of the sealed commit, waiting to be written (read below the cache).
     sealed: WriteCache,
+    /// Committed values read recently (read below `sealed`). A cell: reads take `&self`, and
+    /// one thread at a time uses a sub-task's state (`&mut SubTaskState` to reach a store).
+    clean: RefCell<ReadCache>,
     /// The routing hash of the record being processed: what the next write is tagged with.
     hash: u64,
 }
@@ -179,7 +184,12 @@ impl KeyValueBytes for StoreHandle {
         if let Some((_, pending)) = self.cache.get(key).or_else(|| self.sealed.get(key)) {
             return Ok(pending.clone());
         }
-        Ok(self.get_stored(key)?.map(|(_, v)| v))
+        if let Some(committed) = self.clean.borrow().get(key) {
+            return Ok(committed.map(<[u8]>::to_vec));
+        }
+        let value = self.get_stored(key)?.map(|(_, v)| v);
+        self.clean.borrow_mut().remember(key, value.as_deref());
+        Ok(value)
     }
 
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
@@ -312,6 +322,7 @@ impl SubTaskState {
                     db: db.clone(),
                     cache: WriteCache::new(),
                     sealed: WriteCache::new(),
+                    clean: RefCell::new(ReadCache::new(db.read_budget())),
                     hash: range.start,
                 })
                 .collect(),
@@ -524,7 +535,10 @@ impl SubTaskState {
         self.check_progress(&progress)?;
         self.write_batch(&progress)?;
         for store in &mut self.stores {
-            store.sealed.clear();
+            let clean = store.clean.get_mut();
+            for (key, (_, value)) in std::mem::take(&mut store.sealed) {
+                clean.committed(key, value);
+            }
         }
         self.has_sealed = false;
         self.committed = Some(progress);
@@ -562,6 +576,12 @@ impl SubTaskState {
             .db()
             .write_opt(batch, &WriteOptions::default())
             .map_err(|e| StateError::backend(format!("restore into `{store}`"), e))?;
+        if let Some(s) = self.stores.iter_mut().find(|s| s.name == store) {
+            let clean = s.clean.get_mut();
+            for w in entries {
+                clean.written(&w.key, w.value.as_deref());
+            }
+        }
         if progress.is_some() {
             self.committed = progress;
         }
@@ -636,6 +656,9 @@ impl SubTaskState {
     /// and drops uncommitted writes: the range then restores from scratch (used when its local
     /// state cannot be trusted).
     pub fn clear(&mut self) -> Result<(), StateError> {
+        for s in &mut self.stores {
+            s.clean.get_mut().clear();
+        }
         let mut batch = WriteBatch::default();
         for s in &self.stores {
             let cf = cf_handle(&self.db, &s.cf).map_err(|e| StateError::backend("clear", e))?;

@@ -968,6 +968,78 @@ mod range_scans {
             prop_assert_eq!(store.prefix_scan(&prefix).unwrap(), prefixed);
             prop_assert_eq!(store.all().unwrap(), model.into_iter().collect::<Vec<_>>());
         }
+
+        /// Point reads (which fill the read cache of committed values) equal a model of the three
+        /// layers through commits, restores written straight to RocksDB, discards and clears,
+        /// with a read cache that holds everything or evicts constantly.
+        #[test]
+        fn point_reads_see_every_layer_through_commits_restores_and_discards(
+            ops in proptest::collection::vec((write(), 0u8..6, key(), any::<u8>()), 0..60),
+            small in any::<bool>(),
+        ) {
+            let tmp = tempfile::tempdir().unwrap();
+            let memory_bytes = if small { crate::MIN_MEMORY_BYTES } else { 16 * MIB };
+            let db = StateDb::open(&StateConfig { dir: tmp.path().to_path_buf(), memory_bytes }).unwrap();
+            if small {
+                // Fill the budget from another sub-task, so this one's cache evicts or skips.
+                let other = KeyRange { start: 0, end: 1 };
+                let mut o = SubTaskState::open(db.clone(), &names(&["s"]), 1, other).unwrap();
+                let budget = db.read_budget();
+                let mut i = 0u64;
+                while budget.used() + 200 < crate::MIN_MEMORY_BYTES / 8 {
+                    o.store("s").unwrap().get(&i.to_be_bytes()).unwrap();
+                    i += 1;
+                }
+                std::mem::forget(o);
+            }
+            let range = KeyRange::FULL;
+            let mut st = SubTaskState::open(db, &names(&["s"]), 0, range).unwrap();
+            type Layer = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+            let (mut committed, mut sealed, mut cache): (Layer, Layer, Layer) = Default::default();
+            let mut next = 1;
+            for (w, extra, k, v) in ops {
+                match (w, extra) {
+                    (_, 0) => {
+                        let want = cache.get(&k).or_else(|| sealed.get(&k)).cloned()
+                            .unwrap_or_else(|| committed.get(&k).cloned().flatten());
+                        prop_assert_eq!(st.store("s").unwrap().get(&k).unwrap(), want, "get {:?}", k);
+                    }
+                    (_, 1) if st.pending_writes() == 0 => {
+                        let w = StoreWrite { key: k.clone(), value: Some(vec![v]), hash: 0 };
+                        st.apply_restored("s", &[w], None).unwrap();
+                        committed.insert(k, Some(vec![v]));
+                    }
+                    (_, 2) => {
+                        st.discard();
+                        sealed.clear();
+                        cache.clear();
+                    }
+                    (_, 3) if v < 16 => {
+                        st.clear().unwrap();
+                        committed.clear();
+                        sealed.clear();
+                        cache.clear();
+                    }
+                    (Write::Put(k, v), _) => {
+                        st.store("s").unwrap().put(&k, &[v]).unwrap();
+                        cache.insert(k, Some(vec![v]));
+                    }
+                    (Write::Delete(k), _) => {
+                        st.store("s").unwrap().delete(&k).unwrap();
+                        cache.insert(k, None);
+                    }
+                    (Write::Seal | Write::Commit, _) => {
+                        if st.has_sealed() {
+                            st.write_sealed(Progress::new(range, "t", next)).unwrap();
+                            next += 1;
+                            committed.append(&mut sealed);
+                        }
+                        st.seal().unwrap();
+                        sealed = std::mem::take(&mut cache);
+                    }
+                }
+            }
+        }
     }
 }
 

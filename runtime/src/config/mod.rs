@@ -267,7 +267,7 @@ settings! {
         doc "HTTP for /metrics, /health, /ready (port 0 picks a free port); `off` disables";
     "rocksdb.memory.bytes" => rocksdb_memory_bytes: Whole<{ rill_state::MIN_MEMORY_BYTES as u64 }> = Whole(256 * MIB),
         shown "268435456",
-        doc "one budget for RocksDB's block cache and memtables, in bytes (at least 4 MiB)";
+        doc "one budget for RocksDB's block cache and memtables and the stores' read caches (an eighth), in bytes (at least 4 MiB)";
     "statestore.cache.max.bytes" => statestore_cache_max_bytes: Whole<0> = Whole(10 * MIB),
         shown "10485760",
         doc "the record cache (Kafka Streams' name and default): bytes all sub-tasks together may hold of updates not yet forwarded; an aggregation's consecutive updates of one key between commits then reach its downstream as one record, sent at the commit or when the cache evicts the key; `0` forwards every update at once. Changelogs collapse per commit either way. An aggregation whose results reach a repartition topic does not cache (a replay must resend exactly what it sent there)";

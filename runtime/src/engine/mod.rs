@@ -445,6 +445,7 @@ impl Engine {
             let usage = db.memory_usage();
             m.block_cache.set(usage.block_cache_bytes as f64);
             m.memtables.set(usage.memtable_bytes as f64);
+            m.read_cache.set(usage.read_cache_bytes as f64);
         }
     }
 
