@@ -76,8 +76,9 @@
 //!   readers that predate `runs` and `bitmap` (rill before 2026-12-04) read such an entry as
 //!   empty, with the same effect.
 //! - **Other fields** are ignored, as protobuf decoding does, so a writer may add fields without a
-//!   new version as long as version-1 readers may ignore them. [`encode`] writes fields 1–4 in
-//!   order, each once, the repeated ones packed (proto3 encoding: a field holding 0 is omitted).
+//!   new version as long as version-1 readers may ignore them. [`encode`] writes fields 1–6 in
+//!   order (field 6 once per range that lists offsets, the others at most once), the repeated
+//!   scalars packed (proto3 encoding: a field holding 0 is omitted).
 //!
 //! Size: each range costs 8 bytes for its start plus 1–10 bytes for its delta (1 byte below 128,
 //! 2 below 16384, 9 for any delta below 2^63), then base64 adds a third. At most 339 ranges fit
