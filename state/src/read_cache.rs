@@ -63,10 +63,6 @@ fn size(key: &[u8], value: Option<&[u8]>) -> usize {
     key.len() + value.map_or(0, <[u8]>::len) + ENTRY_OVERHEAD
 }
 
-fn size_of_entry(key: &[u8], value: &Option<Vec<u8>>) -> usize {
-    size(key, value.as_deref())
-}
-
 impl ReadCache {
     /// An empty cache charged to `budget`.
     pub(crate) fn new(budget: Arc<ReadBudget>) -> Self {
@@ -97,15 +93,15 @@ impl ReadCache {
         if self.budget.max == 0 {
             return;
         }
-        let size = size(&key, value.as_deref());
+        let new = size(&key, value.as_deref());
         if let Some(slot) = self.entries.get_mut(&key) {
-            let old = size_of_entry(&key, slot);
+            let old = size(&key, slot.as_deref());
             *slot = value;
             self.release(old);
-            self.charge(size);
+            self.charge(new);
         } else {
             self.entries.insert(key, value);
-            self.charge(size);
+            self.charge(new);
         }
         while self.budget.used() > self.budget.max && self.evict_one() {}
     }
