@@ -33,6 +33,23 @@ pub trait RecordSink: Send + Sync {
     /// Makes every `send` that waits for room (and every later one) fail at once: the runtime
     /// gives up on its outputs (a drain that timed out, brokers gone for too long).
     fn abort(&self) {}
+
+    /// How long the sink may take to report a record's delivery, acknowledged or failed (the
+    /// producer's `message.timeout.ms`); zero for a sink that reports at once.
+    fn delivery_timeout(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+/// How long a commit waits for acknowledgements beyond the sink's own delivery timeout: the
+/// sink fails a record it cannot deliver first, so an outage the producer rides out (up to
+/// `message.timeout.ms`) never stops the service, and a lost report still ends the wait.
+const ACKNOWLEDGEMENT_MARGIN: Duration = Duration::from_secs(60);
+
+/// How long to wait for `sink`'s acknowledgements before giving up on them.
+pub fn acknowledgement_timeout(sink: &dyn RecordSink) -> Duration {
+    sink.delivery_timeout()
+        .saturating_add(ACKNOWLEDGEMENT_MARGIN)
 }
 
 /// One output record's claim on its sub-task's `Deliveries`, settled by
@@ -171,8 +188,17 @@ impl Deliveries {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.wait_through(epoch, left.min(SLICE)) {
                 Ok(()) => return Ok(()),
-                Err(e) if Instant::now() >= deadline => return Err(e),
                 Err(e) if self.state.lock().failed.is_some() => return Err(e),
+                Err(_) if Instant::now() >= deadline => {
+                    return Err(SinkError {
+                        topic: "*".into(),
+                        message: format!(
+                            "outputs not acknowledged within {timeout:?} (kafka.message.timeout.ms \
+                             plus {ACKNOWLEDGEMENT_MARGIN:?}): check that the brokers run and \
+                             accept writes"
+                        ),
+                    })
+                }
                 Err(_) => {}
             }
         }
@@ -289,5 +315,29 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("not acknowledged"), "{e}");
         drop(stuck);
+    }
+
+    #[test]
+    fn a_stoppable_wait_names_its_whole_bound_and_ends_on_stop() {
+        use std::sync::atomic::AtomicBool;
+        let d = Arc::new(Deliveries::default());
+        let _stuck = d.ticket();
+        let epoch = d.seal();
+        let stop = AtomicBool::new(false);
+        let e = d
+            .wait_through_unless(epoch, Duration::from_millis(120), &stop)
+            .unwrap_err()
+            .to_string();
+        // The whole bound, not the slice that happened to be left when it ran out.
+        assert!(
+            e.contains("within 120ms (kafka.message.timeout.ms plus 60s)"),
+            "{e}"
+        );
+        stop.store(true, Ordering::SeqCst);
+        let started = Instant::now();
+        assert!(d
+            .wait_through_unless(epoch, Duration::from_secs(600), &stop)
+            .is_ok());
+        assert!(started.elapsed() < Duration::from_secs(5));
     }
 }

@@ -32,9 +32,6 @@ use super::origin::topic_id;
 use super::subtask::{Core, SubTaskId, TopicOffsets, Work};
 use super::{Engine, EngineError, ProgressTracker, Shared, TaskId};
 
-/// How long a durable commit waits for the broker to acknowledge the range's outputs.
-const DELIVERY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
-
 /// A sealed range commit on its way to disk (see `super::changelog` for the steps).
 pub(super) struct Sealed {
     /// Delivery epoch of the last record it waits for.
@@ -336,7 +333,7 @@ impl Core {
             if wait {
                 self.deliveries.wait_through_unless(
                     sealed.epoch,
-                    DELIVERY_TIMEOUT,
+                    crate::sink::acknowledgement_timeout(shared.sink.as_ref()),
                     self.fence.flag(),
                 )?;
             } else if !self.deliveries.written_through(sealed.epoch)? {

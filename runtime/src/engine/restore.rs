@@ -34,16 +34,13 @@ use super::changelog::{
 };
 use super::task::{open_states, resplit_local, PriorClaim, Task};
 use super::{Engine, EngineError, Shared, TaskId};
-use crate::sink::Deliveries;
+use crate::sink::{acknowledgement_timeout, Deliveries};
 
 pub use super::replay::restore;
 
 #[cfg(test)]
 #[path = "restore_tests/mod.rs"]
 mod tests;
-
-/// How long a restore waits for the broker to acknowledge its claim.
-const CLAIM_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What a finished restore hands to the engine.
 pub(crate) struct Restored {
@@ -71,14 +68,10 @@ fn write_acknowledged(
     stop: &AtomicBool,
 ) -> Result<(), EngineError> {
     let deliveries = Arc::new(Deliveries::default());
-    shared.control_sink.as_ref().unwrap_or(&shared.sink).send(
-        topic,
-        Some(partition),
-        record,
-        deliveries.ticket(),
-    )?;
+    let sink = shared.control_sink.as_ref().unwrap_or(&shared.sink);
+    sink.send(topic, Some(partition), record, deliveries.ticket())?;
     let epoch = deliveries.seal();
-    deliveries.wait_through_unless(epoch, CLAIM_TIMEOUT, stop)?;
+    deliveries.wait_through_unless(epoch, acknowledgement_timeout(sink.as_ref()), stop)?;
     if stop.load(Ordering::SeqCst) {
         return Err(super::changelog::cancelled(topic, partition));
     }

@@ -266,10 +266,31 @@ fn is_too_large(e: &KafkaError) -> bool {
     )
 }
 
+/// librdkafka's `message.timeout.ms` (alias `delivery.timeout.ms`) as configured: 300 s unless
+/// set; 0 (no limit) counts as a year.
+fn delivery_timeout(config: &ClientConfig) -> Duration {
+    const DEFAULT_MS: u64 = 300_000;
+    const UNLIMITED: Duration = Duration::from_secs(365 * 24 * 3600);
+    let ms = ["message.timeout.ms", "delivery.timeout.ms"]
+        .iter()
+        .find_map(|k| config.get(k))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(DEFAULT_MS);
+    if ms == 0 {
+        UNLIMITED
+    } else {
+        Duration::from_millis(ms)
+    }
+}
+
 impl RecordSink for KafkaSink {
     fn abort(&self) {
         self.aborted
             .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn delivery_timeout(&self) -> Duration {
+        delivery_timeout(&self.config)
     }
 
     fn send(
@@ -385,6 +406,34 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(e.contains("kafka.acks"), "{e}");
+    }
+
+    #[test]
+    fn commits_wait_for_acknowledgements_as_long_as_the_producer_may_take() {
+        let timeout = |extra: &[(&str, &str)]| {
+            let extra = extra
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            KafkaSink::new("127.0.0.1:1", &extra)
+                .expect("producer")
+                .delivery_timeout()
+        };
+        assert_eq!(timeout(&[]), Duration::from_secs(300));
+        assert_eq!(
+            timeout(&[("message.timeout.ms", "600000")]),
+            Duration::from_secs(600)
+        );
+        assert_eq!(
+            timeout(&[("delivery.timeout.ms", "90000")]),
+            Duration::from_secs(90)
+        );
+        assert!(timeout(&[("message.timeout.ms", "0")]) > Duration::from_secs(86_400));
+        let sink = KafkaSink::new("127.0.0.1:1", &BTreeMap::new()).expect("producer");
+        assert_eq!(
+            crate::sink::acknowledgement_timeout(&sink),
+            Duration::from_secs(360)
+        );
     }
 
     #[test]
