@@ -6,9 +6,11 @@
 //! The store writes themselves collapse already in the sub-task's write cache (one changelog
 //! record per key and commit); this cache saves the downstream records.
 
-use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+use hashbrown::HashTable;
 
 use crate::processor::{ErasedRecord, RecordMeta};
 
@@ -68,23 +70,41 @@ pub struct Update {
     pub stream_time: Option<i64>,
 }
 
-/// A cached update and its place in the cache.
+/// A cached update, as it leaves the cache.
 pub struct Cached {
     /// The update.
     pub update: Update,
     /// The cache key (the serialized key the node gave).
     pub key: Vec<u8>,
     size: usize,
-    seq: u64,
 }
 
-/// One sub-task's record cache.
+/// No slot (the end of the recency list).
+const NIL: u32 = u32::MAX;
+
+/// An entry and its neighbours in the recency list.
+struct Slot {
+    entry: Cached,
+    /// Less recently updated neighbour.
+    older: u32,
+    /// More recently updated neighbour.
+    newer: u32,
+}
+
+/// One sub-task's record cache: a hash index over a slab of entries threaded on a recency list,
+/// so that an update, an eviction and a flush step each cost one hash lookup and no copy.
 pub struct RecordCache {
     budget: Arc<CacheBudget>,
-    entries: HashMap<(usize, Vec<u8>), Cached>,
-    /// Entries by last update, oldest first (eviction order).
-    order: BTreeMap<u64, (usize, Vec<u8>)>,
-    next_seq: u64,
+    /// Entries; `None` for a free slot (listed in `free`).
+    slots: Vec<Option<Slot>>,
+    free: Vec<u32>,
+    /// Slot numbers, found by the hash of (node, key). Invariant: holds exactly the occupied
+    /// slots, each once.
+    index: HashTable<u32>,
+    hasher: foldhash::fast::RandomState,
+    /// Least and most recently updated slots (`NIL` when empty).
+    oldest: u32,
+    newest: u32,
 }
 
 impl RecordCache {
@@ -92,9 +112,12 @@ impl RecordCache {
     pub fn new(budget: Arc<CacheBudget>) -> Self {
         RecordCache {
             budget,
-            entries: HashMap::new(),
-            order: BTreeMap::new(),
-            next_seq: 0,
+            slots: Vec::new(),
+            free: Vec::new(),
+            index: HashTable::new(),
+            hasher: foldhash::fast::RandomState::default(),
+            oldest: NIL,
+            newest: NIL,
         }
     }
 
@@ -105,37 +128,57 @@ impl RecordCache {
 
     /// Entries held.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.index.len()
     }
 
     /// Whether nothing is held.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.index.is_empty()
     }
 
     /// Takes `update` as the latest of `key` from its node, replacing the one held; `size` is
     /// its serialized key and value length.
     pub fn put(&mut self, key: Vec<u8>, size: usize, update: Update) {
         let size = size + ENTRY_OVERHEAD;
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        let slot = (update.node, key);
-        if let Some(old) = self.entries.remove(&slot) {
-            self.order.remove(&old.seq);
-            self.budget.used.fetch_sub(old.size, Ordering::Relaxed);
-        }
         self.budget.used.fetch_add(size, Ordering::Relaxed);
-        self.order.insert(seq, slot.clone());
-        let key = slot.1.clone();
-        self.entries.insert(
-            slot,
-            Cached {
-                update,
-                key,
-                size,
-                seq,
-            },
-        );
+        let hash = self.hasher.hash_one((update.node, key.as_slice()));
+        let slots = &self.slots;
+        let found = self.index.find(hash, |&i| {
+            slots[i as usize]
+                .as_ref()
+                .is_some_and(|s| s.entry.update.node == update.node && s.entry.key == key)
+        });
+        if let Some(&i) = found {
+            self.unlink(i);
+            let slot = self.slot_mut(i);
+            let old = std::mem::replace(&mut slot.entry.size, size);
+            slot.entry.update = update;
+            self.budget.used.fetch_sub(old, Ordering::Relaxed);
+            self.link_newest(i);
+            return;
+        }
+        let slot = Slot {
+            entry: Cached { update, key, size },
+            older: NIL,
+            newer: NIL,
+        };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = Some(slot);
+                i
+            }
+            None => {
+                self.slots.push(Some(slot));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let (slots, hasher) = (&self.slots, &self.hasher);
+        self.index.insert_unique(hash, i, |&j| {
+            slots[j as usize].as_ref().map_or(0, |s| {
+                hasher.hash_one((s.entry.update.node, s.entry.key.as_slice()))
+            })
+        });
+        self.link_newest(i);
     }
 
     /// The least recently updated entry, removed, while the budget is exceeded.
@@ -149,18 +192,70 @@ impl RecordCache {
 
     /// The least recently updated entry, removed (flushing drains the cache with it).
     pub fn pop_oldest(&mut self) -> Option<Cached> {
-        let (_, slot) = self.order.pop_first()?;
-        let e = self.entries.remove(&slot)?;
-        self.budget.used.fetch_sub(e.size, Ordering::Relaxed);
-        Some(e)
+        let i = self.oldest;
+        if i == NIL {
+            return None;
+        }
+        self.unlink(i);
+        let slot = self.slots[i as usize].take()?;
+        self.free.push(i);
+        let hash = self
+            .hasher
+            .hash_one((slot.entry.update.node, slot.entry.key.as_slice()));
+        if let Ok(found) = self.index.find_entry(hash, |&j| j == i) {
+            found.remove();
+        }
+        self.budget
+            .used
+            .fetch_sub(slot.entry.size, Ordering::Relaxed);
+        Some(slot.entry)
+    }
+
+    fn slot_mut(&mut self, i: u32) -> &mut Slot {
+        self.slots[i as usize]
+            .as_mut()
+            .expect("a listed slot is occupied")
+    }
+
+    /// Takes occupied slot `i` out of the recency list.
+    fn unlink(&mut self, i: u32) {
+        let (older, newer) = {
+            let s = self.slot_mut(i);
+            let links = (s.older, s.newer);
+            (s.older, s.newer) = (NIL, NIL);
+            links
+        };
+        match older {
+            NIL => self.oldest = newer,
+            o => self.slot_mut(o).newer = newer,
+        }
+        match newer {
+            NIL => self.newest = older,
+            n => self.slot_mut(n).older = older,
+        }
+    }
+
+    /// Puts unlinked occupied slot `i` at the most recent end of the list.
+    fn link_newest(&mut self, i: u32) {
+        let newest = self.newest;
+        self.slot_mut(i).older = newest;
+        match newest {
+            NIL => self.oldest = i,
+            n => self.slot_mut(n).newer = i,
+        }
+        self.newest = i;
+    }
+
+    /// Bytes this cache holds (what it added to the budget).
+    fn held(&self) -> usize {
+        self.slots.iter().flatten().map(|s| s.entry.size).sum()
     }
 }
 
 impl Drop for RecordCache {
     /// Gives the bytes back: a dropped cache (a closed or lost task) holds nothing any more.
     fn drop(&mut self) {
-        let held: usize = self.entries.values().map(|e| e.size).sum();
-        self.budget.used.fetch_sub(held, Ordering::Relaxed);
+        self.budget.used.fetch_sub(self.held(), Ordering::Relaxed);
     }
 }
 
@@ -170,6 +265,7 @@ mod tests {
     use crate::processor::erase;
     use crate::record::Record;
     use proptest::prelude::*;
+    use std::collections::HashMap;
 
     fn update(node: usize, v: i64) -> Update {
         Update {
@@ -229,7 +325,18 @@ mod tests {
             let mut caches = [RecordCache::new(budget.clone()), RecordCache::new(budget.clone())];
             let mut forwarded: Vec<HashMap<Vec<u8>, i64>> = vec![HashMap::new(), HashMap::new()];
             let mut oracle: Vec<HashMap<Vec<u8>, i64>> = vec![HashMap::new(), HashMap::new()];
-            let take = |c: usize, e: Cached, forwarded: &mut Vec<HashMap<Vec<u8>, i64>>| {
+            // Per cache, the keys held, least recently updated first.
+            let mut recency: Vec<Vec<Vec<u8>>> = vec![Vec::new(), Vec::new()];
+            let take = |c: usize,
+                        e: Cached,
+                        forwarded: &mut Vec<HashMap<Vec<u8>, i64>>,
+                        recency: &mut Vec<Vec<Vec<u8>>>| {
+                assert_eq!(
+                    Some(&e.key),
+                    recency[c].first(),
+                    "the entry that left is not the least recently updated"
+                );
+                recency[c].remove(0);
                 let v = value(&e);
                 let before = forwarded[c].insert(e.key, v);
                 assert!(before.is_none_or(|b| b < v), "an older update left after a newer one");
@@ -238,20 +345,22 @@ mod tests {
                 let v = i as i64;
                 caches[c].put(vec![key], size, update(0, v));
                 oracle[c].insert(vec![key], v);
+                recency[c].retain(|k| k != &vec![key]);
+                recency[c].push(vec![key]);
                 while let Some(e) = caches[c].evict() {
-                    take(c, e, &mut forwarded);
+                    take(c, e, &mut forwarded, &mut recency);
                 }
                 if flush {
                     while let Some(e) = caches[c].pop_oldest() {
-                        take(c, e, &mut forwarded);
+                        take(c, e, &mut forwarded, &mut recency);
                     }
                 }
-                let held: usize = caches.iter().flat_map(|c| c.entries.values()).map(|e| e.size).sum();
+                let held: usize = caches.iter().map(RecordCache::held).sum();
                 prop_assert_eq!(budget.used(), held);
             }
             for (c, cache) in caches.iter_mut().enumerate() {
                 while let Some(e) = cache.pop_oldest() {
-                    take(c, e, &mut forwarded);
+                    take(c, e, &mut forwarded, &mut recency);
                 }
             }
             prop_assert_eq!(budget.used(), 0);
