@@ -120,8 +120,16 @@ fn memory() -> Result<(), Error> {
     let addr = running.metrics_addr().ok_or("metrics are on")?;
     let started = Instant::now();
     let mut last = Instant::now();
+    let mut first_record = None;
     while running.processed() < keys && !running.is_finished() {
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(50));
+        if first_record.is_none() && running.processed() > 0 {
+            first_record = Some(started.elapsed());
+            println!(
+                "first record processed {:.1}s after start",
+                started.elapsed().as_secs_f64()
+            );
+        }
         if last.elapsed() >= Duration::from_secs(5) {
             last = Instant::now();
             let (peak, now) = rss_mib();
@@ -145,11 +153,12 @@ fn memory() -> Result<(), Error> {
     let (peak, now) = rss_mib();
     println!(
         "memory: {partitions} partitions x P = {p} ({} column families), {keys} keys, budget 256 MiB: \
-         {} processed in {:.1}s; peak RSS {peak:.0} MiB (before start {:.0} MiB), RSS now {now:.0} MiB; \
+         {} processed in {:.1}s (the first {:.1}s after start); peak RSS {peak:.0} MiB (before start {:.0} MiB), RSS now {now:.0} MiB; \
          block cache usage {:.0} MiB, memtables {:.0} MiB",
         partitions as usize * p,
         running.processed(),
         started.elapsed().as_secs_f64(),
+        first_record.unwrap_or_default().as_secs_f64(),
         before.0,
         gauge("rill_rocksdb_block_cache_usage_bytes"),
         gauge("rill_rocksdb_memtable_bytes"),
@@ -231,6 +240,7 @@ fn overhead_run(metrics_on: bool, n: u64) -> Result<(f64, f64), Error> {
     let db = StateDb::open(&StateConfig {
         dir: state.path().to_path_buf(),
         memory_bytes: 256 << 20,
+        create_column_families: Vec::new(),
     })?;
     let mut engine = Engine::new(
         Arc::new(count_topology("in", "out")?),
@@ -285,6 +295,7 @@ fn resplit() -> Result<(), Error> {
     let db = StateDb::open(&StateConfig {
         dir: state.path().to_path_buf(),
         memory_bytes: 256 << 20,
+        create_column_families: Vec::new(),
     })?;
     let mut engine = Engine::new(
         Arc::new(count_topology("in", "out")?),

@@ -62,6 +62,7 @@ impl Load {
         let db = StateDb::open(&StateConfig {
             dir: dir.path().to_path_buf(),
             memory_bytes: 64 << 20,
+            create_column_families: Vec::new(),
         })
         .expect("open state");
         let mut keys = vec![Vec::new(); ranges];

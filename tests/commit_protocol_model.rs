@@ -148,6 +148,7 @@ impl Cluster {
                 let db = StateDb::open(&StateConfig {
                     dir: dir.path().to_path_buf(),
                     memory_bytes: 8 << 20,
+                    create_column_families: Vec::new(),
                 })
                 .expect("state");
                 (dir, db)
@@ -171,6 +172,7 @@ impl Cluster {
         let db = StateDb::open(&StateConfig {
             dir: dir.path().to_path_buf(),
             memory_bytes: 8 << 20,
+            create_column_families: Vec::new(),
         })
         .expect("state");
         self.dirs[i] = (dir, db);

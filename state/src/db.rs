@@ -46,6 +46,11 @@ pub struct StateConfig {
     /// One budget for the block cache, all memtables and the stores' read caches together
     /// (`rocksdb.memory.bytes`).
     pub memory_bytes: usize,
+    /// Column families to create when the database has none yet, all in one step at open
+    /// (names as [`crate::ColumnFamilyId::name`]); later ones are created one at a time, and
+    /// RocksDB rewrites its OPTIONS file with every column family at each, so creating
+    /// hundreds at assignment took about a minute.
+    pub create_column_families: Vec<String>,
 }
 
 /// Memory RocksDB currently uses, as charged to the shared budget.
@@ -221,11 +226,22 @@ impl StateDb {
         // The WAL stays on: a range's data and progress share one WriteBatch, so they survive
         // (or are lost) together on a crash.
 
-        let names = if current_exists {
+        let mut names = if current_exists {
             Db::list_cf(&db_opts, &rocks_dir).map_err(|e| classify_open_error(&dir, e))?
         } else {
             vec![rocksdb::DEFAULT_COLUMN_FAMILY_NAME.to_string()]
         };
+        // Only into a database without column families of its own: state from an earlier run
+        // is left as it is (a factor change re-splits it at assignment).
+        if names.len() == 1 && !cfg.create_column_families.is_empty() {
+            let unique: BTreeSet<&String> = cfg
+                .create_column_families
+                .iter()
+                .filter(|n| n.as_str() != rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
+                .collect();
+            names.extend(unique.into_iter().cloned());
+            db_opts.create_missing_column_families(true);
+        }
         let descriptors = names
             .iter()
             .map(|name| ColumnFamilyDescriptor::new(name, cf_options(&plan, &cache)));

@@ -19,6 +19,7 @@ fn cfg(dir: &Path) -> StateConfig {
     StateConfig {
         dir: dir.to_path_buf(),
         memory_bytes: 16 * MIB,
+        create_column_families: Vec::new(),
     }
 }
 
@@ -522,6 +523,7 @@ fn invalid_store_names_ranges_and_budgets_are_refused() {
     let err = StateDb::open(&StateConfig {
         dir: tmp.path().join("other"),
         memory_bytes: MIN_MEMORY_BYTES - 1,
+        create_column_families: Vec::new(),
     })
     .unwrap_err();
     assert!(
@@ -617,6 +619,7 @@ fn memory_stays_within_the_budget_with_many_column_families() {
     let db = StateDb::open(&StateConfig {
         dir: tmp.path().to_path_buf(),
         memory_bytes: budget,
+        create_column_families: Vec::new(),
     })
     .unwrap();
     let p = 64;
@@ -979,7 +982,7 @@ mod range_scans {
         ) {
             let tmp = tempfile::tempdir().unwrap();
             let memory_bytes = if small { crate::MIN_MEMORY_BYTES } else { 16 * MIB };
-            let db = StateDb::open(&StateConfig { dir: tmp.path().to_path_buf(), memory_bytes }).unwrap();
+            let db = StateDb::open(&StateConfig { dir: tmp.path().to_path_buf(), memory_bytes, create_column_families: Vec::new() }).unwrap();
             if small {
                 // Fill the budget from another sub-task, so this one's cache evicts or skips.
                 let other = KeyRange { start: 0, end: 1 };
@@ -1182,4 +1185,47 @@ mod resplits {
         }
         assert_eq!(total, 300);
     }
+}
+
+#[test]
+fn a_new_database_creates_the_expected_column_families_at_open_and_an_old_one_keeps_its_own() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ids = |partitions: u32, p: usize| -> Vec<String> {
+        (0..partitions)
+            .flat_map(|part| {
+                rill_topology::ranges(p)
+                    .into_iter()
+                    .map(move |r| ColumnFamilyId::new("counts", part, r).unwrap().name())
+            })
+            .collect()
+    };
+    let expected = ids(16, 8);
+    let mut config = cfg(tmp.path());
+    config.create_column_families = expected.clone();
+    let db = StateDb::open(&config).unwrap();
+    let mut have: Vec<String> = db
+        .column_families()
+        .iter()
+        .map(ColumnFamilyId::name)
+        .collect();
+    have.sort();
+    let mut want = expected.clone();
+    want.sort();
+    assert_eq!(have, want);
+    // Claiming them creates nothing more, and the state works on them.
+    let mut state = SubTaskState::open(
+        db.clone(),
+        &names(&["counts"]),
+        3,
+        rill_topology::ranges(8)[2],
+    )
+    .unwrap();
+    put(&mut state, "counts", "k", "v");
+    assert_eq!(get(&mut state, "counts", "k").as_deref(), Some("v"));
+    drop(state);
+    drop(db);
+    // A database with column families of its own does not get another factor's.
+    config.create_column_families = ids(16, 4);
+    let db = StateDb::open(&config).unwrap();
+    assert_eq!(db.column_families().len(), expected.len());
 }

@@ -160,6 +160,7 @@ impl TestDriverBuilder {
             Some(StateDb::open(&StateConfig {
                 dir: dir.clone(),
                 memory_bytes: self.memory_bytes,
+                create_column_families: Vec::new(),
             })?)
         } else {
             None

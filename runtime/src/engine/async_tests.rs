@@ -89,6 +89,7 @@ fn open_db(dir: &Path) -> Arc<StateDb> {
     StateDb::open(&StateConfig {
         dir: dir.to_path_buf(),
         memory_bytes: 8 << 20,
+        create_column_families: Vec::new(),
     })
     .unwrap()
 }

@@ -26,6 +26,7 @@ fn engine(
     let db = StateDb::open(&StateConfig {
         dir: dir.to_path_buf(),
         memory_bytes: 16 << 20,
+        create_column_families: Vec::new(),
     })
     .unwrap();
     let config = EngineConfig {

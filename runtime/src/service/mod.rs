@@ -21,7 +21,7 @@
 //! A second signal during 2-4 exits at once with status 130, without draining: state stays
 //! consistent (range commits are atomic), and the records after the last commit are replayed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -246,6 +246,35 @@ impl Runtime {
         t.resolve(&self.config.application_id)
     }
 
+    /// The column families of every task this instance could be assigned at the configured
+    /// factor (any member may get any partition), created in one step in a new state database.
+    fn column_families(&self, partitions: &BTreeMap<String, u32>) -> Vec<String> {
+        let ranges = rill_topology::ranges(self.config.parallelising_factor);
+        let mut names = Vec::new();
+        for st in self.topology.sub_topologies() {
+            if !st.is_stateful() {
+                continue;
+            }
+            let count = st
+                .sources
+                .iter()
+                .filter_map(|(t, _)| partitions.get(&self.resolve(t)))
+                .max()
+                .copied()
+                .unwrap_or(0);
+            for partition in 0..count {
+                for range in &ranges {
+                    names.extend(st.stores.iter().filter_map(|store| {
+                        rill_state::ColumnFamilyId::new(store, partition, *range)
+                            .ok()
+                            .map(|id| id.name())
+                    }));
+                }
+            }
+        }
+        names
+    }
+
     /// Starts processing on a background thread.
     pub fn start(&self) -> Result<RunningRuntime, RuntimeError> {
         let c = &self.config;
@@ -302,6 +331,7 @@ impl Runtime {
             let state_config = StateConfig {
                 dir: state_dir,
                 memory_bytes: c.rocksdb_memory_bytes,
+                create_column_families: self.column_families(&partitions),
             };
             let db = match c.state_corruption_handler {
                 CorruptionHandler::Fail => StateDb::open(&state_config)?,

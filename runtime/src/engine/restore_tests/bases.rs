@@ -48,6 +48,7 @@ fn restores_the_key(base: Base) -> bool {
     let db = StateDb::open(&StateConfig {
         dir: dir.path().to_path_buf(),
         memory_bytes: 8 << 20,
+        create_column_families: Vec::new(),
     })
     .expect("state");
     let stores = [store.clone()];
