@@ -459,6 +459,10 @@ impl Runtime {
             .set("fetch.wait.max.ms", "10")
             .set("fetch.queue.backoff.ms", "10")
             .set("fetch.error.backoff.ms", "10")
+            // librdkafka prefetches up to 100k records per partition by default, ~300 B each
+            // beside the record; the mailboxes buffer behind it already. 10k: 100 MiB less peak
+            // RSS with 32 partitions, S2 and S3 as fast (alternating A/B, 3 rounds each).
+            .set("queued.min.messages", "10000")
             // Statistics feed rill_consumer_lag_records (see `metrics::set_lag_from_statistics`).
             .set("statistics.interval.ms", "1000");
         if exactly_once {
