@@ -167,35 +167,42 @@ impl ConsumerContext for SourceContext {
             Ok(()) => {}
         }
         if cooperative {
-            wake_fetchers(consumer);
+            // librdkafka paused the partitions this member keeps around the callback.
+            let kept: Vec<TopicPartition> = consumer
+                .assignment()
+                .map(|a| {
+                    a.elements()
+                        .iter()
+                        .map(|e| TopicPartition::new(e.topic(), e.partition() as u32))
+                        .collect()
+                })
+                .unwrap_or_default();
+            wake_fetchers(consumer, &kept);
         }
     }
 }
 
-/// Kept partitions whose leaders get a request after a cooperative rebalance.
+/// Partitions whose leaders get a wake-up request (see [`wake_fetchers`]).
 const WAKE_AT_MOST: usize = 8;
-
-/// Makes the fetchers of the partitions this member keeps fetch again at once after a
-/// cooperative rebalance. librdkafka pauses every assigned partition around the rebalance
-/// callback and resumes them from its main thread without waking the broker threads, which
-/// then fetch only after their idle wait of up to 1 s: partitions that stayed stalled ~0.5 s
-/// while another member joined. A request to a kept partition's leader (its high watermark)
-/// wakes that leader's broker thread; with many leaders, the first few are woken.
-fn wake_fetchers(consumer: &BaseConsumer<SourceContext>) {
-    let Ok(assigned) = consumer.assignment() else {
-        return;
-    };
-    let mut woken = BTreeSet::new();
-    for e in assigned.elements().into_iter().take(WAKE_AT_MOST) {
-        if woken.insert((e.topic().to_string(), e.partition())) {
-            // Only the wake-up matters; a failure just leaves the idle wait.
-            let _ = consumer.fetch_watermarks(e.topic(), e.partition(), WAKE_TIMEOUT);
-        }
-    }
-}
 
 /// How long a wake-up request may take (the broker answers it from memory).
 const WAKE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Makes the fetchers of `partitions`, just resumed, fetch at once. librdkafka resumes a
+/// partition (its own pause around a cooperative rebalance callback, or the application's)
+/// from its main thread without waking the leader's broker thread; when that thread has
+/// nothing else to fetch it sleeps through its idle wait of up to 1 s first: partitions kept
+/// through a rebalance stalled ~0.5 s. A request to a partition's leader (its watermarks)
+/// wakes that leader's broker thread; of many partitions, the first few are asked.
+pub fn wake_fetchers<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    partitions: &[TopicPartition],
+) {
+    for tp in partitions.iter().take(WAKE_AT_MOST) {
+        // Only the wake-up matters; a failure just leaves the idle wait.
+        let _ = consumer.fetch_watermarks(&tp.topic, tp.partition as i32, WAKE_TIMEOUT);
+    }
+}
 
 /// How long an assignment waits for its committed offsets while the brokers do not answer
 /// (inside the callback: librdkafka heartbeats meanwhile, bounded by `max.poll.interval.ms`).

@@ -479,9 +479,10 @@ fn start_restored(
         .collect();
     drop(engine);
     ctx.committer.commit_sync(consumer, &progress);
-    for key in done {
+    for key in &done {
         tracing::info!(partition = %key, "restored: processing");
-        consumer.resume(&single(&key))?;
+        consumer.resume(&single(key))?;
     }
+    super::rebalance::wake_fetchers(consumer, &done);
     Ok(())
 }
