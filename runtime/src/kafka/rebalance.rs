@@ -163,21 +163,15 @@ impl ConsumerContext for SourceContext {
             // Ready once assigned; a changelog restore holds readiness back through `health`.
             Ok(()) if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 self.health.set_assigned();
+                if cooperative {
+                    // librdkafka resumed the partitions it paused around the rebalance in
+                    // `incremental_assign`. (Not `consumer.assignment()`: inside a callback
+                    // of a closing consumer it waits for ever.)
+                    let kept = self.engine.lock().assigned_partitions();
+                    wake_fetchers(consumer, &kept);
+                }
             }
             Ok(()) => {}
-        }
-        if cooperative {
-            // librdkafka paused the partitions this member keeps around the callback.
-            let kept: Vec<TopicPartition> = consumer
-                .assignment()
-                .map(|a| {
-                    a.elements()
-                        .iter()
-                        .map(|e| TopicPartition::new(e.topic(), e.partition() as u32))
-                        .collect()
-                })
-                .unwrap_or_default();
-            wake_fetchers(consumer, &kept);
         }
     }
 }
