@@ -46,10 +46,39 @@ pub trait RecordSink: Send + Sync {
 /// `message.timeout.ms`) never stops the service, and a lost report still ends the wait.
 const ACKNOWLEDGEMENT_MARGIN: Duration = Duration::from_secs(60);
 
-/// How long to wait for `sink`'s acknowledgements before giving up on them.
-pub fn acknowledgement_timeout(sink: &dyn RecordSink) -> Duration {
-    sink.delivery_timeout()
-        .saturating_add(ACKNOWLEDGEMENT_MARGIN)
+/// How long to wait for a sink's acknowledgements before giving up on them: its delivery
+/// timeout plus a margin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AcknowledgementBound {
+    delivery: Duration,
+    margin: Duration,
+}
+
+impl AcknowledgementBound {
+    /// The bound for `sink`: its delivery timeout plus [`ACKNOWLEDGEMENT_MARGIN`].
+    pub fn of(sink: &dyn RecordSink) -> Self {
+        AcknowledgementBound {
+            delivery: sink.delivery_timeout(),
+            margin: ACKNOWLEDGEMENT_MARGIN,
+        }
+    }
+
+    /// The whole wait.
+    pub fn total(&self) -> Duration {
+        self.delivery.saturating_add(self.margin)
+    }
+}
+
+impl std::fmt::Display for AcknowledgementBound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:?} (the producer's delivery timeout, kafka.message.timeout.ms, {:?}, plus {:?})",
+            self.total(),
+            self.delivery,
+            self.margin
+        )
+    }
 }
 
 /// One output record's claim on its sub-task's `Deliveries`, settled by
@@ -175,12 +204,12 @@ impl Deliveries {
     pub fn wait_through_unless(
         &self,
         epoch: u64,
-        timeout: Duration,
+        bound: AcknowledgementBound,
         stop: &std::sync::atomic::AtomicBool,
     ) -> Result<(), SinkError> {
         /// How often a waiter looks at `stop`.
         const SLICE: Duration = Duration::from_millis(50);
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + bound.total();
         loop {
             if stop.load(Ordering::SeqCst) {
                 return Ok(());
@@ -193,9 +222,8 @@ impl Deliveries {
                     return Err(SinkError {
                         topic: "*".into(),
                         message: format!(
-                            "outputs not acknowledged within {timeout:?} (kafka.message.timeout.ms \
-                             plus {ACKNOWLEDGEMENT_MARGIN:?}): check that the brokers run and \
-                             accept writes"
+                            "outputs not acknowledged within {bound}: check that the brokers run \
+                             and accept writes"
                         ),
                     })
                 }
@@ -324,20 +352,29 @@ mod tests {
         let _stuck = d.ticket();
         let epoch = d.seal();
         let stop = AtomicBool::new(false);
+        let short = AcknowledgementBound {
+            delivery: Duration::from_millis(100),
+            margin: Duration::from_millis(20),
+        };
         let e = d
-            .wait_through_unless(epoch, Duration::from_millis(120), &stop)
+            .wait_through_unless(epoch, short, &stop)
             .unwrap_err()
             .to_string();
         // The whole bound, not the slice that happened to be left when it ran out.
         assert!(
-            e.contains("within 120ms (kafka.message.timeout.ms plus 60s)"),
+            e.contains(
+                "within 120ms (the producer's delivery timeout, kafka.message.timeout.ms, 100ms, \
+                 plus 20ms)"
+            ),
             "{e}"
         );
         stop.store(true, Ordering::SeqCst);
         let started = Instant::now();
-        assert!(d
-            .wait_through_unless(epoch, Duration::from_secs(600), &stop)
-            .is_ok());
+        let long = AcknowledgementBound {
+            delivery: Duration::from_secs(600),
+            margin: ACKNOWLEDGEMENT_MARGIN,
+        };
+        assert!(d.wait_through_unless(epoch, long, &stop).is_ok());
         assert!(started.elapsed() < Duration::from_secs(5));
     }
 }

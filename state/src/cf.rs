@@ -83,6 +83,18 @@ impl ColumnFamilyId {
     }
 }
 
+/// The column families of one sub-task: each of `stores` for (`partition`, `range`).
+pub fn sub_task_column_families(
+    stores: &[String],
+    partition: u32,
+    range: KeyRange,
+) -> Result<Vec<ColumnFamilyId>, StateError> {
+    stores
+        .iter()
+        .map(|store| ColumnFamilyId::new(store, partition, range))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

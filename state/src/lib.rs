@@ -66,7 +66,7 @@ mod subtask;
 #[cfg(test)]
 mod tests;
 
-pub use cf::{validate_store_name, ColumnFamilyId, MAX_STORE_NAME_LEN};
+pub use cf::{sub_task_column_families, validate_store_name, ColumnFamilyId, MAX_STORE_NAME_LEN};
 pub use db::{
     MemoryUsage, StateConfig, StateDb, CLUSTER_FILE, FORMAT_FILE, FORMAT_VERSION, MIN_MEMORY_BYTES,
     ROCKSDB_DIR,

@@ -11,7 +11,7 @@ use rill_topology::keyrange::{KeyRange, HASH_ID};
 use rill_topology::store::{Entries, KeyValueBytes, StoreError};
 use rocksdb::{BoundColumnFamily, Direction, IteratorMode, ReadOptions, WriteBatch, WriteOptions};
 
-use crate::cf::ColumnFamilyId;
+use crate::cf::{sub_task_column_families, ColumnFamilyId};
 use crate::db::StateDb;
 use crate::error::StateError;
 use crate::progress::{Progress, PROGRESS_VERSION};
@@ -305,10 +305,7 @@ impl SubTaskState {
         partition: u32,
         range: KeyRange,
     ) -> Result<Self, StateError> {
-        let ids = stores
-            .iter()
-            .map(|store| ColumnFamilyId::new(store, partition, range))
-            .collect::<Result<Vec<_>, _>>()?;
+        let ids = sub_task_column_families(stores, partition, range)?;
         let cf_names: Vec<String> = ids.iter().map(ColumnFamilyId::name).collect();
         db.claim(&cf_names)?;
         // From here on, Drop releases the claim, also when reading the progress fails.

@@ -333,7 +333,7 @@ impl Core {
             if wait {
                 self.deliveries.wait_through_unless(
                     sealed.epoch,
-                    crate::sink::acknowledgement_timeout(shared.sink.as_ref()),
+                    crate::sink::AcknowledgementBound::of(shared.sink.as_ref()),
                     self.fence.flag(),
                 )?;
             } else if !self.deliveries.written_through(sealed.epoch)? {

@@ -566,7 +566,7 @@ pub(super) fn resplit_local(
 }
 
 /// Opens (creating when missing) the state of each of the `p` ranges of `partition`.
-pub(super) fn open_states(
+pub(crate) fn open_states(
     db: &Arc<StateDb>,
     stores: &[String],
     partition: u32,

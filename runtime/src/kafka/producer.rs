@@ -431,7 +431,7 @@ mod tests {
         assert!(timeout(&[("message.timeout.ms", "0")]) > Duration::from_secs(86_400));
         let sink = KafkaSink::new("127.0.0.1:1", &BTreeMap::new()).expect("producer");
         assert_eq!(
-            crate::sink::acknowledgement_timeout(&sink),
+            crate::sink::AcknowledgementBound::of(&sink).total(),
             Duration::from_secs(360)
         );
     }

@@ -246,35 +246,6 @@ impl Runtime {
         t.resolve(&self.config.application_id)
     }
 
-    /// The column families of every task this instance could be assigned at the configured
-    /// factor (any member may get any partition), created in one step in a new state database.
-    fn column_families(&self, partitions: &BTreeMap<String, u32>) -> Vec<String> {
-        let ranges = rill_topology::ranges(self.config.parallelising_factor);
-        let mut names = Vec::new();
-        for st in self.topology.sub_topologies() {
-            if !st.is_stateful() {
-                continue;
-            }
-            let count = st
-                .sources
-                .iter()
-                .filter_map(|(t, _)| partitions.get(&self.resolve(t)))
-                .max()
-                .copied()
-                .unwrap_or(0);
-            for partition in 0..count {
-                for range in &ranges {
-                    names.extend(st.stores.iter().filter_map(|store| {
-                        rill_state::ColumnFamilyId::new(store, partition, *range)
-                            .ok()
-                            .map(|id| id.name())
-                    }));
-                }
-            }
-        }
-        names
-    }
-
     /// Starts processing on a background thread.
     pub fn start(&self) -> Result<RunningRuntime, RuntimeError> {
         let c = &self.config;
@@ -331,7 +302,12 @@ impl Runtime {
             let state_config = StateConfig {
                 dir: state_dir,
                 memory_bytes: c.rocksdb_memory_bytes,
-                create_column_families: self.column_families(&partitions),
+                create_column_families: column_families(
+                    &self.topology,
+                    |t| self.resolve(t),
+                    c.parallelising_factor,
+                    &partitions,
+                ),
             };
             let db = match c.state_corruption_handler {
                 CorruptionHandler::Fail => StateDb::open(&state_config)?,
@@ -618,6 +594,41 @@ impl Runtime {
     }
 }
 
+/// The column families of every task an instance could be assigned at `factor` (any member may
+/// get any partition), created in one step in a new state database: RocksDB rewrites its
+/// OPTIONS file on every later creation, which is quadratic in their number.
+fn column_families(
+    topology: &Topology,
+    resolve: impl Fn(&Topic) -> String,
+    factor: usize,
+    partitions: &BTreeMap<String, u32>,
+) -> Vec<String> {
+    let ranges = rill_topology::ranges(factor);
+    let mut names = Vec::new();
+    for st in topology.sub_topologies() {
+        if !st.is_stateful() {
+            continue;
+        }
+        let count = st
+            .sources
+            .iter()
+            .filter_map(|(t, _)| partitions.get(&resolve(t)))
+            .max()
+            .copied()
+            .unwrap_or(0);
+        for partition in 0..count {
+            for range in &ranges {
+                // Invalid store names fail the build of the topology long before this.
+                if let Ok(ids) = rill_state::sub_task_column_families(&st.stores, partition, *range)
+                {
+                    names.extend(ids.iter().map(rill_state::ColumnFamilyId::name));
+                }
+            }
+        }
+    }
+    names
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -629,5 +640,69 @@ mod tests {
         assert!((0..MAX_REJOINS).all(|_| rejoins.allow_at(start)));
         assert!(!rejoins.allow_at(start + REJOIN_WINDOW / 2));
         assert!(rejoins.allow_at(start + REJOIN_WINDOW + Duration::from_secs(1)));
+    }
+
+    /// The pre-created column families are exactly those the engine's sub-tasks open: a name
+    /// missed would be created one by one again (slow), an extra one would sit empty.
+    #[test]
+    fn pre_created_column_families_are_the_ones_sub_tasks_open() {
+        use rill_topology::prelude::*;
+
+        let b = StreamsBuilder::new();
+        let words = b.stream("lines", StringSerde, StringSerde).group_by(
+            |_k, w: &String| w.clone(),
+            Grouped::with(StringSerde, StringSerde),
+        );
+        words.count("counts").to_stream().to("out");
+        b.stream("pairs", StringSerde, StringSerde)
+            .group_by_key_with(Grouped::with(StringSerde, StringSerde))
+            .reduce("latest", |_a: String, b: String| b)
+            .to_stream()
+            .to("out");
+        let topology = b.build().unwrap();
+        let resolve = |t: &Topic| t.resolve("app");
+        let mut partitions = BTreeMap::new();
+        for st in topology.sub_topologies() {
+            for (t, _) in &st.sources {
+                partitions.insert(resolve(t), 3);
+            }
+        }
+        partitions.insert("pairs".to_string(), 2);
+        let factor = 4;
+        let names = column_families(&topology, resolve, factor, &partitions);
+
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(
+            StateDb::open(&StateConfig {
+                dir: dir.path().to_path_buf(),
+                memory_bytes: 16 << 20,
+                create_column_families: names.clone(),
+            })
+            .unwrap(),
+        );
+        let mut opened = 0;
+        for st in topology
+            .sub_topologies()
+            .iter()
+            .filter(|st| st.is_stateful())
+        {
+            let count = st
+                .sources
+                .iter()
+                .map(|(t, _)| partitions[&resolve(t)])
+                .max();
+            for partition in 0..count.unwrap() {
+                let states =
+                    crate::engine::task::open_states(&db, &st.stores, partition, factor).unwrap();
+                opened += states.len() * st.stores.len();
+            }
+        }
+        // Two stateful sub-topologies: 3 partitions of the repartition topic, 2 of `pairs`.
+        assert_eq!(opened, (3 + 2) * factor);
+        let mut created: Vec<String> = names;
+        created.sort();
+        let mut in_db: Vec<String> = db.column_families().iter().map(|id| id.name()).collect();
+        in_db.sort();
+        assert_eq!(in_db, created);
     }
 }
