@@ -97,6 +97,14 @@ pub(crate) fn child_rill(a: &BTreeMap<String, String>) {
         }
     }
     let config = cfg.build().expect("rill config");
+    // To stderr: the run's log under benches/results/tmp (stdout talks to the orchestrator).
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RILL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
     let runtime = Runtime::new(builder.build().expect("topology"), config).expect("runtime");
     let running = runtime.start().expect("start");
     loop {

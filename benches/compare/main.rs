@@ -7,8 +7,12 @@
 //! Arguments: `--quick` (small inputs, one run, no warm-up), `--scenarios s1,s3` (a subset),
 //! `--runs N`, `--report-only` (regenerate BENCHMARKS.md and the SVG from benches/results/*.json).
 //! Environment: `RILL_TEST_BOOTSTRAP` (the broker, as for the broker tests), `RILL_BENCH_PEERS` (where the peer jars are,
-//! default benches/peers), `RILL_BENCH_SET` (`key=value,...` extra rill config for experiments),
-//! `RILL_BENCH_SYSTEMS` (comma-separated substrings of the system names to run).
+//! default benches/peers), `RILL_BENCH_SET` (`key=value,...` extra rill config for experiments,
+//! added to every rill system's own), `RILL_BENCH_SYSTEMS` (comma-separated substrings of the
+//! system names to run), `RILL_BENCH_LOG` (the rill child's log filter, `RILL_LOG` syntax, `warn`
+//! by default; its log is `benches/results/tmp/<run>.log`).
+//! Before each run the orchestrator `sync`s, so that what the previous run left dirty in the
+//! page cache is not written back during the next one.
 //!
 //! Every system under test runs as a child process (this binary with `--child rill|bare`, or
 //! `java -jar` of a peer) with a fresh consumer group. The orchestrator measures from outside:

@@ -235,10 +235,18 @@ pub(crate) fn spawn(
             if let Some(t) = threads {
                 c.arg("--threads").arg(t.to_string());
             }
-            c.env("RILL_LOG", "warn");
-            if !set.is_empty() {
-                c.env("RILL_BENCH_SET", set);
-            }
+            // RILL_BENCH_LOG: the child's log filter (RILL_LOG syntax), warnings by default.
+            c.env(
+                "RILL_LOG",
+                std::env::var("RILL_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+            );
+            // The orchestrator's own RILL_BENCH_SET (a development aid) adds to the system's.
+            let extra = std::env::var("RILL_BENCH_SET").unwrap_or_default();
+            let all: Vec<&str> = [*set, extra.as_str()]
+                .into_iter()
+                .filter(|s| !s.is_empty())
+                .collect();
+            c.env("RILL_BENCH_SET", all.join(","));
             c
         }
         Kind::Bare { threads } => {

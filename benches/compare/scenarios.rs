@@ -741,6 +741,17 @@ pub(crate) fn latency_run(ctx: &Ctx, sys: &System, tag: &str, rate: u64, secs: u
     }
 }
 
+/// Writes back what the previous run left dirty in the page cache (its state directory, the
+/// broker's logs): its writeback would otherwise stall the broker's disk during the next
+/// system's run and count against that system. How long it took.
+fn settle() -> Duration {
+    let started = Instant::now();
+    if let Err(e) = Command::new("sync").status() {
+        eprintln!("bench: sync failed: {e}");
+    }
+    started.elapsed()
+}
+
 pub(crate) fn load_avg() -> f64 {
     fs::read_to_string("/proc/loadavg")
         .ok()
@@ -834,6 +845,7 @@ pub(crate) fn run_scenario(ctx: &Ctx, sc: Sc, runs: usize) -> ScenarioResult {
                     .collect::<String>()
             );
             eprint!("[{}] round {round} {:<20} ", sc.id(), sys.name);
+            let settled = settle();
             let load_avg = load_avg();
             let mut run = match &input {
                 Some(input) => throughput_run(ctx, sc, sys, input, &tag),
@@ -841,7 +853,8 @@ pub(crate) fn run_scenario(ctx: &Ctx, sc: Sc, runs: usize) -> ScenarioResult {
             };
             run.load_avg = load_avg;
             eprintln!(
-                "{} {:>10.0} rec/s  cpu {:>6.2} s/M  rss {:>6.0} MB  p50 {:?} p99 {:?} load {:.1} {}",
+                "{} {:>10.0} rec/s  cpu {:>6.2} s/M  rss {:>6.0} MB  p50 {:?} p99 {:?} load {:.1} \
+                 sync {:.0} ms {}",
                 if run.ok { "ok  " } else { "FAIL" },
                 run.records_per_s,
                 run.cpu_s_per_m,
@@ -849,6 +862,7 @@ pub(crate) fn run_scenario(ctx: &Ctx, sc: Sc, runs: usize) -> ScenarioResult {
                 run.p50_ms,
                 run.p99_ms,
                 run.load_avg,
+                settled.as_secs_f64() * 1e3,
                 run.note
             );
             if round >= warmup as usize {

@@ -183,6 +183,7 @@ impl Transactions {
             });
             sent?;
         }
+        let offsets_sent = started.elapsed();
         let mut attempts = 0;
         loop {
             attempts += 1;
@@ -207,11 +208,17 @@ impl Transactions {
             engine.lock().resume_after_transaction();
         }
         metrics::histogram!(crate::metrics::TRANSACTION_COMMIT_LATENCY).record(started.elapsed());
+        tracing::debug!(
+            sealed_ms = sealed.as_secs_f64() * 1e3,
+            offsets_sent_ms = offsets_sent.as_secs_f64() * 1e3,
+            total_ms = started.elapsed().as_secs_f64() * 1e3,
+            "committed a transaction"
+        );
         if started.elapsed() > SLOW_COMMIT {
             tracing::warn!(
                 sealed_ms = sealed.as_millis() as u64,
                 total_ms = started.elapsed().as_millis() as u64,
-                "a transaction commit was slow (the key ranges took sealed_ms to seal and park)"
+                "a transaction commit was slow (sealed_ms: until every key range had parked and the broker had acknowledged its records)"
             );
         }
         Ok(true)
