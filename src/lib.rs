@@ -35,9 +35,8 @@
 /// the feature off): the per-record path allocates keys, values and records, and with glibc's
 /// malloc a count by key took ~1.5x the CPU per record (`scripts/bench`, S2). mimalloc also
 /// replaces `malloc` for RocksDB and librdkafka (its `override` feature): glibc kept their freed
-/// memory in per-thread arenas (peak RSS of the memory benchmark 600-670 MiB with glibc for
-/// them, 520-530 MiB without; `MIMALLOC_PURGE_DELAY=0` takes it to ~420 MiB for ~10 % of S2's
-/// throughput).
+/// memory in per-thread arenas (peak RSS of the memory benchmark 611-675 MiB with glibc for
+/// them, 433-452 MiB without, alternating runs).
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

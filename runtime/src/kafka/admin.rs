@@ -186,7 +186,7 @@ impl ClientContext for AuthWatch {
         if AUTH_FAILURE_MARKERS.iter().any(|m| log_message.contains(m)) {
             *self.failure.lock() = Some(log_message.to_string());
         }
-        DefaultClientContext.log(level, fac, log_message);
+        super::client_log::forward(level, fac, log_message);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {

@@ -6,6 +6,7 @@ pub mod admin;
 pub(crate) mod backpressure;
 pub(crate) mod broker_watch;
 pub(crate) mod changelog_reader;
+pub(crate) mod client_log;
 pub(crate) mod committer;
 pub(crate) mod elastic;
 pub mod embedded;

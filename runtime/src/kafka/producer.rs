@@ -31,6 +31,10 @@ pub struct DeliveryContext {
 }
 
 impl ClientContext for DeliveryContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        super::client_log::forward(level, fac, log_message);
+    }
+
     fn stats(&self, statistics: rdkafka::Statistics) {
         self.brokers.check(&statistics);
     }

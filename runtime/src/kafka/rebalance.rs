@@ -75,6 +75,10 @@ pub struct SourceContext {
 }
 
 impl ClientContext for SourceContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        super::client_log::forward(level, fac, log_message);
+    }
+
     /// librdkafka's statistics (every `statistics.interval.ms`, served by `poll` on the loop's
     /// thread): sets `rill_consumer_lag_records` from each partition's `consumer_lag`, keeps
     /// the high watermarks for `rill_range_lag_records`, and sets readiness from whether any
