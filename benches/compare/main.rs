@@ -8,8 +8,8 @@
 //! `--runs N`, `--report-only` (regenerate BENCHMARKS.md and the SVG from benches/results/*.json).
 //! Environment: `RILL_TEST_BOOTSTRAP` (the broker, as for the broker tests), `RILL_BENCH_PEERS` (where the peer jars are,
 //! default benches/peers), `RILL_BENCH_SET` (`key=value,...` extra rill config for experiments,
-//! added to every rill system's own), `RILL_BENCH_SYSTEMS` (comma-separated substrings of the
-//! system names to run), `RILL_BENCH_LOG` (the rill child's log filter, `RILL_LOG` syntax, `warn`
+//! added to every rill system's own), `RILL_BENCH_SYSTEMS` (the systems to run, `;`-separated:
+//! `=name` picks that name, anything else every name containing it), `RILL_BENCH_LOG` (the rill child's log filter, `RILL_LOG` syntax, `warn`
 //! by default; its log is `benches/results/tmp/<run>.log`).
 //! Before each run the orchestrator `sync`s, so that what the previous run left dirty in the
 //! page cache is not written back during the next one.
@@ -17,8 +17,9 @@
 //! Every system under test runs as a child process (this binary with `--child rill|bare`, or
 //! `java -jar` of a peer) with a fresh consumer group. The orchestrator measures from outside:
 //! - throughput (S1-S3): from the first record the child consumed (it prints `FIRST <micros>`)
-//!   to the moment the expected output is on the output topic (S1, S3: the output topic's high
-//!   watermarks reach the expected count; S2: every key's latest count read back equals the truth;
+//!   to the moment the expected output is on the output topic (S1: the orchestrator has read the
+//!   expected count of output records, since a run takes tens of ms; S3: the output topic's high
+//!   watermarks, polled every 20 ms, reach the expected count; S2: every key's latest count read back equals the truth;
 //!   S5: every (key, window)'s final count read back equals the truth);
 //! - CPU: utime + stime of the child (/proc/PID/stat) over that same interval;
 //! - peak RSS: VmHWM of the child (/proc/PID/status), read just before it is killed;

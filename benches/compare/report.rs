@@ -203,7 +203,7 @@ pub(crate) fn write_markdown(all: &[ScenarioResult], path: &Path) {
             md.push_str("- **Quick mode** (`scripts/bench --quick`): smaller inputs, one run per system, no warm-up; figures are indicative only. `scripts/bench` without `--quick` runs the full sizes, a warm-up round and the median of 3.\n");
         }
     }
-    md.push_str("- Every system runs as a child process with a fresh consumer group, against the same broker and the same input topic. Throughput is measured from the first record the child consumed to the moment the whole expected output is on the output topic (S1, S3: output high watermarks; S2: every key's latest count read back equals the truth). CPU is the child's utime + stime over that interval (/proc/PID/stat), per million input records. Peak RSS is the child's VmHWM. Latency (S4) is the time the orchestrator receives an output record minus the produce time carried in the record.\n");
+    md.push_str("- Every system runs as a child process with a fresh consumer group, against the same broker and the same input topic. Throughput is measured from the first record the child consumed to the moment the whole expected output is on the output topic (S1: the orchestrator counts output records as they arrive; S3: output high watermarks, polled every 20 ms; S2: every key's latest count read back equals the truth). CPU is the child's utime + stime over that interval (/proc/PID/stat), per million input records. Peak RSS is the child's VmHWM. Latency (S4) is the time the orchestrator receives an output record minus the produce time carried in the record.\n");
     md.push_str("- `rill ÷ system`: the reference rill configuration's records/s divided by the system's (S4: the system's p99 divided by rill's): above 1 means rill is ahead.\n\n");
     md.push_str("![records/s per system and scenario](benches/results/benchmarks.svg)\n\n");
     md.push_str("## Goals (issue 6)\n\n");
@@ -302,7 +302,7 @@ pub(crate) const NOTES: &str = "## What is and is not comparable\n\n\
 - Kafka Streams runs with `commit.interval.ms=100` (rill's default) instead of its 30 s default, which would hold cached count updates back for that long; record caching stays at its default (10 MB).\n\
 - Java peers run with the JVM's defaults (heap up to 1/4 of RAM); their peak RSS mostly reflects that default, and their CPU includes JIT compilation during the run (JVM start-up is excluded: CPU is counted from the first record on).\n\
 - The bare loop is the ceiling for rill: one consumer and one producer with rill's producer settings, no state, no framework.\n\
-- S1 records carry their sleep in the value, so every system sleeps the same total time (the sum is given above).\n\
+- S1 records carry their sleep in the value, so every system sleeps the same total time (the sum is given above). The blocking rows and Parallel Consumer sleep the thread; rill's async rows await a timer thread that wakes each call at its deadline: `tokio::time::sleep` rounds up to the next millisecond, which made S1's 25 s of sleeps last 35-41 s in all (measured inside the calls at P = 1; 28-33 s with the timer thread, both including the wait for a runtime thread), an artifact no real I/O call has.\n\
 - S4's `broker round trip` row is the measurement's floor: the orchestrator produces straight to the topic it reads. The orchestrator's clients turn Nagle's algorithm off (as Kafka's Java clients do); librdkafka leaves it on by default, and so does rill, hence the extra `rill P=1, Nagle off` row.\n\
 \n\
 ## Shared target directories\n\n\
