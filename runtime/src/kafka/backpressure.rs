@@ -5,8 +5,10 @@
 //! `held limit` parked records the loop stops polling (librdkafka keeps its prefetched records,
 //! bounded by `queued.max.messages.kbytes`). Only when that lasts longer than [`STALL_LIMIT`] are
 //! the backed-up partitions paused, so the others move on: a pause makes librdkafka drop and
-//! refetch the partition's prefetched records, which costs far more than a short stall (measured:
-//! ~1 s per pause/resume cycle). A partition is resumed once its parked records are dispatched.
+//! refetch the partition's prefetched records, which costs far more than a short stall. A
+//! partition is resumed once its parked records are dispatched, and its fetcher woken
+//! ([`super::rebalance::wake_fetchers`]): without that, the next record came 475-500 ms after a
+//! resume (measured on one partition; 7-10 ms with the wake-up).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -158,6 +160,7 @@ impl Backpressure {
             }
         }
         drop(engine);
+        let mut resumed = Vec::new();
         for key in drained {
             self.held.remove(&key);
             if !self.paused.remove(&key) {
@@ -165,8 +168,11 @@ impl Backpressure {
             }
             tracing::debug!(partition = %key, "mailbox drained: resuming partition");
             // A partition revoked meanwhile cannot be resumed; that is fine.
-            let _ = consumer.resume(&single(&key));
+            if consumer.resume(&single(&key)).is_ok() {
+                resumed.push(key);
+            }
         }
+        super::rebalance::wake_fetchers(consumer, &resumed);
         Ok(())
     }
 }

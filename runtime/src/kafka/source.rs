@@ -355,10 +355,13 @@ fn release_synced(
     if enforced > 0 {
         crate::metrics::record_enforced(enforced);
     }
-    for key in sync.take_resumable() {
+    let resumed = sync.take_resumable();
+    drop(sync);
+    for key in &resumed {
         tracing::debug!(partition = %key, "time-ordered queue drained: resuming partition");
-        consumer.resume(&single(&key))?;
+        consumer.resume(&single(key))?;
     }
+    super::rebalance::wake_fetchers(consumer, &resumed);
     Ok(())
 }
 
