@@ -204,6 +204,7 @@ pub fn run(
         if let Err(e) = release_synced(consumer, &ctx, &mut backpressure) {
             break Err(e);
         }
+        backpressure.wake_resumed(consumer);
         // The interval is read first: a guard in the `if let` would live through the block.
         let wall_clock = ctx.engine.lock().wall_clock_interval();
         if let Some(every) = wall_clock {
@@ -361,7 +362,7 @@ fn release_synced(
         tracing::debug!(partition = %key, "time-ordered queue drained: resuming partition");
         consumer.resume(&single(key))?;
     }
-    super::rebalance::wake_fetchers(consumer, &resumed);
+    backpressure.note_resumed(resumed);
     Ok(())
 }
 
