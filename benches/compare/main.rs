@@ -9,7 +9,8 @@
 //! Environment: `RILL_TEST_BOOTSTRAP` (the broker, as for the broker tests), `RILL_BENCH_PEERS` (where the peer jars are,
 //! default benches/peers), `RILL_BENCH_SET` (`key=value,...` extra rill config for experiments,
 //! added to every rill system's own), `RILL_BENCH_SYSTEMS` (the systems to run, `;`-separated:
-//! `=name` picks that name, anything else every name containing it), `RILL_BENCH_LOG` (the rill child's log filter, `RILL_LOG` syntax, `warn`
+//! `=name` picks that name, anything else every name containing it), `RILL_BENCH_S1_RECORDS` (S1's
+//! input, 10,000 records by default; more for steady-state development runs), `RILL_BENCH_LOG` (the rill child's log filter, `RILL_LOG` syntax, `warn`
 //! by default; its log is `benches/results/tmp/<run>.log`).
 //! Before each run the orchestrator `sync`s, so that what the previous run left dirty in the
 //! page cache is not written back during the next one.

@@ -198,7 +198,14 @@ pub(crate) fn produce_input(ctx: &Ctx, sc: Sc, stamp: u64) -> Input {
     let p = input_producer(&ctx.bootstrap, 20).expect("producer");
     let input = match sc {
         Sc::S1 => {
-            let n = if ctx.quick { 2_000 } else { 10_000 };
+            let n = if ctx.quick {
+                2_000
+            } else {
+                std::env::var("RILL_BENCH_S1_RECORDS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(10_000)
+            };
             create(ctx, &topic, 1);
             let mut total_us = 0;
             for i in 0..n {

@@ -25,12 +25,16 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Weak};
+use std::task::Poll;
 use std::time::Duration;
 
-use futures_util::FutureExt;
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
+use metrics::Counter;
 use rill_topology::exec::{panic_message, AsyncCall, TaskError};
 use rill_topology::processor::{ErasedRecord, ProcessError, RecordMeta};
 use rill_topology::{KeyRange, RawRecord};
+use tokio::sync::mpsc;
 
 use super::applied::AppliedAbove;
 use super::config::{AsyncConfig, ProcessingOrder};
@@ -124,6 +128,10 @@ pub(crate) struct AsyncStage {
     durable_pending: bool,
     /// Who waits for that commit.
     pub(super) durable_waiters: Vec<crossbeam_channel::Sender<()>>,
+    /// Calls of records started since the last hand-over to the driver.
+    starting: Vec<CallJob>,
+    /// The sub-task's call driver, spawned with its first call (see [`drive`]).
+    driver: Option<mpsc::UnboundedSender<Vec<CallJob>>>,
 }
 
 impl AsyncStage {
@@ -146,6 +154,8 @@ impl AsyncStage {
             released: 0,
             durable_pending: false,
             durable_waiters: Vec::new(),
+            starting: Vec::new(),
+            driver: None,
         }
     }
 
@@ -221,7 +231,7 @@ impl Core {
         shared: &Arc<Shared>,
         me: &Weak<SubTask>,
     ) -> Result<(), EngineError> {
-        loop {
+        let started = loop {
             let Some(stage) = self.asyncs.as_mut() else {
                 return Ok(());
             };
@@ -229,31 +239,29 @@ impl Core {
                 || stage.durable_pending
                 || stage.full(&self.applied_above)
             {
-                return Ok(());
+                break Ok(());
             }
             let Some(input) = stage.ready.pop_front() else {
-                return Ok(());
+                break Ok(());
             };
             stage.released += 1;
             let source = Arc::clone(&input.source);
             let (offset, hash) = (input.offset, input.hash);
-            match self.process(id, input, shared)? {
-                None => self.close(source.index, offset, hash),
-                Some(launch) => self.launch(source, offset, hash, launch, shared, me),
+            match self.process(id, input, shared) {
+                Ok(None) => self.close(source.index, offset, hash),
+                Ok(Some(launch)) => self.launch(source, offset, hash, launch),
+                Err(e) => break Err(e),
             }
+        };
+        // Also after an error: the records started before it are running.
+        if let Some(stage) = self.asyncs.as_mut() {
+            stage.hand_over(shared, me);
         }
+        started
     }
 
-    /// Sends a started record's calls to the runtime.
-    fn launch(
-        &mut self,
-        source: Arc<Source>,
-        offset: u64,
-        hash: u64,
-        launch: Launch,
-        shared: &Arc<Shared>,
-        me: &Weak<SubTask>,
-    ) {
+    /// Makes a started record running; its calls go to the driver when the start loop ends.
+    fn launch(&mut self, source: Arc<Source>, offset: u64, hash: u64, launch: Launch) {
         let Some(stage) = self.asyncs.as_mut() else {
             return;
         };
@@ -271,38 +279,45 @@ impl Core {
                 outstanding: calls.len(),
             },
         );
-        for (i, call) in calls.into_iter().enumerate() {
-            spawn_call(shared, me, call, (index, offset, i), stage.config.clone());
-        }
+        stage
+            .starting
+            .extend(calls.into_iter().enumerate().map(|(i, call)| CallJob {
+                call,
+                source: index,
+                offset,
+                index: i,
+            }));
     }
 
-    /// Takes the answer of one call; once a record has all of them, completes it (step 3).
+    /// Takes answers of calls; completes each record that has all of them (step 3), then
+    /// starts what the freed slots allow.
     pub(super) fn complete(
         &mut self,
         id: &SubTaskId,
-        c: Completion,
+        answers: Vec<Completion>,
         shared: &Arc<Shared>,
         me: &Weak<SubTask>,
     ) -> Result<(), EngineError> {
-        let Some(stage) = self.asyncs.as_mut() else {
-            return Ok(());
-        };
-        let key = (c.source, c.offset);
-        let Some(running) = stage.running.get_mut(&key) else {
-            return Ok(());
-        };
-        if let Some(slot) = running.results.get_mut(c.index) {
-            if slot.replace((c.result, c.attempts)).is_none() {
-                running.outstanding -= 1;
+        for c in answers {
+            let Some(stage) = self.asyncs.as_mut() else {
+                return Ok(());
+            };
+            let key = (c.source, c.offset);
+            let Some(running) = stage.running.get_mut(&key) else {
+                continue;
+            };
+            if let Some(slot) = running.results.get_mut(c.index) {
+                if slot.replace((c.result, c.attempts)).is_none() {
+                    running.outstanding -= 1;
+                }
+            }
+            if running.outstanding > 0 {
+                continue;
+            }
+            if let Some(running) = stage.running.remove(&key) {
+                self.finish_running(id, running, shared)?;
             }
         }
-        if running.outstanding > 0 {
-            return Ok(());
-        }
-        let Some(running) = stage.running.remove(&key) else {
-            return Ok(());
-        };
-        self.finish_running(id, running, shared)?;
         let drained = self
             .asyncs
             .as_mut()
@@ -444,78 +459,174 @@ impl Core {
     }
 }
 
-/// Runs one call on the engine's async runtime, with retries, and sends its answer to the
-/// sub-task's mailbox. The call counts as work of the engine until its answer is queued, so
-/// `wait_idle` and a drain wait for it.
-fn spawn_call(
-    shared: &Arc<Shared>,
-    me: &Weak<SubTask>,
+/// One call of a started record, on its way to the sub-task's driver.
+struct CallJob {
     call: AsyncCall,
-    (source, offset, index): (usize, u64, usize),
-    config: AsyncConfig,
-) {
-    let Some(runtime) = shared.async_runtime.clone() else {
-        return;
-    };
-    shared.work_added(1);
-    let live = LiveCall::new(&shared.async_calls);
-    let (in_flight, retries) = (
-        shared.metrics.async_in_flight.clone(),
-        shared.metrics.async_retries.clone(),
-    );
-    in_flight.increment(1.0);
-    // Weak: a call that outlives its sub-task (revoked, engine dropped) keeps nothing alive.
-    let (me, weak_shared) = (me.clone(), Arc::downgrade(shared));
-    runtime.spawn(async move {
-        let _live = live;
-        let mut attempts = 0u32;
-        let result = loop {
-            attempts += 1;
-            let answer = match std::panic::catch_unwind(AssertUnwindSafe(|| call.start())) {
-                Ok(fut) => AssertUnwindSafe(fut)
-                    .catch_unwind()
-                    .await
-                    .unwrap_or_else(|p| Err(ProcessError::Panicked(panic_message(&*p)))),
-                Err(p) => Err(ProcessError::Panicked(panic_message(&*p))),
-            };
-            match answer {
-                Err(ProcessError::Retryable(e)) if attempts < config.retry_max_attempts => {
-                    tracing::debug!(offset, attempts, error = %e, "retrying an async call");
-                    retries.increment(1);
-                    tokio::time::sleep(backoff(config.retry_backoff, attempts)).await;
-                }
-                answer => break answer,
-            }
-        };
-        in_flight.decrement(1.0);
-        let Some(shared) = weak_shared.upgrade() else {
-            return;
-        };
-        if let Some(subtask) = me.upgrade() {
-            let done = Completion {
-                source,
-                offset,
-                index,
-                result,
-                attempts,
-            };
-            subtask.push(Work::Completed(done), &shared);
-        }
-        shared.work_done(1);
-    });
+    source: usize,
+    offset: u64,
+    /// The call's position among its record's calls.
+    index: usize,
 }
 
-/// Counts a call's task as live until it is dropped (see `Shared::async_calls`).
-struct LiveCall(Arc<std::sync::atomic::AtomicUsize>);
-
-impl LiveCall {
-    fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
-        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        LiveCall(Arc::clone(count))
+impl AsyncStage {
+    /// Hands the calls of the records just started to the sub-task's driver, spawning it with
+    /// the first ones. The calls count as work of the engine until their answers are queued,
+    /// so `wait_idle` and a drain wait for them.
+    fn hand_over(&mut self, shared: &Arc<Shared>, me: &Weak<SubTask>) {
+        if self.starting.is_empty() {
+            return;
+        }
+        let Some(runtime) = shared.async_runtime.as_ref() else {
+            return;
+        };
+        let jobs = std::mem::take(&mut self.starting);
+        let n = jobs.len();
+        shared.work_added(n);
+        shared.metrics.async_in_flight.increment(n as f64);
+        let config = &self.config;
+        let driver = self
+            .driver
+            .get_or_insert_with(|| spawn_driver(runtime, shared, me, config));
+        if driver.send(jobs).is_err() {
+            // The driver is gone with the runtime (the engine is being dropped): nobody will
+            // answer, and the records were not committed.
+            shared.metrics.async_in_flight.decrement(n as f64);
+            shared.work_done(n);
+        }
     }
 }
 
-impl Drop for LiveCall {
+/// Spawns the driver of a sub-task's calls; it ends when the returned sender is dropped (with
+/// the sub-task), abandoning the calls still running (their records were not committed).
+fn spawn_driver(
+    runtime: &tokio::runtime::Handle,
+    shared: &Arc<Shared>,
+    me: &Weak<SubTask>,
+    config: &AsyncConfig,
+) -> mpsc::UnboundedSender<Vec<CallJob>> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let live = LiveDriver::new(&shared.async_calls);
+    let retry = (config.retry_max_attempts, config.retry_backoff);
+    // Weak: a driver never keeps its sub-task (or the engine) alive.
+    let (me, weak_shared) = (me.clone(), Arc::downgrade(shared));
+    runtime.spawn(async move {
+        let _live = live;
+        drive(rx, &me, &weak_shared, retry).await;
+    });
+    tx
+}
+
+/// Runs a sub-task's calls, with retries, and queues their answers in its mailbox: all the
+/// answers one poll found in one [`Work::Completed`]. One task per sub-task rather than one
+/// per call: a call costs a poll, not a spawn from outside the runtime and a mailbox push each,
+/// and a sub-task that wakes takes many answers at once. Like `buffer_unordered`, one task
+/// polls the calls of its sub-task, so CPU-heavy work inside a call holds up the others of
+/// that sub-task (it belongs in a blocking stage or `spawn_blocking`).
+async fn drive(
+    mut calls: mpsc::UnboundedReceiver<Vec<CallJob>>,
+    me: &Weak<SubTask>,
+    shared: &Weak<Shared>,
+    retry: (u32, Duration),
+) {
+    let Some(retries) = shared.upgrade().map(|s| s.metrics.async_retries.clone()) else {
+        return;
+    };
+    let mut running = FuturesUnordered::new();
+    let mut open = true;
+    std::future::poll_fn(|cx| {
+        while open {
+            match calls.poll_recv(cx) {
+                Poll::Ready(Some(jobs)) => running.extend(
+                    jobs.into_iter()
+                        .map(|j| run_call(j, retry, retries.clone())),
+                ),
+                Poll::Ready(None) => open = false,
+                Poll::Pending => break,
+            }
+        }
+        let mut answered = Vec::new();
+        while let Poll::Ready(Some(answer)) = running.poll_next_unpin(cx) {
+            answered.push(answer);
+        }
+        if !answered.is_empty() {
+            deliver(me, shared, answered);
+        }
+        if open {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    if let Some(shared) = shared.upgrade() {
+        let n = running.len();
+        shared.metrics.async_in_flight.decrement(n as f64);
+        shared.work_done(n);
+    }
+}
+
+/// Queues answers in the sub-task's mailbox (dropped when the sub-task is gone).
+fn deliver(me: &Weak<SubTask>, shared: &Weak<Shared>, answered: Vec<Completion>) {
+    let Some(shared) = shared.upgrade() else {
+        return;
+    };
+    let n = answered.len();
+    shared.metrics.async_in_flight.decrement(n as f64);
+    if let Some(subtask) = me.upgrade() {
+        subtask.push(Work::Completed(answered), &shared);
+    }
+    shared.work_done(n);
+}
+
+/// Runs one call: again while it fails with a retryable error and attempts are left (`retry`:
+/// the attempts and the first backoff); a panic is the call's error.
+async fn run_call(job: CallJob, retry: (u32, Duration), retries: Counter) -> Completion {
+    let CallJob {
+        call,
+        source,
+        offset,
+        index,
+    } = job;
+    let (max_attempts, base) = retry;
+    let mut attempts = 0u32;
+    let result = loop {
+        attempts += 1;
+        let answer = match std::panic::catch_unwind(AssertUnwindSafe(|| call.start())) {
+            Ok(fut) => AssertUnwindSafe(fut)
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|p| Err(ProcessError::Panicked(panic_message(&*p)))),
+            Err(p) => Err(ProcessError::Panicked(panic_message(&*p))),
+        };
+        match answer {
+            Err(ProcessError::Retryable(e)) if attempts < max_attempts => {
+                tracing::debug!(offset, attempts, error = %e, "retrying an async call");
+                retries.increment(1);
+                tokio::time::sleep(backoff(base, attempts)).await;
+            }
+            answer => break answer,
+        }
+    };
+    Completion {
+        source,
+        offset,
+        index,
+        result,
+        attempts,
+    }
+}
+
+/// Counts a driver's task as live until it is dropped (see `Shared::async_calls`).
+struct LiveDriver(Arc<std::sync::atomic::AtomicUsize>);
+
+impl LiveDriver {
+    fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        LiveDriver(Arc::clone(count))
+    }
+}
+
+impl Drop for LiveDriver {
     fn drop(&mut self) {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }

@@ -285,6 +285,64 @@ fn a_slow_call_holds_up_only_its_key() {
     e.abandon();
 }
 
+/// Sets its flag when dropped: a call's future holds one to show it was cancelled.
+struct DropFlag(Arc<AtomicUsize>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A partition lost while calls run: its sub-task goes, its driver drops the calls (their
+/// records were not committed), and they stop counting as the engine's work.
+#[test]
+fn calls_of_a_lost_partition_are_dropped_and_stop_counting_as_work() {
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let d = dropped.clone();
+    let b = StreamsBuilder::new();
+    b.stream("in", StringSerde, StringSerde)
+        .map_values_async(move |v: String| {
+            let flag = DropFlag(d.clone());
+            async move {
+                let _flag = flag;
+                std::future::pending::<()>().await;
+                Ok(v)
+            }
+        })
+        .to_with("out", Produced::with(StringSerde, StringSerde));
+    let sink = Arc::new(MemorySink::new());
+    let mut e = engine(
+        Arc::new(b.build().unwrap()),
+        None,
+        2,
+        AsyncConfig::default(),
+        sink.clone(),
+    );
+    let input: Vec<(String, String)> = (0..20).map(|i| (format!("k{i}"), i.to_string())).collect();
+    feed(&mut e, &input, 20, 1000);
+    assert!(
+        !e.wait_idle(Duration::from_millis(300)),
+        "stuck calls count as work"
+    );
+    assert_eq!(dropped.load(Ordering::SeqCst), 0);
+    e.revoke(
+        &[TopicPartition::new("in", 0)],
+        Duration::from_secs(1),
+        true,
+    );
+    assert!(
+        e.wait_idle(Duration::from_secs(10)),
+        "the lost partition's calls are work no more"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dropped.load(Ordering::SeqCst) < 20 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(dropped.load(Ordering::SeqCst), 20, "every call was dropped");
+    assert!(sink.take("out").is_empty());
+}
+
 /// Keys of several ranges with in-flight limit 1 still make progress, each key in order.
 #[test]
 fn an_in_flight_limit_of_one_runs_one_call_at_a_time() {

@@ -114,10 +114,11 @@ pub(crate) struct Shared {
     record_cache: Arc<CacheBudget>,
     /// Where async stages' calls run (`None` when the topology has no async stage).
     async_runtime: Option<tokio::runtime::Handle>,
-    /// Async calls spawned whose task still exists. Invariant: incremented before a call is
-    /// spawned, decremented when its task is dropped (answered or cancelled) after it let go of
-    /// its sub-task; the engine's drop waits for zero, so no call keeps a sub-task (and its
-    /// state database) alive after the engine is gone.
+    /// Async call drivers (one per sub-task with calls) whose task still exists. Invariant:
+    /// incremented before a driver is spawned, decremented when its task is dropped (ended or
+    /// cancelled), after it let go of its sub-task (held only while queueing answers); the
+    /// engine's drop waits for zero, so no driver keeps a sub-task (and its state database)
+    /// alive after the engine is gone.
     async_calls: Arc<AtomicUsize>,
     /// The global tables' stores, read by every sub-task (see `rill_topology::global`).
     globals: Arc<GlobalStores>,
@@ -523,8 +524,8 @@ fn output_topics(topology: &Topology, config: &EngineConfig) -> Vec<String> {
 impl Drop for Engine {
     /// Waits (bounded) for running sub-task jobs, so their state is closed when this returns.
     fn drop(&mut self) {
-        // No call answers into a sub-task from now on: the runtime drops the calls' tasks, and
-        // a call that was answering lets go of its sub-task before its task ends.
+        // No call answers into a sub-task from now on: the runtime drops the drivers' tasks,
+        // and a driver that was answering lets go of its sub-task before its task ends.
         self.async_runtime.take();
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while self.shared.async_calls.load(Ordering::SeqCst) > 0

@@ -91,8 +91,8 @@ pub(crate) enum Work {
     /// Under `exactly_once_v2`: seal what was processed for the instance's transaction, then
     /// park until it commits (see [`super::transaction`]). Queued at the front of the mailbox.
     Seal,
-    /// The answer of an async stage's call (see [`super::async_stage`]).
-    Completed(Completion),
+    /// Answers of async stages' calls, as many as answered at once (see [`super::async_stage`]).
+    Completed(Vec<Completion>),
 }
 
 /// The state only the running job touches (the commit steps in [`super::commit`] too).
