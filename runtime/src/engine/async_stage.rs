@@ -22,7 +22,8 @@
 //! take more than the range's share of the metadata (so a commit never falls back to its low
 //! watermark alone, which would run them all again).
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Weak};
 use std::task::Poll;
@@ -99,6 +100,73 @@ struct Running {
     outstanding: usize,
 }
 
+/// Offsets of one source admitted and not completed, lowest first. Records are admitted in
+/// offset order, so this is a deque: an insert is a push at the back, a completed offset is
+/// marked and leaves once it reaches the front. Invariant: the front entry, if any, is open
+/// (entries are bounded like the completed offsets a range may list above its lowest open one).
+#[derive(Debug, Default)]
+struct OpenOffsets {
+    /// (offset, still open), offsets increasing.
+    entries: VecDeque<(u64, bool)>,
+}
+
+impl OpenOffsets {
+    fn insert(&mut self, offset: u64) {
+        match self.entries.back() {
+            Some(&(last, _)) if last >= offset => {
+                match self.entries.binary_search_by_key(&offset, |e| e.0) {
+                    Ok(i) => self.entries[i].1 = true,
+                    Err(i) => self.entries.insert(i, (offset, true)),
+                }
+            }
+            _ => self.entries.push_back((offset, true)),
+        }
+    }
+
+    fn remove(&mut self, offset: u64) {
+        if let Ok(i) = self.entries.binary_search_by_key(&offset, |e| e.0) {
+            self.entries[i].1 = false;
+        }
+        while self.entries.front().is_some_and(|e| !e.1) {
+            self.entries.pop_front();
+        }
+    }
+
+    /// The lowest open offset.
+    fn first(&self) -> Option<u64> {
+        self.entries.front().map(|e| e.0)
+    }
+}
+
+/// A hash map keyed by routing hashes or offsets: FxHash's multiply-rotate instead of SipHash
+/// (these keys come from the log, not from a caller who could pick colliding ones cheaply, and
+/// the maps are on every async record's path).
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<MixHasher>>;
+
+/// See [`FastMap`].
+#[derive(Default)]
+struct MixHasher(u64);
+
+impl Hasher for MixHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+}
+
 /// The async side of one sub-task (present when its sub-topology has an async stage).
 pub(crate) struct AsyncStage {
     config: AsyncConfig,
@@ -111,13 +179,13 @@ pub(crate) struct AsyncStage {
     /// Per routing hash that has a record started or in `ready`: the records of that hash
     /// admitted after it, in offset order. Invariant: at most one record per hash is started
     /// or in `ready`, so the records of a key run one at a time, in offset order.
-    keys: HashMap<u64, VecDeque<Input>>,
+    keys: FastMap<u64, VecDeque<Input>>,
     /// Records first of their hash, waiting for fewer than `max_in_flight` to run.
     ready: VecDeque<Input>,
     /// Started records, by (source index, offset).
-    running: HashMap<(usize, u64), Running>,
+    running: FastMap<(usize, u64), Running>,
     /// Per source: offsets admitted and not completed. A commit's offset is the lowest one.
-    open: Vec<BTreeSet<u64>>,
+    open: Vec<OpenOffsets>,
     /// Set when a record completed since the last commit.
     pub(super) changed: bool,
     /// Records that left the queue (started, or skipped) since the last take: the sub-task's
@@ -146,10 +214,10 @@ impl AsyncStage {
             },
             unordered: stateless && config.order == ProcessingOrder::Unordered,
             config,
-            keys: HashMap::new(),
+            keys: FastMap::default(),
             ready: VecDeque::new(),
-            running: HashMap::new(),
-            open: vec![BTreeSet::new(); topics],
+            running: FastMap::default(),
+            open: (0..topics).map(|_| OpenOffsets::default()).collect(),
             changed: false,
             released: 0,
             durable_pending: false,
@@ -166,7 +234,7 @@ impl AsyncStage {
 
     /// The lowest open offset of source `source`.
     pub fn lowest_open(&self, source: usize) -> Option<u64> {
-        self.open[source].first().copied()
+        self.open[source].first()
     }
 
     /// Whether a durable commit waits for running calls.
@@ -182,7 +250,7 @@ impl AsyncStage {
             .any(|(i, s)| match self.limit {
                 Limit::Offsets(n) => s.len() >= n,
                 Limit::MetadataBytes(bytes) => {
-                    let next = self.open[i].first().copied().unwrap_or(0);
+                    let next = self.open[i].first().unwrap_or(0);
                     s.metadata_bytes(next) >= bytes
                 }
             })
@@ -438,8 +506,8 @@ impl Core {
         let Some(stage) = self.asyncs.as_mut() else {
             return;
         };
-        stage.open[source].remove(&offset);
-        let low = stage.open[source].first().copied();
+        stage.open[source].remove(offset);
+        let low = stage.open[source].first();
         if low.is_some_and(|low| low < offset) {
             self.applied_above[source].insert(offset);
         }
@@ -669,6 +737,30 @@ fn backoff(base: Duration, attempt: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// The deque answers as an ordered set would, for inserts mostly in order.
+        #[test]
+        fn open_offsets_match_an_ordered_set(
+            ops in proptest::collection::vec((proptest::bool::weighted(0.6), 0u64..8), 1..300),
+        ) {
+            let (mut open, mut oracle) = (OpenOffsets::default(), std::collections::BTreeSet::new());
+            let mut next = 0u64;
+            for (insert, step) in ops {
+                if insert {
+                    // Mostly increasing, sometimes below the last one.
+                    let offset = if step == 0 { next.saturating_sub(5) } else { next + step };
+                    next = next.max(offset);
+                    open.insert(offset);
+                    oracle.insert(offset);
+                } else if let Some(&o) = oracle.iter().nth(step as usize % oracle.len().max(1)) {
+                    open.remove(o);
+                    oracle.remove(&o);
+                }
+                proptest::prop_assert_eq!(open.first(), oracle.first().copied());
+            }
+        }
+    }
 
     #[test]
     fn backoff_doubles_and_saturates() {
