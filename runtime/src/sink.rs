@@ -39,6 +39,13 @@ pub trait RecordSink: Send + Sync {
     fn delivery_timeout(&self) -> Duration {
         Duration::ZERO
     }
+
+    /// Sends what is queued without waiting to batch more (the producer's `linger.ms`), for up
+    /// to `within`; returns sooner once nothing is queued. A commit that waits for its records
+    /// calls it, so that a drain does not pay the batching delay at each of its steps.
+    fn hurry(&self, within: Duration) {
+        let _ = within;
+    }
 }
 
 /// How long a commit waits for acknowledgements beyond the sink's own delivery timeout: the

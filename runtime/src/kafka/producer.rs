@@ -297,6 +297,21 @@ impl RecordSink for KafkaSink {
         delivery_timeout(&self.config)
     }
 
+    fn hurry(&self, within: Duration) {
+        let producer = self.producer.read().clone();
+        let ms = i32::try_from(within.as_millis()).unwrap_or(i32::MAX);
+        // librdkafka's own flush (not rust-rdkafka's, which holds the flag for an instant only):
+        // while it runs, the broker threads send without lingering. The producer reports
+        // deliveries as events on its own thread, so this only waits.
+        // SAFETY: the handle is valid while `producer` (an Arc of it) lives.
+        unsafe {
+            rdkafka::bindings::rd_kafka_flush(
+                rdkafka::producer::Producer::client(&*producer).native_ptr(),
+                ms,
+            );
+        }
+    }
+
     fn send(
         &self,
         topic: &str,
@@ -410,6 +425,44 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(e.contains("kafka.acks"), "{e}");
+    }
+
+    /// A hurried record does not wait for the producer's linger: with `linger.ms` = 4000 it is
+    /// acknowledged within 2 s only if `hurry` sent it at once (the broker answers in ms).
+    #[test]
+    #[ignore = "needs the broker of scripts/kafka (RILL_TEST_BOOTSTRAP); scripts/test runs it"]
+    fn hurrying_sends_without_the_linger() {
+        let bootstrap = std::env::var("RILL_TEST_BOOTSTRAP").expect("RILL_TEST_BOOTSTRAP");
+        let topic = format!("hurry-{}", std::process::id());
+        crate::kafka::admin::create_topics(
+            &crate::kafka::admin::client_config(&bootstrap, &BTreeMap::new()),
+            &[(topic.clone(), 1)],
+            Duration::from_secs(30),
+        )
+        .expect("topic");
+        let extra = BTreeMap::from([("linger.ms".to_string(), "4000".to_string())]);
+        let sink = KafkaSink::new(&bootstrap, &extra).expect("producer");
+        // The first record waits for the topic's metadata; the second is the one measured.
+        for _ in 0..2 {
+            let deliveries = Arc::new(crate::sink::Deliveries::default());
+            let record = RawRecord {
+                key: Some(b"k".to_vec()),
+                value: Some(b"v".to_vec()),
+                timestamp: 0,
+                headers: rill_topology::Headers::new(),
+            };
+            sink.send(&topic, Some(0), record, deliveries.ticket())
+                .expect("send");
+            let epoch = deliveries.seal();
+            let start = std::time::Instant::now();
+            while !deliveries.written_through(epoch).expect("delivered") {
+                assert!(
+                    start.elapsed() < Duration::from_secs(2),
+                    "not acknowledged within 2 s: the record waited for the linger"
+                );
+                sink.hurry(Duration::from_millis(1));
+            }
+        }
     }
 
     #[test]
