@@ -53,6 +53,10 @@ pub trait RecordSink: Send + Sync {
 /// `message.timeout.ms`) never stops the service, and a lost report still ends the wait.
 const ACKNOWLEDGEMENT_MARGIN: Duration = Duration::from_secs(60);
 
+/// How long a waiter keeps the sink hurrying (see [`RecordSink::hurry`]) before it waits
+/// plainly: acknowledgements that take longer come from a slow broker, not from batching.
+const HURRY_FOR: Duration = Duration::from_millis(500);
+
 /// How long to wait for a sink's acknowledgements before giving up on them: its delivery
 /// timeout plus a margin.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -237,6 +241,25 @@ impl Deliveries {
                 Err(_) => {}
             }
         }
+    }
+
+    /// [`Deliveries::wait_through_unless`] for `sink`'s outputs, hurrying `sink` (see
+    /// [`RecordSink::hurry`]) for up to [`HURRY_FOR`] first: what waits for an acknowledgement
+    /// (a durable commit, a restore's claim) does not wait for batching too.
+    pub fn hurry_through_unless(
+        &self,
+        epoch: u64,
+        sink: &dyn RecordSink,
+        stop: &std::sync::atomic::AtomicBool,
+    ) -> Result<(), SinkError> {
+        let until = Instant::now() + HURRY_FOR;
+        while !self.written_through(epoch)?
+            && !stop.load(Ordering::SeqCst)
+            && Instant::now() < until
+        {
+            sink.hurry(Duration::from_millis(1));
+        }
+        self.wait_through_unless(epoch, AcknowledgementBound::of(sink), stop)
     }
 
     fn check(s: &DeliveryState, epoch: u64) -> Result<bool, SinkError> {

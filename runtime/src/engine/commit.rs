@@ -23,7 +23,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use rill_state::{Origin as StoredOrigin, Progress, SubTaskState, TopicOffset};
 use rill_topology::{KeyRange, HASH_ID};
@@ -31,9 +30,7 @@ use rill_topology::{KeyRange, HASH_ID};
 use super::changelog::{changelog_topic, data_record, marker_record, CommitId};
 use super::origin::topic_id;
 use super::subtask::{Core, SubTaskId, TopicOffsets, Work};
-use super::task::Fence;
 use super::{Engine, EngineError, ProgressTracker, Shared, TaskId};
-use crate::sink::Deliveries;
 
 /// A sealed range commit on its way to disk (see `super::changelog` for the steps).
 pub(super) struct Sealed {
@@ -334,10 +331,9 @@ impl Core {
                 return Ok(true);
             };
             if wait {
-                hurry_through(&self.deliveries, &self.fence, sealed.epoch, shared)?;
-                self.deliveries.wait_through_unless(
+                self.deliveries.hurry_through_unless(
                     sealed.epoch,
-                    crate::sink::AcknowledgementBound::of(shared.sink.as_ref()),
+                    shared.sink.as_ref(),
                     self.fence.flag(),
                 )?;
             } else if !self.deliveries.written_through(sealed.epoch)? {
@@ -405,25 +401,6 @@ impl Core {
             return Ok(true);
         }
     }
-}
-
-/// How long a waiting commit keeps the sink hurrying (see [`crate::sink::RecordSink::hurry`]) before it
-/// waits plainly: acknowledgements that take longer come from a slow broker, not from batching.
-const HURRY_FOR: Duration = Duration::from_millis(500);
-
-/// Hurries the sink until the outputs of epochs up to `epoch` are acknowledged, the range is
-/// fenced, or [`HURRY_FOR`] passed.
-fn hurry_through(
-    deliveries: &Deliveries,
-    fence: &Fence,
-    epoch: u64,
-    shared: &Shared,
-) -> Result<(), EngineError> {
-    let until = Instant::now() + HURRY_FOR;
-    while !deliveries.written_through(epoch)? && !fence.is_fenced() && Instant::now() < until {
-        shared.sink.hurry(Duration::from_millis(1));
-    }
-    Ok(())
 }
 
 impl Core {

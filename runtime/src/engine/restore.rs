@@ -34,7 +34,7 @@ use super::changelog::{
 };
 use super::task::{open_states, resplit_local, PriorClaim, Task};
 use super::{Engine, EngineError, Shared, TaskId};
-use crate::sink::{AcknowledgementBound, Deliveries};
+use crate::sink::Deliveries;
 
 pub use super::replay::restore;
 
@@ -71,7 +71,7 @@ fn write_acknowledged(
     let sink = shared.control_sink.as_ref().unwrap_or(&shared.sink);
     sink.send(topic, Some(partition), record, deliveries.ticket())?;
     let epoch = deliveries.seal();
-    deliveries.wait_through_unless(epoch, AcknowledgementBound::of(sink.as_ref()), stop)?;
+    deliveries.hurry_through_unless(epoch, sink.as_ref(), stop)?;
     if stop.load(Ordering::SeqCst) {
         return Err(super::changelog::cancelled(topic, partition));
     }
