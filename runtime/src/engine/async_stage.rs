@@ -167,6 +167,18 @@ impl Hasher for MixHasher {
     }
 }
 
+/// What a durable commit of a sub-task with an async stage waits for before it is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Drain {
+    /// The running calls (revocation, shutdown): no record starts meanwhile, so the commit
+    /// covers every record started before it; queued ones stay open and are read again by
+    /// whoever resumes from the commit.
+    Running,
+    /// Every record admitted (a factor change, which does not read them again): queued
+    /// records go on starting until none is open.
+    Admitted,
+}
+
 /// The async side of one sub-task (present when its sub-topology has an async stage).
 pub(crate) struct AsyncStage {
     config: AsyncConfig,
@@ -191,9 +203,8 @@ pub(crate) struct AsyncStage {
     /// Records that left the queue (started, or skipped) since the last take: the sub-task's
     /// depth counts the records queued in it.
     released: usize,
-    /// Set while a durable commit (a drain: revocation, shutdown) waits for the running calls;
-    /// no record starts meanwhile, so the commit covers every record started before it.
-    durable_pending: bool,
+    /// Set while a durable commit waits (see [`Drain`]).
+    durable_pending: Option<Drain>,
     /// Who waits for that commit.
     pub(super) durable_waiters: Vec<crossbeam_channel::Sender<()>>,
     /// Calls of records started since the last hand-over to the driver.
@@ -220,7 +231,7 @@ impl AsyncStage {
             open: (0..topics).map(|_| OpenOffsets::default()).collect(),
             changed: false,
             released: 0,
-            durable_pending: false,
+            durable_pending: None,
             durable_waiters: Vec::new(),
             starting: Vec::new(),
             driver: None,
@@ -237,9 +248,20 @@ impl AsyncStage {
         self.open[source].first()
     }
 
-    /// Whether a durable commit waits for running calls.
+    /// Whether a durable commit waits.
     pub fn durable_pending(&self) -> bool {
-        self.durable_pending
+        self.durable_pending.is_some()
+    }
+
+    /// Whether what the waiting durable commit waits for is done.
+    fn drained(&self) -> bool {
+        match self.durable_pending {
+            None => false,
+            Some(Drain::Running) => self.running.is_empty(),
+            Some(Drain::Admitted) => {
+                self.running.is_empty() && self.open.iter().all(|o| o.first().is_none())
+            }
+        }
     }
 
     /// Whether a record waits to be started (see [`Limit`]).
@@ -304,7 +326,7 @@ impl Core {
                 return Ok(());
             };
             if stage.running.len() >= stage.config.max_in_flight
-                || stage.durable_pending
+                || stage.durable_pending == Some(Drain::Running)
                 || stage.full(&self.applied_above)
             {
                 break Ok(());
@@ -386,31 +408,41 @@ impl Core {
                 self.finish_running(id, running, shared)?;
             }
         }
-        let drained = self
-            .asyncs
-            .as_mut()
-            .filter(|a| a.durable_pending && a.running.is_empty());
-        if let Some(stage) = drained {
-            stage.durable_pending = false;
-            let waiters = std::mem::take(&mut stage.durable_waiters);
-            let r = self.commit(id, true, shared);
-            for w in waiters {
-                let _ = w.send(());
-            }
-            r?;
-        }
-        self.start_ready(id, shared, me)
+        self.commit_if_drained(id, shared)?;
+        self.start_ready(id, shared, me)?;
+        // Records that complete without a call (filtered before the stage) close in the start.
+        self.commit_if_drained(id, shared)
     }
 
-    /// Defers a durable commit until the running calls answered; true when deferred.
-    pub(super) fn defer_durable_commit(&mut self) -> bool {
-        match self.asyncs.as_mut() {
-            Some(stage) if !stage.running.is_empty() => {
-                stage.durable_pending = true;
-                true
-            }
-            _ => false,
+    /// Makes the waiting durable commit once what it waits for is done.
+    fn commit_if_drained(
+        &mut self,
+        id: &SubTaskId,
+        shared: &Arc<Shared>,
+    ) -> Result<(), EngineError> {
+        let Some(stage) = self.asyncs.as_mut().filter(|a| a.drained()) else {
+            return Ok(());
+        };
+        stage.durable_pending = None;
+        let waiters = std::mem::take(&mut stage.durable_waiters);
+        let r = self.commit(id, true, shared);
+        for w in waiters {
+            let _ = w.send(());
         }
+        r
+    }
+
+    /// Defers a durable commit until what `drain` names is done; true when deferred.
+    pub(super) fn defer_durable_commit(&mut self, drain: Drain) -> bool {
+        let Some(stage) = self.asyncs.as_mut() else {
+            return false;
+        };
+        stage.durable_pending = Some(drain);
+        if stage.drained() {
+            stage.durable_pending = None;
+            return false;
+        }
+        true
     }
 
     /// Runs the async stages' children with what a record's calls resolved to, or hands a

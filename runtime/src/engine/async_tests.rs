@@ -155,23 +155,31 @@ fn oracle(input: &[(String, String)]) -> BTreeMap<String, String> {
     out
 }
 
+/// Record `i` of key `k{keys[i]}` has the value `i`.
+fn keyed_input(keys: &[u8]) -> Vec<(String, String)> {
+    keys.iter()
+        .enumerate()
+        .map(|(i, k)| (format!("k{k}"), i.to_string()))
+        .collect()
+}
+
+fn in_flight_limit(in_flight: usize) -> AsyncConfig {
+    AsyncConfig {
+        max_in_flight: in_flight,
+        ..AsyncConfig::default()
+    }
+}
+
 fn run(
     keys: &[u8],
     factor: usize,
     in_flight: usize,
     crashes: &[usize],
 ) -> Result<(), TestCaseError> {
-    let input: Vec<(String, String)> = keys
-        .iter()
-        .enumerate()
-        .map(|(i, k)| (format!("k{k}"), i.to_string()))
-        .collect();
+    let input = keyed_input(keys);
     let dir = tempfile::tempdir().unwrap();
     let sink = Arc::new(MemorySink::new());
-    let config = AsyncConfig {
-        max_in_flight: in_flight,
-        ..AsyncConfig::default()
-    };
+    let config = in_flight_limit(in_flight);
     let mut outputs = BTreeMap::new();
     let mut stops: Vec<usize> = crashes.iter().map(|c| c % (input.len() + 1)).collect();
     stops.sort_unstable();
@@ -228,8 +236,90 @@ fn run(
     Ok(())
 }
 
+/// Unordered and stateless: live factor changes with calls in flight run every record once.
+#[test]
+fn live_factor_changes_of_an_unordered_stage_run_every_record_once() {
+    let sink = Arc::new(MemorySink::new());
+    let mut e = engine_at(
+        stateless_topology(None),
+        None,
+        2,
+        unordered(16),
+        sink.clone(),
+        Resume::default(),
+    );
+    let input: Vec<(String, String)> = (0..300).map(|i| ("k".to_string(), i.to_string())).collect();
+    feed_from(&mut e, &input, 0, 100, 7);
+    e.set_parallelising_factor(3, None, Duration::from_secs(60))
+        .unwrap();
+    feed_from(&mut e, &input, 100, 200, 7);
+    e.set_parallelising_factor(1, None, Duration::from_secs(60))
+        .unwrap();
+    feed_from(&mut e, &input, 200, 300, 7);
+    assert!(e.wait_idle(Duration::from_secs(60)));
+    assert!(e.failure().is_none(), "{:?}", e.failure());
+    assert_eq!(sorted_values(&sink), (0..300).collect::<Vec<u64>>());
+}
+
+/// Like [`run`] without crashes, but changing the factor live at the given input indexes, with
+/// calls in flight and records queued behind them.
+fn run_changing(
+    keys: &[u8],
+    from: usize,
+    changes: &[(usize, usize)],
+    in_flight: usize,
+) -> Result<(), TestCaseError> {
+    let input = keyed_input(keys);
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Arc::new(MemorySink::new());
+    let config = in_flight_limit(in_flight);
+    let mut e = engine(
+        joining_topology(),
+        Some(open_db(dir.path())),
+        from,
+        config,
+        sink.clone(),
+    );
+    let mut changes: Vec<(usize, usize)> = changes
+        .iter()
+        .map(|&(at, to)| (at % (input.len() + 1), to))
+        .collect();
+    changes.sort_unstable();
+    let mut fed = 0;
+    for (at, to) in changes {
+        feed_from(&mut e, &input, fed, at, 7);
+        fed = at;
+        let changed = e.set_parallelising_factor(to, None, Duration::from_secs(60));
+        prop_assert!(changed.is_ok(), "change to {}: {:?}", to, changed);
+    }
+    feed_from(&mut e, &input, fed, input.len(), 7);
+    prop_assert!(e.wait_idle(Duration::from_secs(60)), "the run finished");
+    prop_assert!(e.failure().is_none(), "{:?}", e.failure());
+    let mut outputs = BTreeMap::new();
+    last_outputs(&sink, &mut outputs);
+    prop_assert_eq!(&outputs, &oracle(&input), "final output per key");
+    for (k, joined) in oracle(&input) {
+        let stored = e.store_get("joined", k.as_bytes()).unwrap();
+        let stored = stored.map(|b| String::from_utf8_lossy(&b).into_owned());
+        prop_assert_eq!(stored, Some(joined), "state of {}", k);
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: std::env::var("RILL_ASYNC_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(24), ..ProptestConfig::default() })]
+
+    /// Live factor changes while calls run and records wait behind them (splits, merges,
+    /// factors that do not divide each other): every record applied once, in per-key order.
+    #[test]
+    fn live_factor_changes_with_calls_in_flight_end_as_the_sequential_run(
+        keys in proptest::collection::vec(0u8..6, 1..120),
+        from in 1usize..4,
+        changes in proptest::collection::vec((0usize..200, 1usize..5), 1..3),
+        in_flight in 1usize..12,
+    ) {
+        run_changing(&keys, from, &changes, in_flight)?;
+    }
 
     /// Random keys and call durations (so random completion orders), P and in-flight limits,
     /// and up to three crashes with calls in flight: the end equals the sequential run.

@@ -4,7 +4,8 @@
 //!
 //! 1. **Hold** ([`Engine::begin_factor_change`]): the task takes no more records (dispatch
 //!    hands them back, as while it restores, so the source pauses the partition) and every range
-//!    is asked for a durable commit.
+//!    is asked for a durable commit ([`Work::Settle`]: a range with an async stage completes
+//!    every record it took first, since the switch does not read them again).
 //! 2. **Drain** ([`FactorDrain::wait`]): the caller waits for those commits *without* the engine,
 //!    so the other partitions keep dispatching and processing.
 //! 3. **Switch** ([`Engine::finish_factor_change`]): once every range committed, nothing of the
@@ -113,14 +114,6 @@ impl Engine {
         if let Some(e) = self.failure() {
             return Err(EngineError::Stopped(e));
         }
-        if self.async_runtime.is_some() {
-            // Records in flight are not in a range's durable commit, and the switch does not
-            // read them again.
-            return Err(EngineError::Config {
-                key: "parallelising.factor",
-                message: "live changes are not supported with async stages yet: restart with the new parallelising.factor instead".into(),
-            });
-        }
         match partitions {
             Some(ps) => {
                 for p in ps {
@@ -175,11 +168,9 @@ impl Engine {
             }
             task.held = true;
             for s in &task.subtasks {
-                let work = Work::Commit {
-                    durable: true,
-                    done: Some(tx.clone()),
-                };
-                s.push(work, &self.shared);
+                // Every record a range took completes first (async stages): the switch does
+                // not read them again.
+                s.push(Work::Settle { done: tx.clone() }, &self.shared);
                 drain.expected += 1;
             }
             drain.tasks.push((*id, task.lineage.id, task.factor));

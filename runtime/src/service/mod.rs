@@ -328,15 +328,6 @@ impl Runtime {
             None
         };
         let exactly_once = c.processing_guarantee == ProcessingGuarantee::ExactlyOnceV2;
-        let has_async =
-            (0..self.topology.sub_topologies().len()).any(|s| self.topology.has_async(s));
-        if c.parallelising_auto && has_async {
-            return Err(EngineError::Config {
-                key: "parallelising.auto",
-                message: "async stages do not support live factor changes yet: set parallelising.auto=false".into(),
-            }
-            .into());
-        }
         let kafka_sink = Arc::new(
             match exactly_once {
                 true => KafkaSink::transactional(
