@@ -20,7 +20,8 @@
 //! Offsets listed stay bounded: no record starts while a range lists [`MAX_APPLIED_ABOVE`]
 //! completed offsets above a stuck one, or, without state, while their shortest form would
 //! take more than the range's share of the metadata (so a commit never falls back to its low
-//! watermark alone, which would run them all again).
+//! watermark alone, which would run them all again); only the record of the lowest open
+//! offset may still start then, as completing it is what shrinks the listing.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -264,6 +265,16 @@ impl AsyncStage {
         }
     }
 
+    /// Takes the ready record whose offset is its source's lowest open one, if any.
+    fn take_lowest_ready(&mut self) -> Option<Input> {
+        let open = &self.open;
+        let at = self
+            .ready
+            .iter()
+            .position(|i| open[i.source.index].first() == Some(i.offset))?;
+        self.ready.remove(at)
+    }
+
     /// Whether a record waits to be started (see [`Limit`]).
     fn full(&self, applied_above: &[AppliedAbove]) -> bool {
         applied_above
@@ -327,11 +338,17 @@ impl Core {
             };
             if stage.running.len() >= stage.config.max_in_flight
                 || stage.durable_pending == Some(Drain::Running)
-                || stage.full(&self.applied_above)
             {
                 break Ok(());
             }
-            let Some(input) = stage.ready.pop_front() else {
+            // A full listing still lets the lowest open record start: completing it is what
+            // shrinks the listing (it may wait in `ready` behind records of higher offsets).
+            let next = if stage.full(&self.applied_above) {
+                stage.take_lowest_ready()
+            } else {
+                stage.ready.pop_front()
+            };
+            let Some(input) = next else {
                 break Ok(());
             };
             stage.released += 1;

@@ -877,6 +877,53 @@ fn the_listed_offsets_fit_the_commit_metadata() {
     }
 }
 
+/// A range whose listing of completed offsets has reached its share of the commit metadata
+/// still starts its lowest open record (here queued behind a slow call of its key): completing
+/// it is what shrinks the listing. Before, it started nothing more and stalled for good.
+#[test]
+fn a_full_listing_still_starts_the_lowest_open_record() {
+    // 64 ranges: a range's share is ~20 bytes, about ten listed offsets.
+    let p = 64;
+    let hot = "hot".to_string();
+    let range = range_of(key_hash(hot.as_bytes()), p);
+    let (same, elsewhere): (Vec<String>, Vec<String>) = (0..8000)
+        .map(|i| format!("k{i}"))
+        .partition(|k| range_of(key_hash(k.as_bytes()), p) == range);
+    // Values are offsets; `delay`: offset 0 (the hot key's first record) sleeps 15 ms, most
+    // others 0-2 ms. The range's records are 11 offsets apart (the others go to other ranges),
+    // so what completes above the hot key's second record lists as gaps and fills the share.
+    let mut input = vec![(hot.clone(), String::new()), (hot.clone(), String::new())];
+    for (i, k) in same.iter().take(60).enumerate() {
+        input.push((k.clone(), String::new()));
+        input.extend(
+            elsewhere[i * 10..i * 10 + 10]
+                .iter()
+                .map(|k| (k.clone(), String::new())),
+        );
+    }
+    input.push((hot.clone(), String::new()));
+    for (i, (_, v)) in input.iter_mut().enumerate() {
+        *v = i.to_string();
+    }
+    let sink = Arc::new(MemorySink::new());
+    let mut e = engine(
+        stateless_topology(None),
+        None,
+        p,
+        AsyncConfig::default(),
+        sink.clone(),
+    );
+    feed(&mut e, &input, input.len(), 1000);
+    assert!(
+        e.wait_idle(Duration::from_secs(10)),
+        "the range went on after its listing was full"
+    );
+    assert_eq!(
+        sorted_values(&sink),
+        (0..input.len() as u64).collect::<Vec<u64>>()
+    );
+}
+
 /// The values written to `out` so far (numbers), sorted.
 fn sorted_values(sink: &MemorySink) -> Vec<u64> {
     let mut values: Vec<u64> = sink
