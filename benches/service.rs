@@ -241,6 +241,7 @@ fn overhead_run(metrics_on: bool, n: u64) -> Result<(f64, f64), Error> {
         dir: state.path().to_path_buf(),
         memory_bytes: 256 << 20,
         create_column_families: Vec::new(),
+        max_open_files: None,
     })?;
     let mut engine = Engine::new(
         Arc::new(count_topology("in", "out")?),
@@ -296,6 +297,7 @@ fn resplit() -> Result<(), Error> {
         dir: state.path().to_path_buf(),
         memory_bytes: 256 << 20,
         create_column_families: Vec::new(),
+        max_open_files: None,
     })?;
     let mut engine = Engine::new(
         Arc::new(count_topology("in", "out")?),

@@ -11,7 +11,8 @@
 //! ```
 //! `RILL_SOAK_SECONDS` (3600), `RILL_SOAK_RATE` (input lines per second, 5000) and
 //! `RILL_SOAK_RESTART_SECONDS` (600) change the shape; a line holds 1-5 words of a
-//! 2,000-word vocabulary.
+//! 2,000-word vocabulary. `RILL_SOAK_MAX_OPEN_FILES` sets both instances'
+//! `rocksdb.max.open.files` (unset: the default, every SST file open).
 
 mod common;
 
@@ -101,6 +102,11 @@ impl Instance {
             .env("RILL_METRICS_ADDR", "off")
             .env("RILL_KAFKA_GROUP_INSTANCE_ID", format!("{app}-{name}"))
             .env("RILL_LOG", "info")
+            .envs(
+                std::env::var("RILL_SOAK_MAX_OPEN_FILES")
+                    .ok()
+                    .map(|n| ("RILL_ROCKSDB_MAX_OPEN_FILES", n)),
+            )
             .stdout(log.try_clone()?)
             .stderr(log);
         Ok(Instance {
@@ -380,6 +386,28 @@ fn main() -> Result<(), Error> {
          the others first {other0:.0}, max {other_max:.0}, last {other_last:.0}); threads first \
          {th0:.0}, max {th_max:.0}, last {th_last:.0}",
         (rss_last / rss0 - 1.0) * 100.0
+    );
+    // The instantaneous figures swing with each rebalance (b holds all partitions while a is
+    // down, half of them otherwise), so growth shows in the peaks of each restart period.
+    let periods: Vec<Vec<Sample>> = b_warm
+        .chunk_by(|x, y| (x.at as u64) / restart_every == (y.at as u64) / restart_every)
+        .map(<[Sample]>::to_vec)
+        .collect();
+    let peak = |period: &[Sample], f: fn(&Sample) -> f64| {
+        period.iter().map(f).fold(f64::MIN, f64::max).round() as i64
+    };
+    let peaks = |f: fn(&Sample) -> f64| periods.iter().map(|p| peak(p, f)).collect::<Vec<_>>();
+    let rss_peaks = peaks(|s| s.rss_mib);
+    println!(
+        "b, peaks per {restart_every} s period: RSS (MiB) {rss_peaks:?} ({:+.1}% last vs first); \
+         fds {:?}; of them not SST files {:?}; threads {:?}",
+        match (rss_peaks.first(), rss_peaks.last()) {
+            (Some(&first), Some(&last)) => (last as f64 / first as f64 - 1.0) * 100.0,
+            _ => 0.0,
+        },
+        peaks(|s| s.fds as f64),
+        peaks(|s| (s.fds - s.sst_fds) as f64),
+        peaks(|s| s.threads as f64),
     );
     println!(
         "a, RSS at each stop (MiB): {:?}",

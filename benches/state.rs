@@ -63,6 +63,7 @@ impl Load {
             dir: dir.path().to_path_buf(),
             memory_bytes: 64 << 20,
             create_column_families: Vec::new(),
+            max_open_files: None,
         })
         .expect("open state");
         let mut keys = vec![Vec::new(); ranges];

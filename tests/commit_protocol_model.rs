@@ -149,6 +149,7 @@ impl Cluster {
                     dir: dir.path().to_path_buf(),
                     memory_bytes: 8 << 20,
                     create_column_families: Vec::new(),
+                    max_open_files: None,
                 })
                 .expect("state");
                 (dir, db)
@@ -173,6 +174,7 @@ impl Cluster {
             dir: dir.path().to_path_buf(),
             memory_bytes: 8 << 20,
             create_column_families: Vec::new(),
+            max_open_files: None,
         })
         .expect("state");
         self.dirs[i] = (dir, db);

@@ -32,6 +32,23 @@ pub const APPLICATION_FILE: &str = "APPLICATION";
 pub const ROCKSDB_DIR: &str = "rocksdb";
 /// The smallest accepted memory budget (4 MiB).
 pub const MIN_MEMORY_BYTES: usize = 4 << 20;
+/// The smallest accepted bound on open files (RocksDB raises anything lower to this silently).
+pub const MIN_OPEN_FILES: u32 = 20;
+
+/// Files RocksDB keeps out of its table cache's share of `max_open_files` (WAL, MANIFEST, logs).
+const NON_TABLE_FILES: u32 = 10;
+
+/// Shard bits for a table cache of `max_open_files - 10` readers that holds no more than that.
+///
+/// Each shard rounds its share up, so 64 shards (RocksDB's default) of a 10-reader cache keep
+/// up to 64 files open. Shards that divide the capacity exactly, each with room for at least 8
+/// readers, make the bound hold (only readers pinned by a running read can exceed it).
+pub(crate) fn table_cache_shard_bits(max_open_files: u32) -> i32 {
+    let capacity = max_open_files.saturating_sub(NON_TABLE_FILES).max(1);
+    let exact = capacity.trailing_zeros();
+    let roomy = (capacity / 8).max(1).ilog2();
+    exact.min(roomy).min(6) as i32
+}
 
 /// Smallest per-column-family memtable.
 const MIN_WRITE_BUFFER: usize = 1 << 20;
@@ -51,6 +68,9 @@ pub struct StateConfig {
     /// RocksDB rewrites its OPTIONS file with every column family at each, so creating
     /// hundreds at assignment took about a minute.
     pub create_column_families: Vec<String>,
+    /// Bound on the SST files RocksDB keeps open (`rocksdb.max.open.files`); `None` keeps every
+    /// one open (RocksDB's and Kafka Streams' default). At least [`MIN_OPEN_FILES`].
+    pub max_open_files: Option<u32>,
 }
 
 /// Memory RocksDB currently uses, as charged to the shared budget.
@@ -165,6 +185,12 @@ impl StateDb {
                 min: MIN_MEMORY_BYTES,
             });
         }
+        if let Some(n) = cfg.max_open_files.filter(|&n| n < MIN_OPEN_FILES) {
+            return Err(StateError::OpenFilesTooFew {
+                files: n,
+                min: MIN_OPEN_FILES,
+            });
+        }
         let dir = cfg.dir.clone();
         fs::create_dir_all(&dir).map_err(|e| StateError::io(&dir, e))?;
         let rocks_dir = dir.join(ROCKSDB_DIR);
@@ -223,6 +249,16 @@ impl StateDb {
         db_opts.set_max_total_wal_size(plan.max_total_wal_size);
         db_opts.set_keep_log_file_num(5);
         db_opts.set_max_log_file_size(16 << 20);
+        // RocksDB keeps `max_open_files - 10` table readers in its table cache (the rest is
+        // for the WAL, MANIFEST and logs); -1 opens every SST file at open and keeps it open.
+        // The shard count decides whether that capacity is a bound (see table_cache_shard_bits).
+        db_opts.set_max_open_files(
+            cfg.max_open_files
+                .map_or(-1, |n| i32::try_from(n).unwrap_or(i32::MAX)),
+        );
+        if let Some(n) = cfg.max_open_files {
+            db_opts.set_table_cache_num_shard_bits(table_cache_shard_bits(n));
+        }
         // The WAL stays on: a range's data and progress share one WriteBatch, so they survive
         // (or are lost) together on a crash.
 

@@ -110,6 +110,17 @@ pub enum StateError {
         /// The smallest accepted budget.
         min: usize,
     },
+    /// The bound on open files is below what RocksDB accepts.
+    #[error(
+        "rocksdb.max.open.files = {files} is below the minimum of {min}: raise it, or set -1 \
+         for no bound"
+    )]
+    OpenFilesTooFew {
+        /// The configured bound.
+        files: u32,
+        /// The smallest accepted bound.
+        min: u32,
+    },
     /// A column family is used by a live [`SubTaskState`](crate::SubTaskState).
     #[error(
         "column family `{cf}` is in use by an open sub-task state; drop that SubTaskState first \

@@ -39,7 +39,7 @@
 //! use rill_state::{Progress, StateConfig, StateDb, SubTaskState};
 //! use rill_topology::keyrange::KeyRange;
 //!
-//! let db = StateDb::open(&StateConfig { dir: "/var/lib/rill".into(), memory_bytes: 256 << 20, create_column_families: Vec::new() })?;
+//! let db = StateDb::open(&StateConfig { dir: "/var/lib/rill".into(), memory_bytes: 256 << 20, create_column_families: Vec::new() , max_open_files: None})?;
 //! let range = KeyRange::nth(0, 4);
 //! let mut state = SubTaskState::open(db.clone(), &["counts".to_string()], 0, range)?;
 //! let resume_at = state.committed_progress().map_or(0, |p| p.next_offset("orders").unwrap_or(0));
@@ -69,7 +69,7 @@ mod tests;
 pub use cf::{sub_task_column_families, validate_store_name, ColumnFamilyId, MAX_STORE_NAME_LEN};
 pub use db::{
     MemoryUsage, StateConfig, StateDb, CLUSTER_FILE, FORMAT_FILE, FORMAT_VERSION, MIN_MEMORY_BYTES,
-    ROCKSDB_DIR,
+    MIN_OPEN_FILES, ROCKSDB_DIR,
 };
 pub use error::StateError;
 pub use progress::{CarriedOffset, Origin, Progress, TopicOffset, PROGRESS_VERSION};

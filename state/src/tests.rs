@@ -10,7 +10,7 @@ use rill_topology::keyrange::KeyRange;
 use crate::subtask::{DATA_PREFIX, PROGRESS_KEY};
 use crate::{
     ColumnFamilyId, Origin, Progress, StateConfig, StateDb, StateError, StoreWrite, SubTaskState,
-    MIN_MEMORY_BYTES,
+    MIN_MEMORY_BYTES, MIN_OPEN_FILES,
 };
 
 const MIB: usize = 1 << 20;
@@ -20,6 +20,7 @@ fn cfg(dir: &Path) -> StateConfig {
         dir: dir.to_path_buf(),
         memory_bytes: 16 * MIB,
         create_column_families: Vec::new(),
+        max_open_files: None,
     }
 }
 
@@ -524,11 +525,98 @@ fn invalid_store_names_ranges_and_budgets_are_refused() {
         dir: tmp.path().join("other"),
         memory_bytes: MIN_MEMORY_BYTES - 1,
         create_column_families: Vec::new(),
+        max_open_files: None,
     })
     .unwrap_err();
     assert!(
         matches!(err, StateError::MemoryBudgetTooSmall { .. }),
         "{err}"
+    );
+    let err = StateDb::open(&StateConfig {
+        dir: tmp.path().join("other"),
+        max_open_files: Some(MIN_OPEN_FILES - 1),
+        ..cfg(tmp.path())
+    })
+    .unwrap_err();
+    assert!(matches!(err, StateError::OpenFilesTooFew { .. }), "{err}");
+}
+
+/// SST files under `dir` this process has open now.
+fn open_sst_files(dir: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.starts_with(dir) && target.extension().is_some_and(|e| e == "sst"))
+        .count()
+}
+
+#[test]
+fn a_bound_on_open_files_holds_while_every_file_is_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().canonicalize().unwrap();
+    let p = 2 * MIN_OPEN_FILES as usize;
+    let key = |i: usize| format!("key-{i}");
+    {
+        let db = StateDb::open(&cfg(&dir)).unwrap();
+        for i in 0..p {
+            let range = KeyRange::nth(i, p);
+            let mut st = SubTaskState::open(db.clone(), &names(&["s"]), 0, range).unwrap();
+            put(&mut st, "s", &key(i), "v");
+            st.commit(Progress::new(range, "t", 1)).unwrap();
+            // One SST file per column family.
+            let name = ColumnFamilyId::new("s", 0, range).unwrap().name();
+            db.db()
+                .flush_cf(&db.db().cf_handle(&name).unwrap())
+                .unwrap();
+        }
+    }
+    let open_after_reading_all = |max_open_files| {
+        let db = StateDb::open(&StateConfig {
+            max_open_files,
+            ..cfg(&dir)
+        })
+        .unwrap();
+        for i in 0..p {
+            let value = on_disk(&db, "s", 0, KeyRange::nth(i, p), key(i).as_bytes());
+            assert_eq!(value.as_deref(), Some(&b"v"[..]), "range {i}");
+        }
+        open_sst_files(&dir)
+    };
+    // Without a bound every file stays open (so this count can see the bound's effect).
+    let unbounded = open_after_reading_all(None);
+    assert!(
+        unbounded >= p,
+        "{unbounded} SST files open, {p} column families"
+    );
+    let bounded = open_after_reading_all(Some(MIN_OPEN_FILES));
+    assert!(
+        bounded <= MIN_OPEN_FILES as usize,
+        "{bounded} SST files open with rocksdb.max.open.files = {MIN_OPEN_FILES}"
+    );
+}
+
+#[test]
+fn table_cache_shards_hold_no_more_than_the_capacity() {
+    for max_open_files in MIN_OPEN_FILES..20_000 {
+        let capacity = max_open_files - 10;
+        let shards = 1u32 << crate::db::table_cache_shard_bits(max_open_files);
+        // Each shard's capacity is its share rounded up.
+        let held = shards * capacity.div_ceil(shards);
+        assert_eq!(
+            held, capacity,
+            "max_open_files {max_open_files}: {shards} shards"
+        );
+        assert!(shards <= 64);
+    }
+    assert_eq!(
+        crate::db::table_cache_shard_bits(10_010),
+        4,
+        "10000 = 16 x 625"
+    );
+    assert_eq!(
+        crate::db::table_cache_shard_bits(1_034),
+        6,
+        "1024 = 64 x 16"
     );
 }
 
@@ -620,6 +708,7 @@ fn memory_stays_within_the_budget_with_many_column_families() {
         dir: tmp.path().to_path_buf(),
         memory_bytes: budget,
         create_column_families: Vec::new(),
+        max_open_files: None,
     })
     .unwrap();
     let p = 64;
@@ -982,7 +1071,7 @@ mod range_scans {
         ) {
             let tmp = tempfile::tempdir().unwrap();
             let memory_bytes = if small { crate::MIN_MEMORY_BYTES } else { 16 * MIB };
-            let db = StateDb::open(&StateConfig { dir: tmp.path().to_path_buf(), memory_bytes, create_column_families: Vec::new() }).unwrap();
+            let db = StateDb::open(&StateConfig { dir: tmp.path().to_path_buf(), memory_bytes, create_column_families: Vec::new(), max_open_files: None }).unwrap();
             if small {
                 // Fill the budget from another sub-task, so this one's cache evicts or skips.
                 let other = KeyRange { start: 0, end: 1 };

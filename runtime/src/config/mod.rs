@@ -52,7 +52,7 @@ mod tests;
 
 use kafka::check_kafka;
 use redact::redact;
-use setting::{parse, AppId, Whole};
+use setting::{parse, AppId, MaxOpenFiles, Whole};
 use source::{parse_toml, DeError, Flat};
 
 use crate::engine::RecordErrorHandler;
@@ -156,6 +156,8 @@ pub struct Config {
     pub metrics_addr: MetricsAddr,
     /// Memory budget of RocksDB (block cache and memtables).
     pub rocksdb_memory_bytes: usize,
+    /// Bound on RocksDB's open SST files (`rocksdb.max.open.files`; `None`: every one).
+    pub rocksdb_max_open_files: Option<u32>,
     /// Bytes the record caches may hold (`statestore.cache.max.bytes`; 0: off).
     pub statestore_cache_max_bytes: usize,
     /// Handling of records that do not deserialize.
@@ -268,6 +270,9 @@ settings! {
     "rocksdb.memory.bytes" => rocksdb_memory_bytes: Whole<{ rill_state::MIN_MEMORY_BYTES as u64 }> = Whole(256 * MIB),
         shown "268435456",
         doc "one budget for RocksDB's block cache and memtables and the stores' read caches (an eighth), in bytes (at least 4 MiB)";
+    "rocksdb.max.open.files" => rocksdb_max_open_files: MaxOpenFiles = MaxOpenFiles(None),
+        shown "-1",
+        doc "bound on the SST files RocksDB keeps open (at least 20; it keeps that many less 10 in its table cache and reopens others as read); `-1` keeps every one open, as RocksDB and Kafka Streams do";
     "statestore.cache.max.bytes" => statestore_cache_max_bytes: Whole<0> = Whole(10 * MIB),
         shown "10485760",
         doc "the record cache (Kafka Streams' name and default): bytes all sub-tasks together may hold of updates not yet forwarded; an aggregation's consecutive updates of one key between commits then reach its downstream as one record, sent at the commit or when the cache evicts the key; `0` forwards every update at once. Changelogs collapse per commit either way. An aggregation whose results reach a repartition topic does not cache (a replay must resend exactly what it sent there)";
@@ -513,6 +518,7 @@ impl ConfigBuilder {
             processing_guarantee: s.processing_guarantee,
             metrics_addr: s.metrics_addr,
             rocksdb_memory_bytes: s.rocksdb_memory_bytes.usize(),
+            rocksdb_max_open_files: s.rocksdb_max_open_files.0,
             statestore_cache_max_bytes: s.statestore_cache_max_bytes.usize(),
             deserialization_handler: s.deserialization_handler,
             processing_handler: s.processing_handler,

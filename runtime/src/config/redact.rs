@@ -62,6 +62,11 @@ impl Config {
             self.rocksdb_memory_bytes.to_string(),
         );
         put(
+            "rocksdb.max.open.files",
+            self.rocksdb_max_open_files
+                .map_or_else(|| "-1".into(), |n| n.to_string()),
+        );
+        put(
             "statestore.cache.max.bytes",
             self.statestore_cache_max_bytes.to_string(),
         );

@@ -63,6 +63,30 @@ impl<const MIN: u64> Setting for Whole<MIN> {
     }
 }
 
+/// `rocksdb.max.open.files`: `-1` (no bound) or a whole number of at least
+/// [`rill_state::MIN_OPEN_FILES`].
+#[derive(Debug)]
+pub(super) struct MaxOpenFiles(pub(super) Option<u32>);
+
+impl Setting for MaxOpenFiles {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "-1" => Ok(MaxOpenFiles(None)),
+            t => t
+                .parse::<u32>()
+                .ok()
+                .filter(|&n| n >= rill_state::MIN_OPEN_FILES)
+                .map(|n| MaxOpenFiles(Some(n)))
+                .ok_or_else(|| {
+                    format!(
+                        "-1 (no bound) or a whole number of at least {}",
+                        rill_state::MIN_OPEN_FILES
+                    )
+                }),
+        }
+    }
+}
+
 impl Setting for String {
     fn parse(text: &str) -> Result<Self, String> {
         Ok(text.to_string())

@@ -240,6 +240,34 @@ fn rocksdb_memory_says_the_minimum_it_requires() {
 }
 
 #[test]
+fn rocksdb_open_files_take_minus_one_or_a_bound_of_at_least_twenty() {
+    let open_files = |v: &str| {
+        ConfigBuilder::new()
+            .set("application.id", "a")
+            .set("rocksdb.max.open.files", v)
+            .build()
+    };
+    assert_eq!(open_files("-1").unwrap().rocksdb_max_open_files, None);
+    assert_eq!(open_files("500").unwrap().rocksdb_max_open_files, Some(500));
+    let c = ConfigBuilder::new()
+        .set("application.id", "a")
+        .build()
+        .unwrap();
+    assert_eq!(c.rocksdb_max_open_files, None);
+    assert_eq!(c.redacted()["rocksdb.max.open.files"], "-1");
+    for bad in ["19", "0", "-2", "many"] {
+        assert_eq!(
+            open_files(bad).unwrap_err(),
+            ConfigError::BadValue {
+                key: "rocksdb.max.open.files".into(),
+                value: bad.into(),
+                expected: "-1 (no bound) or a whole number of at least 20".into(),
+            }
+        );
+    }
+}
+
+#[test]
 fn kafka_settings_that_break_the_idempotent_producer_are_refused() {
     let with = |k: &str, v: &str| {
         ConfigBuilder::new()

@@ -161,6 +161,7 @@ impl TestDriverBuilder {
                 dir: dir.clone(),
                 memory_bytes: self.memory_bytes,
                 create_column_families: Vec::new(),
+                max_open_files: None,
             })?)
         } else {
             None

@@ -90,6 +90,7 @@ fn open_db(dir: &Path) -> Arc<StateDb> {
         dir: dir.to_path_buf(),
         memory_bytes: 8 << 20,
         create_column_families: Vec::new(),
+        max_open_files: None,
     })
     .unwrap()
 }

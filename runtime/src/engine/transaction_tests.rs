@@ -23,6 +23,7 @@ fn engine(dir: &Path, log: &Arc<MemoryChangelog>, after: Option<&PartitionProgre
         dir: dir.to_path_buf(),
         memory_bytes: 16 << 20,
         create_column_families: Vec::new(),
+        max_open_files: None,
     })
     .unwrap();
     let config = EngineConfig {

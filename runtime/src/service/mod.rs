@@ -308,6 +308,7 @@ impl Runtime {
                     c.parallelising_factor,
                     &partitions,
                 ),
+                max_open_files: c.rocksdb_max_open_files,
             };
             let db = match c.state_corruption_handler {
                 CorruptionHandler::Fail => StateDb::open(&state_config)?,
@@ -668,6 +669,7 @@ mod tests {
                 dir: dir.path().to_path_buf(),
                 memory_bytes: 16 << 20,
                 create_column_families: names.clone(),
+                max_open_files: None,
             })
             .unwrap(),
         );

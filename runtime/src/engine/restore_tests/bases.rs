@@ -49,6 +49,7 @@ fn restores_the_key(base: Base) -> bool {
         dir: dir.path().to_path_buf(),
         memory_bytes: 8 << 20,
         create_column_families: Vec::new(),
+        max_open_files: None,
     })
     .expect("state");
     let stores = [store.clone()];
