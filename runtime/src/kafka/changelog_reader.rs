@@ -1,6 +1,7 @@
 //! Reading a store changelog partition from Kafka for restore.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
@@ -17,10 +18,16 @@ use rill_topology::RawRecord;
 /// How long restore waits for the broker before it gives up on a changelog partition.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Reads changelog partitions with a group-less consumer of its own (Kafka Streams' restore
+/// Reads changelog partitions with group-less consumers of its own (Kafka Streams' restore
 /// consumer), so the group consumer keeps its assignment and offsets untouched.
 pub struct KafkaChangelogReader {
     config: ClientConfig,
+    /// The consumer every restore thread asks for watermarks (librdkafka clients are
+    /// thread-safe), so an empty changelog costs no client of its own. Invariant: it is
+    /// replaced, never reused, after a transient error, because a consumer that saw a
+    /// partition missing keeps that metadata cached and would answer "unknown partition" for
+    /// minutes. The lock is held only to clone or swap the `Arc`, never across a broker call.
+    probe: Mutex<Option<Arc<BaseConsumer>>>,
 }
 
 impl KafkaChangelogReader {
@@ -32,7 +39,56 @@ impl KafkaChangelogReader {
             // librdkafka refuses assign() without a group id; this group never joins or commits.
             .set("group.id", "rill-restore")
             .set("fetch.wait.max.ms", "50");
-        KafkaChangelogReader { config }
+        KafkaChangelogReader {
+            config,
+            probe: Mutex::new(None),
+        }
+    }
+
+    /// The shared watermark consumer, created on first use or after a transient error.
+    fn probe(&self) -> Result<Arc<BaseConsumer>, KafkaError> {
+        let mut probe = self.probe.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(consumer) = probe.as_ref() {
+            return Ok(Arc::clone(consumer));
+        }
+        let consumer = Arc::new(self.config.create::<BaseConsumer>()?);
+        *probe = Some(Arc::clone(&consumer));
+        Ok(consumer)
+    }
+
+    /// Drops `failed` as the shared consumer, unless another thread has replaced it already.
+    fn discard_probe(&self, failed: &Arc<BaseConsumer>) {
+        let mut probe = self.probe.lock().unwrap_or_else(PoisonError::into_inner);
+        if probe.as_ref().is_some_and(|p| Arc::ptr_eq(p, failed)) {
+            *probe = None;
+        }
+    }
+
+    /// The low and high watermarks of a changelog partition, retried while the broker is away
+    /// or its partition has no leader yet (a broker that just came back re-registers its
+    /// partitions).
+    fn watermarks(
+        &self,
+        topic: &str,
+        partition: u32,
+        cancel: &AtomicBool,
+    ) -> Result<(i64, i64), ReadError> {
+        let start = Instant::now();
+        loop {
+            let consumer = self.probe()?;
+            match consumer.fetch_watermarks(topic, partition as i32, Duration::from_secs(5)) {
+                Ok(w) => return Ok(w),
+                Err(e) if is_restore_transient(&e) && start.elapsed() < READ_TIMEOUT => {
+                    self.discard_probe(&consumer);
+                    if cancel.load(Ordering::SeqCst) {
+                        return Err(cancelled(topic, partition).into());
+                    }
+                    tracing::debug!(topic, partition, error = %e, "changelog watermarks retry");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     fn read_kafka(
@@ -43,11 +99,12 @@ impl KafkaChangelogReader {
         cancel: &AtomicBool,
         visit: &mut dyn FnMut(u64, RawRecord) -> Result<(), EngineError>,
     ) -> Result<u64, ReadError> {
-        let (consumer, (low, high)) = watermarks(&self.config, topic, partition, cancel)?;
+        let (low, high) = self.watermarks(topic, partition, cancel)?;
         let start = (from as i64).max(low);
         if start >= high {
             return Ok(0);
         }
+        let consumer: BaseConsumer = self.config.create()?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(topic, partition as i32, Offset::Offset(start))?;
         consumer.assign(&tpl)?;
@@ -89,33 +146,6 @@ impl KafkaChangelogReader {
             }
         }
         Ok(seen)
-    }
-}
-
-/// A consumer and the low and high watermarks of a changelog partition, retried while the
-/// broker is away or its partition has no leader yet (a broker that just came back
-/// re-registers its partitions). Each try has a new consumer: one that saw the partition
-/// missing keeps that metadata cached, and would answer "unknown partition" for minutes.
-fn watermarks(
-    config: &ClientConfig,
-    topic: &str,
-    partition: u32,
-    cancel: &AtomicBool,
-) -> Result<(BaseConsumer, (i64, i64)), ReadError> {
-    let start = Instant::now();
-    loop {
-        let consumer: BaseConsumer = config.create()?;
-        match consumer.fetch_watermarks(topic, partition as i32, Duration::from_secs(5)) {
-            Ok(w) => return Ok((consumer, w)),
-            Err(e) if is_restore_transient(&e) && start.elapsed() < READ_TIMEOUT => {
-                if cancel.load(Ordering::SeqCst) {
-                    return Err(cancelled(topic, partition).into());
-                }
-                tracing::debug!(topic, partition, error = %e, "changelog watermarks retry");
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            Err(e) => return Err(e.into()),
-        }
     }
 }
 
