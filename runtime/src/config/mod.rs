@@ -272,7 +272,7 @@ settings! {
         doc "one budget for RocksDB's block cache and memtables and the stores' read caches (an eighth), in bytes (at least 4 MiB)";
     "rocksdb.max.open.files" => rocksdb_max_open_files: MaxOpenFiles = MaxOpenFiles(None),
         shown "-1",
-        doc "bound on the SST files RocksDB keeps open (at least 20; it keeps that many less 10 in its table cache and reopens others as read); `-1` keeps every one open, as RocksDB and Kafka Streams do";
+        doc "bound on the SST files RocksDB keeps open (at least 20; it keeps that many less 10 in its table cache, sharded so that this is a bound, and reopens others as read; only files a running read pins can exceed it); `-1` keeps every one open, as RocksDB and Kafka Streams do";
     "statestore.cache.max.bytes" => statestore_cache_max_bytes: Whole<0> = Whole(10 * MIB),
         shown "10485760",
         doc "the record cache (Kafka Streams' name and default): bytes all sub-tasks together may hold of updates not yet forwarded; an aggregation's consecutive updates of one key between commits then reach its downstream as one record, sent at the commit or when the cache evicts the key; `0` forwards every update at once. Changelogs collapse per commit either way. An aggregation whose results reach a repartition topic does not cache (a replay must resend exactly what it sent there)";
