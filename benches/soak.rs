@@ -398,6 +398,12 @@ fn main() -> Result<(), Error> {
         .chunk_by(|x, y| (x.at as u64) / restart_every == (y.at as u64) / restart_every)
         .map(<[Sample]>::to_vec)
         .collect();
+    // A last period cut short by the end (often a single sample) has no peak to compare.
+    let full = periods.first().map_or(0, Vec::len);
+    let periods: Vec<Vec<Sample>> = periods
+        .into_iter()
+        .filter(|p| 2 * p.len() >= full)
+        .collect();
     let peak = |period: &[Sample], f: fn(&Sample) -> f64| {
         period.iter().map(f).fold(f64::MIN, f64::max).round() as i64
     };
