@@ -123,16 +123,18 @@ fn a_user_moving_region_leaves_one_count_and_joins_the_other() {
         ],
     );
     let out = d.output_topic("counts", StringSerde, I64Serde);
-    // u1 joins r0, u2 joins r0, u1 leaves r0 then joins r1, u2 leaves r0.
+    // u1 joins r0, u2 joins r0, u1 leaves r0 then joins r1, u2 leaves r0. r0 and r1 may sit on
+    // different repartition partitions, which run concurrently: only each region's order is fixed.
+    let mut by_region: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for (region, count) in out.read_key_values() {
+        by_region.entry(region).or_default().push(count);
+    }
     assert_eq!(
-        out.read_key_values(),
-        vec![
-            ("r0".to_string(), 1),
-            ("r0".to_string(), 2),
-            ("r0".to_string(), 1),
-            ("r1".to_string(), 1),
-            ("r0".to_string(), 0),
-        ]
+        by_region,
+        BTreeMap::from([
+            ("r0".to_string(), vec![1, 2, 1, 0]),
+            ("r1".to_string(), vec![1]),
+        ])
     );
     let (all, _) = totals(&d);
     assert_eq!(all.get("r0"), Some(&(0, 0)));

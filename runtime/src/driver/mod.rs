@@ -30,7 +30,9 @@
 //!
 //! `pipe_input` returns once the record and everything it caused (repartition steps included)
 //! has been processed. Internal topics live in memory with the partition count of the topics
-//! that feed them.
+//! that feed them. Their partitions are processed concurrently, as on a broker: an output topic
+//! keeps each key's order, but records that went through different repartition partitions may
+//! come out in either order (Kafka Streams' `TopologyTestDriver` runs one thread and fixes it).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
