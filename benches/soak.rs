@@ -102,11 +102,6 @@ impl Instance {
             .env("RILL_METRICS_ADDR", "off")
             .env("RILL_KAFKA_GROUP_INSTANCE_ID", format!("{app}-{name}"))
             .env("RILL_LOG", "info")
-            // The service reads every RILL_* variable as a config key and refuses unknown ones.
-            .env_remove("RILL_SOAK_SECONDS")
-            .env_remove("RILL_SOAK_RATE")
-            .env_remove("RILL_SOAK_RESTART_SECONDS")
-            .env_remove("RILL_SOAK_MAX_OPEN_FILES")
             .envs(
                 std::env::var("RILL_SOAK_MAX_OPEN_FILES")
                     .ok()
@@ -114,6 +109,12 @@ impl Instance {
             )
             .stdout(log.try_clone()?)
             .stderr(log);
+        // The service reads every RILL_* variable as a config key and refuses unknown ones.
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("RILL_SOAK_") {
+                command.env_remove(name);
+            }
+        }
         Ok(Instance {
             name,
             command,
