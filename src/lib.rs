@@ -56,13 +56,19 @@ pub const PURGE_DELAY_MS: i64 = 100;
 #[link_section = ".init_array"]
 static SET_PURGE_DELAY: extern "C" fn() = set_purge_delay;
 
+/// mimalloc's option number of the purge delay (`mi_option_purge_delay` of mimalloc 3's
+/// `mimalloc.h`, between the bindings' `eager_commit_delay` 14 and `use_numa_nodes` 16, which
+/// do not name it).
+#[cfg(all(feature = "mimalloc", target_os = "linux"))]
+pub const MI_OPTION_PURGE_DELAY: i32 = 15;
+
 #[cfg(all(feature = "mimalloc", target_os = "linux"))]
 extern "C" fn set_purge_delay() {
-    /// `mi_option_purge_delay` of mimalloc 3's `mimalloc.h` (the Rust bindings do not name it).
-    const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
     // SAFETY: sets a default in mimalloc's option table; an environment variable read later
     // still wins.
-    unsafe { libmimalloc_sys::mi_option_set_default(PURGE_DELAY, PURGE_DELAY_MS as _) }
+    unsafe {
+        libmimalloc_sys::mi_option_set_default(MI_OPTION_PURGE_DELAY as _, PURGE_DELAY_MS as _)
+    }
 }
 
 pub use rill_runtime as runtime;

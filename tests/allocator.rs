@@ -29,10 +29,8 @@ fn c_malloc_is_mimalloc() {
 /// goes back to the system within tens of milliseconds, not seconds.
 #[test]
 fn freed_memory_is_purged_soon() {
-    /// `mi_option_purge_delay` of mimalloc 3's `mimalloc.h`.
-    const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
     // SAFETY: reads an option.
-    let delay = unsafe { libmimalloc_sys::mi_option_get(PURGE_DELAY) };
+    let delay = unsafe { libmimalloc_sys::mi_option_get(rill::MI_OPTION_PURGE_DELAY as _) };
     match std::env::var("MIMALLOC_PURGE_DELAY") {
         Ok(set) => assert_eq!(delay.to_string(), set.trim(), "the environment wins"),
         Err(_) => assert_eq!(delay as i64, rill::PURGE_DELAY_MS),
