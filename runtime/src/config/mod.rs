@@ -318,7 +318,7 @@ settings! {
 const MIB: u64 = 1 << 20;
 
 /// The meaning of the `kafka.*` row of the key table.
-const KAFKA_DOC: &str = "passed to librdkafka without the prefix (settings that break the idempotent producer are refused); rill's defaults of its own: `metadata.recovery.rebootstrap.trigger.ms=15000` (librdkafka: 300000), because a single broker that comes back from a long pause can answer metadata with no brokers for a moment, after which librdkafka forgets every broker until this trigger; for the consumer `fetch.wait.max.ms=10` (500: a resumed partition waited for the outstanding long poll), `queued.min.messages=10000` (100000: librdkafka's prefetch of small records cost ~100 MiB of peak RSS with 32 partitions, S2 and S3 as fast)";
+const KAFKA_DOC: &str = "passed to librdkafka without the prefix (settings that break the idempotent producer are refused); rill's defaults of its own: `metadata.recovery.rebootstrap.trigger.ms=15000` (librdkafka: 300000), because a single broker that comes back from a long pause can answer metadata with no brokers for a moment, after which librdkafka forgets every broker until this trigger; for the consumer `fetch.wait.max.ms=10` (500: a resumed partition waited for the outstanding long poll), `max.partition.fetch.bytes=65536` and `queued.min.messages=2000` (1048576 and 100000: librdkafka holds every prefetched record as a ~250 B op, and one fetch of 1 MiB per partition is ~30k small records; raise the first for records of many KiB)";
 
 /// The key table as the README shows it (Markdown), `kafka.*` last.
 pub fn key_table() -> String {
