@@ -148,7 +148,10 @@ fn bare_loop(a: &BTreeMap<String, String>) {
     let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
         .set("bootstrap.servers", &a["bootstrap"])
         .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
+        .set(
+            "linger.ms",
+            std::env::var("RILL_BENCH_BARE_LINGER").unwrap_or("5".into()),
+        )
         .set("compression.type", "lz4")
         .set("partitioner", "murmur2_random")
         .set("socket.nagle.disable", "true")

@@ -11,7 +11,8 @@
 //! added to every rill system's own), `RILL_BENCH_SYSTEMS` (the systems to run, `;`-separated:
 //! `=name` picks that name, anything else every name containing it), `RILL_BENCH_S1_RECORDS` (S1's
 //! input, 10,000 records by default; more for steady-state development runs), `RILL_BENCH_LOG` (the rill child's log filter, `RILL_LOG` syntax, `warn`
-//! by default; its log is `benches/results/tmp/<run>.log`).
+//! by default; its log is `benches/results/tmp/<run>.log`), `RILL_BENCH_BARE_LINGER` (the bare
+//! loop's producer `linger.ms`, 5 as rill's by default; for latency experiments).
 //! Before each run the orchestrator `sync`s, so that what the previous run left dirty in the
 //! page cache is not written back during the next one.
 //!
