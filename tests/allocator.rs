@@ -36,3 +36,22 @@ fn freed_memory_is_purged_soon() {
         Err(_) => assert_eq!(delay as i64, rill::PURGE_DELAY_MS),
     }
 }
+
+/// `rill::MI_OPTION_PURGE_DELAY` is the option `MIMALLOC_PURGE_DELAY` sets: this test binary,
+/// run again with the variable, must read it back through that number (a renumbering in a
+/// mimalloc upgrade would read another option).
+#[test]
+fn the_option_number_is_the_purge_delay() {
+    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "freed_memory_is_purged_soon", "--test-threads=1"])
+        .env("MIMALLOC_PURGE_DELAY", "37")
+        .output()
+        .expect("run the test binary");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "with MIMALLOC_PURGE_DELAY=37 option {} did not read 37:\n{stdout}{}",
+        rill::MI_OPTION_PURGE_DELAY,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
