@@ -23,11 +23,40 @@ const READ_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct KafkaChangelogReader {
     config: ClientConfig,
     /// The consumer every restore thread asks for watermarks (librdkafka clients are
-    /// thread-safe), so an empty changelog costs no client of its own. Invariant: it is
-    /// replaced, never reused, after a transient error, because a consumer that saw a
-    /// partition missing keeps that metadata cached and would answer "unknown partition" for
-    /// minutes. The lock is held only to clone or swap the `Arc`, never across a broker call.
-    probe: Mutex<Option<Arc<BaseConsumer>>>,
+    /// thread-safe), so an empty changelog costs no client of its own, and how many reads run.
+    /// Invariants: the consumer is replaced, never reused, after a transient error, because a
+    /// consumer that saw a partition missing keeps that metadata cached and would answer
+    /// "unknown partition" for minutes; it is dropped when the last running read ends (a
+    /// service restores at assignment, then runs for days). The lock is held only to count and
+    /// to create, clone or swap the consumer, never across a broker call.
+    probe: Mutex<Probe>,
+}
+
+/// The shared watermark consumer and the reads that may use it.
+#[derive(Default)]
+struct Probe {
+    consumer: Option<Arc<BaseConsumer>>,
+    reads: usize,
+}
+
+/// Counts a running read; the last one to end drops the shared consumer.
+struct RunningRead<'a>(&'a Mutex<Probe>);
+
+impl<'a> RunningRead<'a> {
+    fn new(probe: &'a Mutex<Probe>) -> Self {
+        probe.lock().unwrap_or_else(PoisonError::into_inner).reads += 1;
+        RunningRead(probe)
+    }
+}
+
+impl Drop for RunningRead<'_> {
+    fn drop(&mut self) {
+        let mut probe = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        probe.reads -= 1;
+        if probe.reads == 0 {
+            probe.consumer = None;
+        }
+    }
 }
 
 impl KafkaChangelogReader {
@@ -53,26 +82,31 @@ impl KafkaChangelogReader {
         }
         KafkaChangelogReader {
             config,
-            probe: Mutex::new(None),
+            probe: Mutex::default(),
         }
     }
 
     /// The shared watermark consumer, created on first use or after a transient error.
     fn probe(&self) -> Result<Arc<BaseConsumer>, KafkaError> {
         let mut probe = self.probe.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(consumer) = probe.as_ref() {
+        if let Some(consumer) = probe.consumer.as_ref() {
             return Ok(Arc::clone(consumer));
         }
+        // Created under the lock: one client, not one per thread that found none.
         let consumer = Arc::new(self.config.create::<BaseConsumer>()?);
-        *probe = Some(Arc::clone(&consumer));
+        probe.consumer = Some(Arc::clone(&consumer));
         Ok(consumer)
     }
 
     /// Drops `failed` as the shared consumer, unless another thread has replaced it already.
     fn discard_probe(&self, failed: &Arc<BaseConsumer>) {
         let mut probe = self.probe.lock().unwrap_or_else(PoisonError::into_inner);
-        if probe.as_ref().is_some_and(|p| Arc::ptr_eq(p, failed)) {
-            *probe = None;
+        if probe
+            .consumer
+            .as_ref()
+            .is_some_and(|p| Arc::ptr_eq(p, failed))
+        {
+            probe.consumer = None;
         }
     }
 
@@ -198,6 +232,7 @@ impl ChangelogReader for KafkaChangelogReader {
         cancel: &AtomicBool,
         visit: &mut dyn FnMut(u64, RawRecord) -> Result<(), EngineError>,
     ) -> Result<u64, EngineError> {
+        let _running = RunningRead::new(&self.probe);
         self.read_kafka(topic, partition, from, cancel, visit)
             .map_err(|e| match e {
                 ReadError::Engine(e) => e,
@@ -207,5 +242,61 @@ impl ChangelogReader for KafkaChangelogReader {
                     message: other.to_string(),
                 },
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn has_probe(reader: &KafkaChangelogReader) -> bool {
+        reader.probe.lock().unwrap().consumer.is_some()
+    }
+
+    /// The shared watermark consumer lives while reads run and is gone when the last one ends.
+    #[test]
+    #[ignore = "needs the broker of scripts/kafka (RILL_TEST_BOOTSTRAP); scripts/test runs it"]
+    fn the_watermark_consumer_lives_only_while_reads_run() {
+        let bootstrap = std::env::var("RILL_TEST_BOOTSTRAP").expect("RILL_TEST_BOOTSTRAP");
+        let config = crate::kafka::admin::client_config(&bootstrap, &BTreeMap::new());
+        let (full, empty) = (
+            format!("probe-full-{}", std::process::id()),
+            format!("probe-empty-{}", std::process::id()),
+        );
+        crate::kafka::admin::create_topics(
+            &config,
+            &[(full.clone(), 1), (empty.clone(), 1)],
+            Duration::from_secs(30),
+        )
+        .expect("topics");
+        let producer: rdkafka::producer::BaseProducer = config.create().expect("producer");
+        for i in 0..3 {
+            producer
+                .send(rdkafka::producer::BaseRecord::<[u8], [u8]>::to(&full).payload(&[i][..]))
+                .expect("send");
+        }
+        rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30)).expect("flush");
+
+        let reader = KafkaChangelogReader::new(config);
+        let cancel = AtomicBool::new(false);
+        let mut probe_seen = Vec::new();
+        let read = reader
+            .read(&full, 0, 0, &cancel, &mut |_, _| {
+                probe_seen.push(has_probe(&reader));
+                Ok(())
+            })
+            .expect("read");
+        assert_eq!(read, 3);
+        assert_eq!(probe_seen, [true; 3], "the consumer serves the read");
+        assert!(!has_probe(&reader), "dropped when the last read ended");
+        let read = reader
+            .read(&empty, 0, 0, &cancel, &mut |_, _| Ok(()))
+            .expect("read an empty changelog");
+        assert_eq!(read, 0);
+        assert!(
+            !has_probe(&reader),
+            "dropped after a read with nothing to read too"
+        );
     }
 }
