@@ -106,15 +106,7 @@ fn memory() -> Result<(), Error> {
     }
     println!("produced {keys} records in {:?}", started.elapsed());
     let state = tempfile::tempdir()?;
-    let config = ConfigBuilder::new()
-        .set("application.id", format!("mem-{stamp}"))
-        .set("bootstrap.servers", &bootstrap)
-        .set("parallelising.factor", p)
-        .set("state.dir", state.path().display())
-        .set("rocksdb.memory.bytes", 256u64 << 20)
-        .set("metrics.addr", "127.0.0.1:0")
-        .with_env()
-        .build()?;
+    let config = memory_config(&bootstrap, stamp, p, state.path(), "127.0.0.1:0")?;
     let runtime = Runtime::new(count_topology(&input, &output)?, config)?;
     let before = rss_mib();
     let running = runtime.start()?;
@@ -169,6 +161,25 @@ fn memory() -> Result<(), Error> {
     restore(&bootstrap, stamp, &input, &output, p, keys)
 }
 
+/// The config of both instances of `memory`: one application, a 256 MiB RocksDB budget.
+fn memory_config(
+    bootstrap: &str,
+    stamp: u32,
+    p: usize,
+    state: &std::path::Path,
+    metrics_addr: &str,
+) -> Result<rill::runtime::Config, Error> {
+    Ok(ConfigBuilder::new()
+        .set("application.id", format!("mem-{stamp}"))
+        .set("bootstrap.servers", bootstrap)
+        .set("parallelising.factor", p)
+        .set("state.dir", state.display())
+        .set("rocksdb.memory.bytes", 256u64 << 20)
+        .set("metrics.addr", metrics_addr)
+        .with_env()
+        .build()?)
+}
+
 /// The second half of `memory`: a new instance of the same application with an empty state
 /// directory (a lost disk) restores the 1M keys from the changelogs; its peak RSS counts from
 /// here (`clear_refs` resets `VmHWM`).
@@ -182,15 +193,7 @@ fn restore(
 ) -> Result<(), Error> {
     std::fs::write("/proc/self/clear_refs", "5")?;
     let state = tempfile::tempdir()?;
-    let config = ConfigBuilder::new()
-        .set("application.id", format!("mem-{stamp}"))
-        .set("bootstrap.servers", bootstrap)
-        .set("parallelising.factor", p)
-        .set("state.dir", state.path().display())
-        .set("rocksdb.memory.bytes", 256u64 << 20)
-        .set("metrics.addr", "off")
-        .with_env()
-        .build()?;
+    let config = memory_config(bootstrap, stamp, p, state.path(), "off")?;
     let runtime = Runtime::new(count_topology(input, output)?, config)?;
     let before = rss_mib();
     let started = Instant::now();
