@@ -42,7 +42,7 @@ use super::applied::AppliedAbove;
 use super::config::{AsyncConfig, ProcessingOrder};
 use super::env::Env;
 use super::record_errors::{record_error_node, Failed};
-use super::subtask::{Core, Input, SubTask, SubTaskId, Work};
+use super::subtask::{Core, Input, SubTask, SubTaskId};
 use super::{EngineError, Shared, Source};
 
 /// Completed offsets a range may list above its lowest open one before it admits no more
@@ -634,7 +634,7 @@ fn spawn_driver(
 }
 
 /// Runs a sub-task's calls, with retries, and queues their answers in its mailbox: all the
-/// answers one poll found in one [`Work::Completed`]. One task per sub-task rather than one
+/// answers one poll found in one [`super::subtask::Work::Completed`]. One task per sub-task rather than one
 /// per call: a call costs a poll, not a spawn from outside the runtime and a mailbox push each,
 /// and a sub-task that wakes takes many answers at once. Like `buffer_unordered`, one task
 /// polls the calls of its sub-task, so CPU-heavy work inside a call holds up the others of
@@ -690,7 +690,7 @@ fn deliver(me: &Weak<SubTask>, shared: &Weak<Shared>, answered: Vec<Completion>)
     let n = answered.len();
     shared.metrics.async_in_flight.decrement(n as f64);
     if let Some(subtask) = me.upgrade() {
-        subtask.push(Work::Completed(answered), &shared);
+        subtask.push_answers(answered, &shared);
     }
     shared.work_done(n);
 }
@@ -754,7 +754,8 @@ impl Drop for LiveDriver {
 pub(crate) struct AsyncRuntime(Option<tokio::runtime::Runtime>);
 
 impl AsyncRuntime {
-    /// Two worker threads: calls wait on I/O, the CPU work is the sub-tasks'.
+    /// Two worker threads: calls wait on I/O, and the CPU work is the sub-tasks' (a batch of
+    /// answers is handled on the thread that polled it only when no job runs its sub-task).
     pub fn new() -> Result<Self, EngineError> {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

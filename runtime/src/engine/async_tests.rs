@@ -296,6 +296,8 @@ fn run_changing(
     feed_from(&mut e, &input, fed, input.len(), 7);
     prop_assert!(e.wait_idle(Duration::from_secs(60)), "the run finished");
     prop_assert!(e.failure().is_none(), "{:?}", e.failure());
+    // The settles' durable commits, made when their last call answered, waited on a worker.
+    prop_assert_eq!(super::subtask::WAITS_ON_RUNTIME.load(Ordering::SeqCst), 0);
     let mut outputs = BTreeMap::new();
     last_outputs(&sink, &mut outputs);
     prop_assert_eq!(&outputs, &oracle(&input), "final output per key");

@@ -331,6 +331,7 @@ impl Core {
                 return Ok(true);
             };
             if wait {
+                super::subtask::note_blocking_wait();
                 self.deliveries.hurry_through_unless(
                     sealed.epoch,
                     shared.sink.as_ref(),

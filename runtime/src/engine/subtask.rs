@@ -5,9 +5,14 @@
 //!    spawns one job on the pool. So at most one job runs a sub-task at any time, which is what
 //!    keeps the records of a key in offset order.
 //! 2. The job takes a batch of at most `BATCH` items, processes it under the `core` lock and
-//!    re-spawns itself, so a busy range yields the pool to others between batches.
-//! 3. When it finds the mailbox empty it clears `scheduled`, then looks once more: work appended
-//!    between the look and the clear would otherwise wait forever.
+//!    re-spawns itself while work is left, so a busy range yields the pool to others between
+//!    batches.
+//! 3. When it finds the mailbox empty (before or after a batch) it clears `scheduled`, then
+//!    looks once more: work appended between the look and the clear would otherwise wait
+//!    forever.
+//! 4. An async stage's answers are the one exception to "jobs run on the pool": the runtime
+//!    thread that queues them takes `scheduled` itself and handles them at once when it may
+//!    (see [`SubTask::push_answers`]), then leaves any other work to a pool job.
 //!
 //! A range commit is an item in the mailbox, so it covers exactly the records dispatched before
 //! it, and each range commits on its own without waiting for the others (individual commit; the
@@ -148,6 +153,13 @@ pub(crate) struct SubTask {
     pub done: AtomicU64,
     /// True from the spawn of a job until that job has seen an empty mailbox (see module doc).
     scheduled: AtomicBool,
+    /// Whether answers may be handled on the runtime thread that queues them (see
+    /// [`SubTask::push_answers`]). Invariant: written only at the end of a job, under the
+    /// `core` lock, and read only by the thread that then takes `scheduled`; so it tells that
+    /// thread the state the last job left: an async stage, no durable commit waiting for its
+    /// calls (handling the last answer makes that commit, which blocks on acknowledgements),
+    /// not failed, not fenced.
+    inline_ok: AtomicBool,
     /// Under `exactly_once_v2`: set by the job that handles a [`Work::Seal`], cleared by the
     /// engine once the transaction committed. Invariant: while set, no job takes work from the
     /// mailbox, so nothing is processed or sent outside the transaction it belongs to.
@@ -267,6 +279,7 @@ impl SubTask {
                 depth: AtomicUsize::new(0),
                 done: AtomicU64::new(0),
                 scheduled: AtomicBool::new(false),
+                inline_ok: AtomicBool::new(false),
                 parked: AtomicBool::new(false),
                 core: Mutex::new(core),
             }),
@@ -293,6 +306,28 @@ impl SubTask {
         shared.work_added(1);
         self.mailbox.lock().push_back(work);
         if !self.scheduled.swap(true, Ordering::SeqCst) {
+            Arc::clone(self).spawn(shared);
+        }
+    }
+
+    /// Queues an async stage's answers. When no job runs the sub-task and it may
+    /// (`inline_ok`), the calling runtime thread handles them itself rather than spawning a pool
+    /// job: a batch of answers then costs no hand-off to a worker and back (its next calls go
+    /// to the driver this thread is polling). It handles answers only, one batch; whatever else
+    /// is queued goes to a pool job as usual.
+    pub(super) fn push_answers(self: &Arc<Self>, answers: Vec<Completion>, shared: &Arc<Shared>) {
+        shared.work_added(1);
+        self.mailbox.lock().push_back(Work::Completed(answers));
+        if self.scheduled.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if self.inline_ok.load(Ordering::SeqCst) {
+            shared.jobs.fetch_add(1, Ordering::SeqCst);
+            ON_RUNTIME.set(true);
+            Arc::clone(self).run(Arc::clone(shared), On::Runtime);
+            ON_RUNTIME.set(false);
+            shared.jobs.fetch_sub(1, Ordering::SeqCst);
+        } else {
             Arc::clone(self).spawn(shared);
         }
     }
@@ -333,17 +368,26 @@ impl SubTask {
         let sh = Arc::clone(shared);
         shared.pool.spawn(move || {
             let sh2 = Arc::clone(&sh);
-            self.run(sh);
+            self.run(sh, On::Pool);
             sh2.jobs.fetch_sub(1, Ordering::SeqCst);
         });
     }
 
-    fn run(self: Arc<Self>, shared: Arc<Shared>) {
+    fn run(self: Arc<Self>, shared: Arc<Shared>, on: On) {
         let batch: Vec<Work> = if self.parked.load(Ordering::SeqCst) {
             Vec::new()
         } else {
             let mut q = self.mailbox.lock();
-            let n = q.len().min(BATCH);
+            let n = match on {
+                On::Pool => q.len().min(BATCH),
+                // Answers only: other work may block (a durable commit waits for
+                // acknowledgements) and belongs on the pool.
+                On::Runtime => q
+                    .iter()
+                    .take(BATCH)
+                    .take_while(|w| matches!(w, Work::Completed(_)))
+                    .count(),
+            };
             q.drain(..n).collect()
         };
         if batch.is_empty() {
@@ -409,6 +453,10 @@ impl SubTask {
             }
             // With an async stage, a record leaves the sub-task's queue when it starts.
             let failed = core.failed || core.fence.is_fenced();
+            self.inline_ok.store(
+                !failed && core.asyncs.as_ref().is_some_and(|a| !a.durable_pending()),
+                Ordering::SeqCst,
+            );
             if let Some(stage) = core.asyncs.as_mut() {
                 records = stage.take_released();
                 if failed {
@@ -421,13 +469,42 @@ impl SubTask {
         self.depth.fetch_sub(records, Ordering::SeqCst);
         self.done.fetch_add(records as u64, Ordering::Relaxed);
         shared.work_done(n);
-        if self.parked.load(Ordering::SeqCst) {
+        // An emptied mailbox ends the job here rather than in a job of its own: a batch of
+        // answers handled on the runtime thread then wakes no worker.
+        if self.parked.load(Ordering::SeqCst) || self.mailbox.lock().is_empty() {
             self.stand_down(&shared);
             return;
         }
-        // Yield the worker between batches; the next job finds the mailbox empty or not.
+        // Yield the worker between batches, so other ranges' jobs run before this one's next.
         self.spawn(&shared);
     }
+}
+
+thread_local! {
+    /// Set while this thread (an async runtime's) runs a job (see [`SubTask::push_answers`]).
+    static ON_RUNTIME: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Waits for acknowledgements made on an async runtime's thread: none may be (the runtime's
+/// other calls would stall behind it), and the tests check this count stays 0.
+#[cfg(test)]
+pub(super) static WAITS_ON_RUNTIME: AtomicUsize = AtomicUsize::new(0);
+
+/// Notes a wait for acknowledgements on this thread (see [`WAITS_ON_RUNTIME`]).
+pub(super) fn note_blocking_wait() {
+    #[cfg(test)]
+    if ON_RUNTIME.get() {
+        WAITS_ON_RUNTIME.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Where a sub-task's job runs.
+#[derive(Clone, Copy)]
+enum On {
+    /// A worker of the pool: any work.
+    Pool,
+    /// The async runtime thread that queued answers: those answers only.
+    Runtime,
 }
 
 impl Core {
