@@ -634,9 +634,9 @@ fn spawn_driver(
 }
 
 /// Runs a sub-task's calls, with retries, and queues their answers in its mailbox: all the
-/// answers one poll found in one [`super::subtask::Work::Completed`]. One task per sub-task rather than one
-/// per call: a call costs a poll, not a spawn from outside the runtime and a mailbox push each,
-/// and a sub-task that wakes takes many answers at once. Like `buffer_unordered`, one task
+/// answers one poll found in one [`super::subtask::Work::Completed`]. One task per sub-task
+/// rather than one per call: a call costs a poll, not a spawn from outside the runtime and a
+/// mailbox push each, and a sub-task that wakes takes many answers at once. Like `buffer_unordered`, one task
 /// polls the calls of its sub-task, so CPU-heavy work inside a call holds up the others of
 /// that sub-task (it belongs in a blocking stage or `spawn_blocking`).
 async fn drive(
