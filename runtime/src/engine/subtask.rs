@@ -323,8 +323,10 @@ impl SubTask {
         }
         if self.inline_ok.load(Ordering::SeqCst) {
             shared.jobs.fetch_add(1, Ordering::SeqCst);
+            #[cfg(test)]
             ON_RUNTIME.set(true);
             Arc::clone(self).run(Arc::clone(shared), On::Runtime);
+            #[cfg(test)]
             ON_RUNTIME.set(false);
             shared.jobs.fetch_sub(1, Ordering::SeqCst);
         } else {
@@ -480,8 +482,10 @@ impl SubTask {
     }
 }
 
+#[cfg(test)]
 thread_local! {
-    /// Set while this thread (an async runtime's) runs a job (see [`SubTask::push_answers`]).
+    /// Set while this thread (an async runtime's) runs a job (see [`SubTask::push_answers`]);
+    /// kept for the tests' count only.
     static ON_RUNTIME: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
