@@ -61,6 +61,7 @@ pub use ids::{TaskId, TopicPartition};
 pub use origin::topic_id;
 pub use progress::ProgressTracker;
 pub use stats::EngineStats;
+pub use subtask::{Burst, HERE_MAX};
 pub use task::{PriorClaim, Resume, Revoked};
 
 use commit::CommitReport;

@@ -10,9 +10,12 @@
 //! 3. When it finds the mailbox empty (before or after a batch) it clears `scheduled`, then
 //!    looks once more: work appended between the look and the clear would otherwise wait
 //!    forever.
-//! 4. An async stage's answers are the one exception to "jobs run on the pool": the runtime
-//!    thread that queues them takes `scheduled` itself and handles them at once when it may
-//!    (see [`SubTask::push_answers`]), then leaves any other work to a pool job.
+//! 4. Two exceptions to "jobs run on the pool", both taking `scheduled` like a spawn would:
+//!    the async runtime thread that queues a stage's answers handles them at once when it may
+//!    (see [`SubTask::push_answers`]); and the source thread, at the end of a small [`Burst`]
+//!    of records while the pool runs nothing, runs the records itself when their sub-task's
+//!    items are known to be quick (see [`Burst::end`]). Either leaves any other work to a pool
+//!    job.
 //!
 //! A range commit is an item in the mailbox, so it covers exactly the records dispatched before
 //! it, and each range commits on its own without waiting for the others (individual commit; the
@@ -160,6 +163,10 @@ pub(crate) struct SubTask {
     /// calls (handling the last answer makes that commit, which blocks on acknowledgements),
     /// not failed, not fenced.
     inline_ok: AtomicBool,
+    /// Nanoseconds a batch's item took, averaged over recent batches (written by the running
+    /// job only): a sub-task whose records block or compute at length never runs on the source
+    /// thread (see [`Burst::end`]).
+    item_nanos: AtomicU64,
     /// Under `exactly_once_v2`: set by the job that handles a [`Work::Seal`], cleared by the
     /// engine once the transaction committed. Invariant: while set, no job takes work from the
     /// mailbox, so nothing is processed or sent outside the transaction it belongs to.
@@ -280,6 +287,7 @@ impl SubTask {
                 done: AtomicU64::new(0),
                 scheduled: AtomicBool::new(false),
                 inline_ok: AtomicBool::new(false),
+                item_nanos: AtomicU64::new(u64::MAX),
                 parked: AtomicBool::new(false),
                 core: Mutex::new(core),
             }),
@@ -305,7 +313,16 @@ impl SubTask {
         }
         shared.work_added(1);
         self.mailbox.lock().push_back(work);
-        if !self.scheduled.swap(true, Ordering::SeqCst) {
+        let deferred = HELD_KICKS.with(|h| match h.borrow_mut().as_mut() {
+            Some(held) => {
+                if !held.iter().any(|(s, _)| Arc::ptr_eq(s, self)) {
+                    held.push((Arc::clone(self), Arc::clone(shared)));
+                }
+                true
+            }
+            None => false,
+        });
+        if !deferred && !self.scheduled.swap(true, Ordering::SeqCst) {
             Arc::clone(self).spawn(shared);
         }
     }
@@ -389,6 +406,12 @@ impl SubTask {
                     .take(BATCH)
                     .take_while(|w| matches!(w, Work::Completed(_)))
                     .count(),
+                // Records only, and few: the source thread goes back to polling soon.
+                On::Source => q
+                    .iter()
+                    .take(HERE_MAX)
+                    .take_while(|w| matches!(w, Work::Record(_)))
+                    .count(),
             };
             q.drain(..n).collect()
         };
@@ -398,6 +421,7 @@ impl SubTask {
         }
         let mut n = 0;
         let mut records = 0;
+        let started = std::time::Instant::now();
         {
             let mut core = self.core.lock();
             let mut batch = batch.into_iter();
@@ -468,6 +492,14 @@ impl SubTask {
                 }
             }
         }
+        if n > 0 {
+            let took = u64::try_from(started.elapsed().as_nanos() / n as u128).unwrap_or(u64::MAX);
+            let avg = match self.item_nanos.load(Ordering::Relaxed) {
+                u64::MAX => took,
+                avg => avg - avg / 8 + took / 8,
+            };
+            self.item_nanos.store(avg, Ordering::Relaxed);
+        }
         self.depth.fetch_sub(records, Ordering::SeqCst);
         self.done.fetch_add(records as u64, Ordering::Relaxed);
         shared.work_done(n);
@@ -481,6 +513,79 @@ impl SubTask {
         self.spawn(&shared);
     }
 }
+
+type HeldKicks = Option<Vec<(Arc<SubTask>, Arc<Shared>)>>;
+
+thread_local! {
+    /// Sub-tasks given work on this thread inside a [`Burst`], to make sure a job runs them at its end.
+    static HELD_KICKS: std::cell::RefCell<HeldKicks> = const { std::cell::RefCell::new(None) };
+}
+
+/// While alive, work pushed on this thread starts no pool job until the burst ends: a burst of
+/// records then wakes each sub-task's job once, not once per record. Invariant: every
+/// sub-task given work inside a burst is in `HELD_KICKS` until the burst starts its job (at
+/// its end, when dropped, or at a [`Burst::release`]); the thread must not wait for sub-tasks
+/// while it holds any (tests: `records_of_a_burst_run_once_each_in_order_wherever_they_run`).
+pub struct Burst(());
+
+impl Burst {
+    /// Starts holding back jobs on this thread.
+    pub fn begin() -> Burst {
+        HELD_KICKS.with(|h| {
+            h.borrow_mut().get_or_insert_with(Vec::new);
+        });
+        Burst(())
+    }
+
+    /// Starts the jobs held back so far on this thread; the burst goes on. Called before this
+    /// thread may wait for sub-tasks (a rebalance callback inside a poll of the burst).
+    pub fn release() {
+        let held = HELD_KICKS.with(|h| h.borrow_mut().as_mut().map(std::mem::take));
+        for (sub, shared) in held.unwrap_or_default() {
+            if !sub.scheduled.swap(true, Ordering::SeqCst) {
+                sub.spawn(&shared);
+            }
+        }
+    }
+
+    /// Ends the burst. With `here`, a sub-task that no job runs, while the pool runs no job at
+    /// all, has its records run on this thread instead (at most [`HERE_MAX`]): at a low rate a
+    /// record then costs no wake of a worker, nor the worker's idling after it.
+    pub fn end(self, here: bool) {
+        let held = HELD_KICKS
+            .with(|h| h.borrow_mut().take())
+            .unwrap_or_default();
+        for (sub, shared) in held {
+            if sub.scheduled.swap(true, Ordering::SeqCst) {
+                continue;
+            }
+            if here
+                && shared.jobs.load(Ordering::SeqCst) == 0
+                && sub.item_nanos.load(Ordering::Relaxed) <= HERE_ITEM_NANOS
+            {
+                shared.jobs.fetch_add(1, Ordering::SeqCst);
+                Arc::clone(&sub).run(Arc::clone(&shared), On::Source);
+                shared.jobs.fetch_sub(1, Ordering::SeqCst);
+            } else {
+                sub.spawn(&shared);
+            }
+        }
+    }
+}
+
+impl Drop for Burst {
+    fn drop(&mut self) {
+        Burst::release();
+        HELD_KICKS.with(|h| h.borrow_mut().take());
+    }
+}
+
+/// Most records a burst's thread runs itself per sub-task (see [`Burst::end`]).
+pub const HERE_MAX: usize = 8;
+
+/// A sub-task runs on the source thread only while its items take at most this long on
+/// average (see [`SubTask::item_nanos`]): the source must not stop polling for long.
+const HERE_ITEM_NANOS: u64 = 20_000;
 
 #[cfg(test)]
 thread_local! {
@@ -509,6 +614,8 @@ enum On {
     Pool,
     /// The async runtime thread that queued answers: those answers only.
     Runtime,
+    /// The source thread at the end of a small burst: its records only (see [`Burst::end`]).
+    Source,
 }
 
 impl Core {

@@ -319,3 +319,155 @@ fn revoked_partitions_drain_together_within_one_timeout() {
     *open.lock().unwrap() = true;
     cv.notify_all();
 }
+
+/// Who processed which record: (key, offset in the value, thread name).
+type Seen = Arc<StdMutex<Vec<(String, u64, String)>>>;
+
+/// P = 2 over 2 workers; each record's value is its offset, and a record of key `slow` sleeps
+/// 2 ms (longer than a record may take on the source thread).
+fn burst_engine(seen: &Seen) -> Engine {
+    let seen = seen.clone();
+    let builder = StreamsBuilder::new();
+    builder
+        .stream("in", StringSerde, StringSerde)
+        .peek(move |k: Option<&String>, v: &String| {
+            let k = k.cloned().unwrap_or_default();
+            if k == "slow" {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            seen.lock().unwrap_or_else(|e| e.into_inner()).push((
+                k,
+                v.parse().unwrap_or(u64::MAX),
+                name,
+            ));
+        })
+        .to("out");
+    two_range_engine(builder, 1000, Arc::new(MemorySink::new()))
+}
+
+fn dispatch_value(e: &mut Engine, offset: u64, key: &str) {
+    let mut r = raw(key);
+    r.value = Some(offset.to_string().into_bytes());
+    assert_eq!(e.dispatch("in", 0, offset, r).unwrap(), Dispatch::Queued);
+}
+
+/// Records of a burst all run, in offset order per key: on the pool when the burst ends
+/// without `here`, when it is dropped (an error path) or released (a rebalance inside it),
+/// and on the burst's own thread at a low rate once their sub-task is known to be quick.
+#[test]
+fn records_of_a_burst_run_once_each_in_order_wherever_they_run() {
+    let seen: Seen = Arc::default();
+    let mut e = burst_engine(&seen);
+    let me = std::thread::current().name().unwrap_or("").to_string();
+    let keys = ["a", "b", "c", "d"];
+    let mut offset = 0;
+    // Not known quick yet (nothing ran): the pool runs them although `here` is asked.
+    let burst = Burst::begin();
+    for k in keys {
+        dispatch_value(&mut e, offset, k);
+        offset += 1;
+    }
+    burst.end(true);
+    assert!(e.wait_idle(Duration::from_secs(20)));
+    // Dropped without an end: every held job still starts.
+    {
+        let _burst = Burst::begin();
+        for k in keys {
+            dispatch_value(&mut e, offset, k);
+            offset += 1;
+        }
+    }
+    assert!(
+        e.wait_idle(Duration::from_secs(20)),
+        "a dropped burst lost its jobs"
+    );
+    // Released inside the burst: the jobs start before it ends.
+    let burst = Burst::begin();
+    for k in keys {
+        dispatch_value(&mut e, offset, k);
+        offset += 1;
+    }
+    Burst::release();
+    assert!(
+        e.wait_idle(Duration::from_secs(20)),
+        "released jobs did not run"
+    );
+    burst.end(true);
+    // Quick sub-tasks, an idle pool, a small burst: run here (a preempted batch can make a
+    // sub-task look slow for a while, so not every one need).
+    let here_from = offset;
+    for _ in 0..50 {
+        while e.shared.jobs.load(Ordering::SeqCst) > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let burst = Burst::begin();
+        dispatch_value(&mut e, offset, keys[offset as usize % keys.len()]);
+        offset += 1;
+        burst.end(true);
+        assert!(e.wait_idle(Duration::from_secs(20)));
+    }
+    let seen = seen.lock().unwrap().clone();
+    let mut offsets: Vec<u64> = seen.iter().map(|s| s.1).collect();
+    offsets.sort_unstable();
+    assert_eq!(offsets, (0..offset).collect::<Vec<_>>(), "each record once");
+    for k in keys {
+        let of_key: Vec<u64> = seen.iter().filter(|s| s.0 == k).map(|s| s.1).collect();
+        assert!(of_key.windows(2).all(|w| w[0] < w[1]), "{k}: {of_key:?}");
+    }
+    assert!(
+        seen.iter().filter(|s| s.1 < 4).all(|s| s.2 != me),
+        "an unmeasured sub-task ran on the burst's thread: {seen:?}"
+    );
+    assert!(
+        seen.iter().any(|s| s.1 >= here_from && s.2 == me),
+        "no record of a small burst over quick sub-tasks and an idle pool ran here: {seen:?}"
+    );
+}
+
+/// The burst's thread runs no sub-task whose records take long, nor any while the pool works:
+/// the source must go back to polling.
+#[test]
+fn a_burst_leaves_slow_sub_tasks_and_a_busy_pool_to_the_workers() {
+    let seen: Seen = Arc::default();
+    let mut e = burst_engine(&seen);
+    let me = std::thread::current().name().unwrap_or("").to_string();
+    let slow_range = range_of(key_hash(b"slow"), 2);
+    let quick = key_outside(slow_range);
+    let mut offset = 0;
+    for _ in 0..8 {
+        dispatch_value(&mut e, offset, "slow");
+        dispatch_value(&mut e, offset + 1, &quick);
+        offset += 2;
+        assert!(e.wait_idle(Duration::from_secs(20)));
+    }
+    // The slow range, alone in a small burst on an idle pool: still the pool's.
+    let slow_at = offset;
+    let burst = Burst::begin();
+    dispatch_value(&mut e, offset, "slow");
+    offset += 1;
+    burst.end(true);
+    assert!(e.wait_idle(Duration::from_secs(20)));
+    // The quick range while the slow one's job runs: the pool's too.
+    let busy_from = offset;
+    for _ in 0..200 {
+        dispatch_value(&mut e, offset, "slow");
+        offset += 1;
+    }
+    let burst = Burst::begin();
+    dispatch_value(&mut e, offset, &quick);
+    offset += 1;
+    burst.end(true);
+    assert!(e.wait_idle(Duration::from_secs(20)));
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len() as u64, offset);
+    let ran_here = |o: u64| seen.iter().any(|s| s.1 == o && s.2 == me);
+    assert!(
+        !ran_here(slow_at),
+        "a slow sub-task ran on the burst's thread"
+    );
+    assert!(
+        !ran_here(offset - 1),
+        "a sub-task ran on the burst's thread while the pool worked (from {busy_from})"
+    );
+}

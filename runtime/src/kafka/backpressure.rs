@@ -109,6 +109,11 @@ impl Backpressure {
         }
     }
 
+    /// Whether no record is parked.
+    pub fn is_clear(&self) -> bool {
+        self.held.is_empty()
+    }
+
     /// Whether records of `tp` are parked.
     pub fn holds(&self, tp: &TopicPartition) -> bool {
         self.held.contains_key(tp)

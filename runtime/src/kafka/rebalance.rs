@@ -123,6 +123,8 @@ impl ConsumerContext for SourceContext {
         err: RDKafkaRespErr,
         tpl: &mut TopicPartitionList,
     ) {
+        // Revoking waits for sub-tasks: records of the poll burst must have their jobs first.
+        crate::engine::Burst::release();
         self.rebalances.fetch_add(1, Ordering::Relaxed);
         crate::metrics::record_rebalance();
         let cooperative = matches!(

@@ -2,7 +2,9 @@
 //!
 //! Each turn of the loop: stop on a signal or a callback's error; start the tasks whose restore
 //! finished (committing their lineage before they process, see below); offer parked records again
-//! ([`super::backpressure`]); poll one record and dispatch it; fire due wall-clock punctuations;
+//! ([`super::backpressure`]); poll a record and dispatch it, with what else librdkafka already
+//! holds (at most `BURST` records, as one [`Burst`]: at a low rate, quick sub-tasks run the
+//! burst's records on this thread); fire due wall-clock punctuations;
 //! and on the commit interval, ask every range to commit and commit the partitions' progress
 //! ([`super::committer`]). Rebalances run inside `poll` ([`super::rebalance`]).
 //!
@@ -26,7 +28,7 @@ use super::time_sync::{Admitted, Downstream, Fetched};
 use super::transaction::TransactionError;
 use crate::auto_factor::AutoFactor;
 use crate::elastic::FactorRequest;
-use crate::engine::{EngineError, TopicPartition};
+use crate::engine::{Burst, EngineError, TopicPartition, HERE_MAX};
 use crate::queue_time::QueueTimes;
 
 /// How long a task may wait for the partitions of its other input topics before the source stops
@@ -35,6 +37,9 @@ pub const CO_PARTITION_WAIT: Duration = Duration::from_secs(30);
 
 /// Finest interval at which wall-clock punctuations are fired.
 const WALL_CLOCK_TICK: Duration = Duration::from_millis(10);
+
+/// Most records one turn of the loop takes from librdkafka's queue without waiting.
+const BURST: usize = 64;
 
 /// Converts a consumed message into the engine's raw record.
 pub fn raw_record(m: &BorrowedMessage<'_>) -> RawRecord {
@@ -175,30 +180,33 @@ pub fn run(
             }
             Some(Err(_)) => crate::metrics::record_error("consumer"),
             Some(Ok(m)) => {
-                let (topic, partition) = (m.topic(), m.partition() as u32);
-                let offset = m.offset() as u64;
-                let raw = raw_record(&m);
-                // Lock order: time_sync, then engine.
-                let admitted = ctx
-                    .time_sync
-                    .lock()
-                    .admit(topic, partition, offset, raw, || {
-                        ctx.engine.lock().synced_input(topic)
-                    });
-                let offered: Result<(), SourceError> = match admitted {
-                    Admitted::Pass(raw) => backpressure
-                        .offer(&ctx, topic, partition, offset, raw)
-                        .map_err(Into::into),
-                    Admitted::Queued { pause: false } => Ok(()),
-                    Admitted::Queued { pause: true } => {
-                        let key = TopicPartition::new(topic, partition);
-                        tracing::debug!(partition = %key, "time-ordered queue full: pausing partition");
-                        consumer.pause(&single(&key)).map_err(Into::into)
+                // Take what librdkafka already holds in one burst: the records' sub-tasks are
+                // woken once at its end, not once per record.
+                let burst = Burst::begin();
+                let mut next = Some(m);
+                let mut taken = 0;
+                let mut failed = None;
+                while let Some(m) = next.take() {
+                    if let Err(e) = take(consumer, &ctx, &mut backpressure, m) {
+                        failed = Some(e);
+                        break;
                     }
-                };
-                if let Err(e) = offered {
+                    taken += 1;
+                    if taken < BURST && backpressure.is_clear() {
+                        next = match consumer.poll(Duration::ZERO) {
+                            Some(Ok(m)) => Some(m),
+                            Some(Err(_)) => {
+                                crate::metrics::record_error("consumer");
+                                None
+                            }
+                            None => None,
+                        };
+                    }
+                }
+                if let Some(e) = failed {
                     break Err(e);
                 }
+                burst.end(taken <= HERE_MAX);
             }
         }
         if let Err(e) = release_synced(consumer, &ctx, &mut backpressure) {
@@ -322,6 +330,36 @@ pub fn run(
         ctx.committer.commit_sync(consumer, &progress);
     }
     result
+}
+
+/// Admits one polled record and dispatches it, or parks or queues it.
+fn take(
+    consumer: &BaseConsumer<SourceContext>,
+    ctx: &SourceContext,
+    backpressure: &mut Backpressure,
+    m: BorrowedMessage<'_>,
+) -> Result<(), SourceError> {
+    let (topic, partition) = (m.topic(), m.partition() as u32);
+    let offset = m.offset() as u64;
+    let raw = raw_record(&m);
+    // Lock order: time_sync, then engine.
+    let admitted = ctx
+        .time_sync
+        .lock()
+        .admit(topic, partition, offset, raw, || {
+            ctx.engine.lock().synced_input(topic)
+        });
+    match admitted {
+        Admitted::Pass(raw) => backpressure
+            .offer(ctx, topic, partition, offset, raw)
+            .map_err(Into::into),
+        Admitted::Queued { pause: false } => Ok(()),
+        Admitted::Queued { pause: true } => {
+            let key = TopicPartition::new(topic, partition);
+            tracing::debug!(partition = %key, "time-ordered queue full: pausing partition");
+            consumer.pause(&single(&key)).map_err(Into::into)
+        }
+    }
 }
 
 /// Aborts the open transaction after `why`: every task must close without committing and the
