@@ -285,6 +285,9 @@ settings! {
     "async.max.in.flight" => async_max_in_flight: Whole<1> = Whole(1000),
         shown "1000",
         doc "calls of async stages (`map_values_async` and the like) one sub-task may have running at once; records of one key still run one at a time, in offset order";
+    "async.threads" => async_threads: Whole<1> = Whole((cores() / 2).max(1)),
+        shown "cores / 2 (at least 1)",
+        doc "threads of the runtime that runs async stages' calls and handles their answers (when no worker is busy with the range); the calls wait on I/O, so few threads do: on 2 cores one thread ran S1 ~10 % faster than two, at less CPU per record";
     "retry.max.attempts" => retry_max_attempts: Whole<1> = Whole(3),
         shown "3",
         doc "attempts of an async stage's call that fails with `ProcessError::Retryable` before `processing.exception.handler` decides (1: no retry)";
@@ -527,6 +530,7 @@ impl ConfigBuilder {
                 retry_max_attempts: u32::try_from(s.retry_max_attempts.0).unwrap_or(u32::MAX),
                 retry_backoff: Duration::from_millis(s.retry_backoff_ms.0),
                 order: s.processing_order,
+                threads: s.async_threads.usize(),
             },
             max_task_idle: s.max_task_idle,
             shutdown_timeout: Duration::from_millis(s.shutdown_timeout_ms.0),

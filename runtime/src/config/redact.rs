@@ -82,6 +82,7 @@ impl Config {
             "async.max.in.flight",
             self.async_stages.max_in_flight.to_string(),
         );
+        put("async.threads", self.async_stages.threads.to_string());
         put(
             "retry.max.attempts",
             self.async_stages.retry_max_attempts.to_string(),

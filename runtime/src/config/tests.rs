@@ -322,6 +322,7 @@ fn shown_defaults_match_the_effective_defaults() {
             "application.id" => assert_eq!(k.default, "(required)"),
             "bootstrap.servers" => assert_eq!(effective, "(embedded cluster)"),
             "worker.threads" => assert_eq!(*effective, cores().to_string()),
+            "async.threads" => assert_eq!(*effective, (cores() / 2).max(1).to_string()),
             "parallelising.factor.max" => assert_eq!(effective, "4", "4 x the default factor 1"),
             "state.dir" => assert!(effective.ends_with("/rill/a"), "{effective}"),
             _ => assert_eq!(k.default.trim_matches('`'), effective, "{}", k.name),

@@ -754,11 +754,11 @@ impl Drop for LiveDriver {
 pub(crate) struct AsyncRuntime(Option<tokio::runtime::Runtime>);
 
 impl AsyncRuntime {
-    /// Two worker threads: calls wait on I/O, and the CPU work is the sub-tasks' (a batch of
-    /// answers is handled on the thread that polled it only when no job runs its sub-task).
-    pub fn new() -> Result<Self, EngineError> {
+    /// `threads` worker threads (`async.threads`): calls wait on I/O, and the CPU work is
+    /// handling their answers (on the thread that polled them when no job runs the sub-task).
+    pub fn new(threads: usize) -> Result<Self, EngineError> {
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(threads.max(1))
             .thread_name("rill-async")
             .enable_all()
             .build()

@@ -85,6 +85,8 @@ pub struct AsyncConfig {
     pub retry_backoff: std::time::Duration,
     /// Whether records of one key may run concurrently (`processing.order`).
     pub order: ProcessingOrder,
+    /// Threads of the runtime the calls run on (`async.threads`).
+    pub threads: usize,
 }
 
 /// Which records may run at once (`processing.order`).
@@ -114,6 +116,8 @@ impl Default for AsyncConfig {
             retry_max_attempts: 3,
             retry_backoff: std::time::Duration::from_millis(100),
             order: ProcessingOrder::Key,
+            // Two, so that tests race two runtime threads; the service's default is cores / 2.
+            threads: 2,
         }
     }
 }

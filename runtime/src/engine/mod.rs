@@ -324,7 +324,7 @@ impl Engine {
             });
         }
         let async_runtime = if has_async {
-            Some(async_stage::AsyncRuntime::new()?)
+            Some(async_stage::AsyncRuntime::new(config.async_stages.threads)?)
         } else {
             None
         };
