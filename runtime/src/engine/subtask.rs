@@ -322,8 +322,8 @@ impl SubTask {
             }
             None => false,
         });
-        if !deferred && !self.scheduled.swap(true, Ordering::SeqCst) {
-            Arc::clone(self).spawn(shared);
+        if !deferred {
+            self.kick(shared);
         }
     }
 
@@ -335,7 +335,7 @@ impl SubTask {
     pub(super) fn push_answers(self: &Arc<Self>, answers: Vec<Completion>, shared: &Arc<Shared>) {
         shared.work_added(1);
         self.mailbox.lock().push_back(Work::Completed(answers));
-        if self.scheduled.swap(true, Ordering::SeqCst) {
+        if !self.claim() {
             return;
         }
         if self.inline_ok.load(Ordering::SeqCst) {
@@ -356,16 +356,14 @@ impl SubTask {
     pub fn push_seal(self: &Arc<Self>, shared: &Arc<Shared>) {
         shared.work_added(1);
         self.mailbox.lock().push_front(Work::Seal);
-        if !self.scheduled.swap(true, Ordering::SeqCst) {
-            Arc::clone(self).spawn(shared);
-        }
+        self.kick(shared);
     }
 
     /// Lets a parked sub-task take work again (its transaction committed).
     pub fn unpark(self: &Arc<Self>, shared: &Arc<Shared>) {
         self.parked.store(false, Ordering::SeqCst);
-        if !self.mailbox.lock().is_empty() && !self.scheduled.swap(true, Ordering::SeqCst) {
-            Arc::clone(self).spawn(shared);
+        if !self.mailbox.lock().is_empty() {
+            self.kick(shared);
         }
     }
 
@@ -374,11 +372,21 @@ impl SubTask {
         self.scheduled.store(false, Ordering::SeqCst);
         // Re-check after clearing: a push or an unpark between the look and the clear saw
         // `scheduled` set and spawned nothing.
-        if !self.parked.load(Ordering::SeqCst)
-            && !self.mailbox.lock().is_empty()
-            && !self.scheduled.swap(true, Ordering::SeqCst)
-        {
-            self.spawn(shared);
+        if !self.parked.load(Ordering::SeqCst) && !self.mailbox.lock().is_empty() {
+            self.kick(shared);
+        }
+    }
+
+    /// Takes the `scheduled` token if no one holds it: then the caller must run the sub-task's
+    /// job (here or on the pool), or the queued work waits forever.
+    fn claim(&self) -> bool {
+        !self.scheduled.swap(true, Ordering::SeqCst)
+    }
+
+    /// Makes sure a job will run the queued work: spawns one unless a job is scheduled already.
+    fn kick(self: &Arc<Self>, shared: &Arc<Shared>) {
+        if self.claim() {
+            Arc::clone(self).spawn(shared);
         }
     }
 
@@ -542,9 +550,7 @@ impl Burst {
     pub fn release() {
         let held = HELD_KICKS.with(|h| h.borrow_mut().as_mut().map(std::mem::take));
         for (sub, shared) in held.unwrap_or_default() {
-            if !sub.scheduled.swap(true, Ordering::SeqCst) {
-                sub.spawn(&shared);
-            }
+            sub.kick(&shared);
         }
     }
 
@@ -556,7 +562,7 @@ impl Burst {
             .with(|h| h.borrow_mut().take())
             .unwrap_or_default();
         for (sub, shared) in held {
-            if sub.scheduled.swap(true, Ordering::SeqCst) {
+            if !sub.claim() {
                 continue;
             }
             if here

@@ -471,3 +471,88 @@ fn a_burst_leaves_slow_sub_tasks_and_a_busy_pool_to_the_workers() {
         "a sub-task ran on the burst's thread while the pool worked (from {busy_from})"
     );
 }
+
+/// One step of a random burst workload: a record of a key, a burst's start or end, a release
+/// inside a burst, or a wait until the pool is idle (so a later burst may run records here).
+#[derive(Clone, Debug)]
+enum BurstStep {
+    Record(usize),
+    Begin,
+    End(bool),
+    Release,
+    Idle,
+}
+
+fn burst_step() -> impl proptest::strategy::Strategy<Value = BurstStep> {
+    use proptest::prelude::*;
+    prop_oneof![
+        8 => (0usize..6).prop_map(BurstStep::Record),
+        2 => Just(BurstStep::Begin),
+        2 => any::<bool>().prop_map(BurstStep::End),
+        1 => Just(BurstStep::Release),
+        1 => Just(BurstStep::Idle),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 24, ..proptest::prelude::ProptestConfig::default() })]
+
+    /// Random records in random bursts (ended with or without `here`, released inside, the
+    /// last one dropped, with pauses for an idle pool) are each processed once and in offset
+    /// order per key, as without bursts (the P = 1 order of a key's records is its offsets).
+    #[test]
+    fn random_bursts_process_each_record_once_in_key_order(
+        steps in proptest::collection::vec(burst_step(), 1..120),
+        dropped in proptest::collection::vec(0usize..6, 1..4),
+    ) {
+        let seen: Seen = Arc::default();
+        let mut e = burst_engine(&seen);
+        let keys = ["a", "b", "c", "d", "e", "slow"];
+        let mut burst: Option<Burst> = None;
+        let mut sent: Vec<(String, u64)> = Vec::new();
+        for step in steps {
+            match step {
+                BurstStep::Record(k) => {
+                    let offset = sent.len() as u64;
+                    dispatch_value(&mut e, offset, keys[k]);
+                    sent.push((keys[k].to_string(), offset));
+                }
+                BurstStep::Begin => {
+                    if burst.is_none() {
+                        burst = Some(Burst::begin());
+                    }
+                }
+                BurstStep::End(here) => {
+                    if let Some(b) = burst.take() {
+                        b.end(here);
+                    }
+                }
+                BurstStep::Release => Burst::release(),
+                // Waiting for sub-tasks while holding jobs back would hang: end the burst.
+                BurstStep::Idle => {
+                    if let Some(b) = burst.take() {
+                        b.end(false);
+                    }
+                    proptest::prop_assert!(e.wait_idle(Duration::from_secs(20)));
+                }
+            }
+        }
+        // The last records go to a burst that is dropped without an end (an error path).
+        let burst = burst.unwrap_or_else(Burst::begin);
+        for k in dropped {
+            let offset = sent.len() as u64;
+            dispatch_value(&mut e, offset, keys[k]);
+            sent.push((keys[k].to_string(), offset));
+        }
+        drop(burst);
+        proptest::prop_assert!(e.wait_idle(Duration::from_secs(20)), "held jobs never ran");
+        let seen = seen.lock().unwrap().clone();
+        let mut got: Vec<(String, u64)> = seen.iter().map(|s| (s.0.clone(), s.1)).collect();
+        got.sort_by_key(|s| s.1);
+        proptest::prop_assert_eq!(&got, &sent, "each record once");
+        for k in keys {
+            let of_key: Vec<u64> = seen.iter().filter(|s| s.0 == k).map(|s| s.1).collect();
+            proptest::prop_assert!(of_key.windows(2).all(|w| w[0] < w[1]), "{}: {:?}", k, of_key);
+        }
+    }
+}
