@@ -432,6 +432,9 @@ impl SubTask {
         let started = std::time::Instant::now();
         {
             let mut core = self.core.lock();
+            // One per batch: each clone or drop bounces the counts' cache line with the threads
+            // that push work.
+            let me = Arc::downgrade(&self);
             let mut batch = batch.into_iter();
             while let Some(work) = batch.next() {
                 if self.parked.load(Ordering::SeqCst) {
@@ -457,7 +460,7 @@ impl SubTask {
                     && !shared.abandoned.load(Ordering::Relaxed)
                     && !core.fence.is_fenced()
                 {
-                    if let Err(e) = core.handle(&self.id, work, &shared, &Arc::downgrade(&self)) {
+                    if let Err(e) = core.handle(&self.id, work, &shared, &me) {
                         core.failed = true;
                         shared.fail(e);
                     }
