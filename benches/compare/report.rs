@@ -129,8 +129,14 @@ pub(crate) fn goal_lines(all: &[ScenarioResult]) -> Vec<String> {
         );
         if let (Some(rill), Some(ks), Some(floor)) = rows {
             if let (Some(a), Some(b), Some(f)) = (rill.p99_ms, ks.p99_ms, floor.p99_ms) {
+                // The floor is one hop; the bare loop shows what a second one costs a program
+                // that does nothing but forward.
+                let bare = find(r, "bare rdkafka loop")
+                    .and_then(|bare| bare.p99_ms)
+                    .map(|p| format!("; the bare rdkafka loop, which only forwards, {p:.1} ms ({:.2}x the floor)", p / f))
+                    .unwrap_or_default();
                 out.push(format!(
-                    "- {label} (goal: p99 at most half Kafka Streams' and within 2x the floor): rill p99 {a:.1} ms vs Kafka Streams {b:.1} ms ({:.2}x) and the broker round trip {f:.1} ms ({:.2}x) ({}).",
+                    "- {label} (goal: p99 at most half Kafka Streams' and within 2x the floor): rill p99 {a:.1} ms vs Kafka Streams {b:.1} ms ({:.2}x) and the broker round trip {f:.1} ms ({:.2}x) ({}){bare}.",
                     a / b,
                     a / f,
                     verdict(a <= b / 2.0 && a <= 2.0 * f)
