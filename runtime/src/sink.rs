@@ -30,6 +30,12 @@ pub trait RecordSink: Send + Sync {
         ticket: Ticket,
     ) -> Result<(), SinkError>;
 
+    /// Whether a `send` now would find room without waiting for deliveries. The source thread
+    /// asks before it processes records itself: it watches the brokers, so it must not block.
+    fn has_room(&self) -> bool {
+        true
+    }
+
     /// Makes every `send` that waits for room (and every later one) fail at once: the runtime
     /// gives up on its outputs (a drain that timed out, brokers gone for too long).
     fn abort(&self) {}

@@ -559,7 +559,9 @@ impl Burst {
 
     /// Ends the burst. With `here`, a sub-task that no job runs, while the pool runs no job at
     /// all, has its records run on this thread instead (at most [`HERE_MAX`]): at a low rate a
-    /// record then costs no wake of a worker, nor the worker's idling after it.
+    /// record then costs no wake of a worker, nor the worker's idling after it. Not while the
+    /// sink is short of room: a send would wait for deliveries, and the source thread must not
+    /// (it is the one that gives up on brokers gone for too long).
     pub fn end(self, here: bool) {
         let held = HELD_KICKS
             .with(|h| h.borrow_mut().take())
@@ -571,6 +573,7 @@ impl Burst {
             if here
                 && shared.jobs.load(Ordering::SeqCst) == 0
                 && sub.item_nanos.load(Ordering::Relaxed) <= HERE_ITEM_NANOS
+                && shared.sink.has_room()
             {
                 shared.jobs.fetch_add(1, Ordering::SeqCst);
                 Arc::clone(&sub).run(Arc::clone(&shared), On::Source);

@@ -326,6 +326,11 @@ type Seen = Arc<StdMutex<Vec<(String, u64, String)>>>;
 /// P = 2 over 2 workers; each record's value is its offset, and a record of key `slow` sleeps
 /// 2 ms (longer than a record may take on the source thread).
 fn burst_engine(seen: &Seen) -> Engine {
+    burst_engine_to(seen, Arc::new(MemorySink::new()))
+}
+
+/// [`burst_engine`] writing to `sink`.
+fn burst_engine_to(seen: &Seen, sink: Arc<dyn RecordSink>) -> Engine {
     let seen = seen.clone();
     let builder = StreamsBuilder::new();
     builder
@@ -343,7 +348,7 @@ fn burst_engine(seen: &Seen) -> Engine {
             ));
         })
         .to("out");
-    two_range_engine(builder, 1000, Arc::new(MemorySink::new()))
+    two_range_engine(builder, 1000, sink)
 }
 
 fn dispatch_value(e: &mut Engine, offset: u64, key: &str) {
@@ -422,6 +427,59 @@ fn records_of_a_burst_run_once_each_in_order_wherever_they_run() {
     assert!(
         seen.iter().any(|s| s.1 >= here_from && s.2 == me),
         "no record of a small burst over quick sub-tasks and an idle pool ran here: {seen:?}"
+    );
+}
+
+/// A sink whose queue is short of room (a send would wait for deliveries).
+#[derive(Default)]
+struct NoRoom(MemorySink);
+
+impl RecordSink for NoRoom {
+    fn send(
+        &self,
+        topic: &str,
+        partition: Option<u32>,
+        record: RawRecord,
+        ticket: crate::sink::Ticket,
+    ) -> Result<(), SinkError> {
+        self.0.send(topic, partition, record, ticket)
+    }
+
+    fn has_room(&self) -> bool {
+        false
+    }
+}
+
+/// While the sink is short of room, the burst's thread runs nothing itself, however quick and
+/// idle: a send could wait for deliveries, and the source thread must keep watching the brokers.
+#[test]
+fn a_burst_leaves_records_to_the_pool_while_the_sink_is_short_of_room() {
+    let seen: Seen = Arc::default();
+    let mut e = burst_engine_to(&seen, Arc::new(NoRoom::default()));
+    let me = std::thread::current().name().unwrap_or("").to_string();
+    let keys = ["a", "b", "c", "d"];
+    let mut offset = 0;
+    // Known quick: their sub-tasks ran on the pool first.
+    for k in keys {
+        dispatch_value(&mut e, offset, k);
+        offset += 1;
+    }
+    assert!(e.wait_idle(Duration::from_secs(20)));
+    for _ in 0..50 {
+        while e.shared.jobs.load(Ordering::SeqCst) > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let burst = Burst::begin();
+        dispatch_value(&mut e, offset, keys[offset as usize % keys.len()]);
+        offset += 1;
+        burst.end(true);
+        assert!(e.wait_idle(Duration::from_secs(20)));
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len() as u64, offset, "each record once");
+    assert!(
+        seen.iter().all(|s| s.2 != me),
+        "a record ran on the burst's thread while the sink had no room: {seen:?}"
     );
 }
 

@@ -71,6 +71,8 @@ pub struct KafkaSink {
     /// Set when librdkafka refused a record because the open transaction failed (an abortable
     /// error): the transaction must be aborted and the work rolled back, not the runtime stopped.
     transaction_failed: std::sync::atomic::AtomicBool,
+    /// Records librdkafka may hold while [`RecordSink::has_room`] says yes: half its queue.
+    room: i32,
 }
 
 /// What the sink does with an output record that librdkafka refuses before sending it (larger
@@ -200,6 +202,7 @@ impl KafkaSink {
         }
         Ok(KafkaSink {
             producer: parking_lot::RwLock::new(Arc::new(create_producer(&cfg, bootstrap)?)),
+            room: queue_bound(&cfg) / 2,
             config: cfg,
             handler: ProductionHandler::Fail,
             internal_prefix: String::new(),
@@ -270,6 +273,15 @@ fn is_too_large(e: &KafkaError) -> bool {
     )
 }
 
+/// librdkafka's `queue.buffering.max.messages` as configured (its default 100,000 unless set):
+/// a send beyond it waits for deliveries.
+fn queue_bound(config: &ClientConfig) -> i32 {
+    config
+        .get("queue.buffering.max.messages")
+        .and_then(|v| v.trim().parse::<i32>().ok())
+        .unwrap_or(100_000)
+}
+
 /// librdkafka's `message.timeout.ms` (alias `delivery.timeout.ms`) as configured: 300 s unless
 /// set; 0 (no limit) counts as a year.
 fn delivery_timeout(config: &ClientConfig) -> Duration {
@@ -295,6 +307,12 @@ impl RecordSink for KafkaSink {
 
     fn delivery_timeout(&self) -> Duration {
         delivery_timeout(&self.config)
+    }
+
+    /// Counts messages only: librdkafka's byte bound (`queue.buffering.max.kbytes`, 1 GiB by
+    /// default) is far off at half the message bound unless records are of many KiB.
+    fn has_room(&self) -> bool {
+        rdkafka::producer::Producer::in_flight_count(&**self.producer.read()) < self.room
     }
 
     fn hurry(&self, within: Duration) {
@@ -463,6 +481,36 @@ mod tests {
                 sink.hurry(Duration::from_millis(1));
             }
         }
+    }
+
+    /// Room is half of librdkafka's queue: with no broker to deliver to, records stay queued.
+    /// (librdkafka's count also holds a few events of its own, such as connection errors.)
+    #[test]
+    fn the_sink_is_short_of_room_once_half_its_queue_is_held() {
+        let extra = BTreeMap::from([
+            (
+                "queue.buffering.max.messages".to_string(),
+                "1000".to_string(),
+            ),
+            ("message.timeout.ms".to_string(), "1000".to_string()),
+        ]);
+        let sink = KafkaSink::new("127.0.0.1:1", &extra).expect("producer");
+        let deliveries = Arc::new(crate::sink::Deliveries::default());
+        for i in 0..500 {
+            assert!(
+                i > 450 || sink.has_room(),
+                "no room with {i} of 1000 queued"
+            );
+            let record = RawRecord {
+                key: Some(b"k".to_vec()),
+                value: Some(b"v".to_vec()),
+                timestamp: 0,
+                headers: rill_topology::Headers::new(),
+            };
+            sink.send("t", Some(0), record, deliveries.ticket())
+                .expect("queued");
+        }
+        assert!(!sink.has_room(), "room with 500 of 1000 queued");
     }
 
     #[test]
