@@ -1067,3 +1067,54 @@ fn only_sub_topologies_without_state_or_repartition_route_by_offset() {
     assert_eq!(routing_hash_id(sub, Key), HASH_ID);
     assert_eq!(routing_hash_id(sub, Unordered), OFFSET_HASH_ID);
 }
+
+/// The threads that handled the answers of 300 quick calls, one per downstream record.
+fn threads_handling_answers(sink: Arc<dyn RecordSink>) -> Vec<String> {
+    let names = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let n = names.clone();
+    let b = StreamsBuilder::new();
+    b.stream("in", StringSerde, StringSerde)
+        .map_values_async(|v: String| async move {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+            Ok(v)
+        })
+        .peek(move |_: Option<&String>, _: &String| {
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            n.lock().push(name);
+        })
+        .to_with("out", Produced::with(StringSerde, StringSerde));
+    let config = EngineConfig {
+        parallelising_factor: 1,
+        worker_threads: 2,
+        mailbox_capacity: 64,
+        async_stages: AsyncConfig::default(),
+        ..EngineConfig::default()
+    };
+    let topology = Arc::new(b.build().unwrap());
+    let mut e = Engine::new(topology, config, None, sink, HashMap::new()).unwrap();
+    e.assign("in", 0, Resume::default()).unwrap();
+    let input: Vec<(String, String)> = (0..300).map(|i| (format!("k{i}"), i.to_string())).collect();
+    for (i, chunk) in input.chunks(10).enumerate() {
+        feed_from(&mut e, &input, i * 10, i * 10 + chunk.len(), 1000);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(e.wait_idle(Duration::from_secs(30)));
+    let names = names.lock().clone();
+    assert_eq!(names.len(), 300, "each answer handled once");
+    names
+}
+
+/// Answers are handled on the runtime thread only while the sink has room: a send there could
+/// wait for deliveries, and every other call on the runtime would wait behind it.
+#[test]
+fn answers_go_to_the_pool_while_the_sink_is_short_of_room() {
+    let on_runtime =
+        |names: &[String]| names.iter().filter(|n| n.starts_with("rill-async")).count();
+    let with_room = threads_handling_answers(Arc::new(MemorySink::new()));
+    assert!(
+        on_runtime(&with_room) > 0,
+        "no answer was handled on the runtime thread even with room: {with_room:?}"
+    );
+    let without = threads_handling_answers(Arc::new(super::tests::NoRoom::default()));
+    assert_eq!(on_runtime(&without), 0, "{without:?}");
+}

@@ -338,7 +338,9 @@ impl SubTask {
         if !self.claim() {
             return;
         }
-        if self.inline_ok.load(Ordering::SeqCst) {
+        // Not while the sink is short of room: a send could wait for deliveries, and every
+        // call on this runtime would wait behind it.
+        if self.inline_ok.load(Ordering::SeqCst) && shared.sink.has_room() {
             shared.jobs.fetch_add(1, Ordering::SeqCst);
             #[cfg(test)]
             ON_RUNTIME.set(true);

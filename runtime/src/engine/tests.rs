@@ -432,7 +432,7 @@ fn records_of_a_burst_run_once_each_in_order_wherever_they_run() {
 
 /// A sink whose queue is short of room (a send would wait for deliveries).
 #[derive(Default)]
-struct NoRoom(MemorySink);
+pub(super) struct NoRoom(MemorySink);
 
 impl RecordSink for NoRoom {
     fn send(
