@@ -82,7 +82,7 @@ pub(crate) fn goal_lines(all: &[ScenarioResult]) -> Vec<String> {
                 None => "; Parallel Consumer: no result".into(),
             };
             out.push(format!(
-                "- S1 async (issue 14 goal: within 2x the physical limit, sum of sleeps / 1000 = {limit:.3} s, at a tenth of Parallel Consumer's CPU per record): rill async P=1, in flight 1000 took {:.3} s = {:.1}x the limit ({}){cpu_txt}.",
+                "- S1 async (issue 14 goal: within 2x the physical limit, sum of sleeps / 1000 = {limit:.3} s, at a tenth of Parallel Consumer's CPU per record): rill async P=1, in flight 1000 took {:.3} s = {:.2}x the limit ({}){cpu_txt}.",
                 rill.wall_s,
                 rill.wall_s / limit,
                 verdict(rill.wall_s <= 2.0 * limit)
