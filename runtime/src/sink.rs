@@ -30,8 +30,9 @@ pub trait RecordSink: Send + Sync {
         ticket: Ticket,
     ) -> Result<(), SinkError>;
 
-    /// Whether a `send` now would find room without waiting for deliveries. The source thread
-    /// asks before it processes records itself: it watches the brokers, so it must not block.
+    /// Whether a `send` now would find room without waiting for deliveries. Threads that must
+    /// not block (the source, which watches the brokers; an async runtime's, which polls every
+    /// call) ask before they process work themselves.
     fn has_room(&self) -> bool {
         true
     }
