@@ -21,6 +21,10 @@ use crate::engine::{PartitionProgress, TopicPartition};
 const SYNC_ATTEMPTS: usize = 20;
 /// Pause between those attempts.
 const SYNC_BACKOFF: Duration = Duration::from_millis(250);
+/// How long a synchronous commit waits for its answer. librdkafka's own waits for ever, and
+/// while the group rebalances the answer can wait for this very thread to poll (a source
+/// thread hung so in CI); a commit that times out is handled as a failed one.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Commits partitions' progress, remembering what it committed.
 #[derive(Default)]
@@ -117,8 +121,47 @@ impl Committer {
         if tpl.count() == 0 {
             return Ok(0);
         }
-        consumer.commit(&tpl, mode)?;
+        match mode {
+            CommitMode::Sync => commit_within(consumer, &tpl, SYNC_TIMEOUT)?,
+            CommitMode::Async => consumer.commit(&tpl, mode)?,
+        }
         Ok(tpl.count())
+    }
+}
+
+/// A synchronous commit that gives up after `within` (`OperationTimedOut`): the answer comes
+/// on a queue of its own, which is dropped unread if it is late.
+fn commit_within<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    tpl: &TopicPartitionList,
+    within: Duration,
+) -> Result<(), KafkaError> {
+    use rdkafka::bindings as rd;
+    use rdkafka::error::RDKafkaErrorCode;
+    let rk = consumer.client().native_ptr();
+    let ms = i32::try_from(within.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: `rk` and the list are valid for the call; the queue is ours and destroyed once
+    // (librdkafka keeps it alive for an answer still on its way).
+    unsafe {
+        let queue = rd::rd_kafka_queue_new(rk);
+        let err = rd::rd_kafka_commit_queue(rk, tpl.ptr(), queue, None, std::ptr::null_mut());
+        let result = if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            Err(RDKafkaErrorCode::from(err))
+        } else {
+            let event = rd::rd_kafka_queue_poll(queue, ms);
+            if event.is_null() {
+                Err(RDKafkaErrorCode::OperationTimedOut)
+            } else {
+                let err = rd::rd_kafka_event_error(event);
+                rd::rd_kafka_event_destroy(event);
+                match err {
+                    rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR => Ok(()),
+                    e => Err(RDKafkaErrorCode::from(e)),
+                }
+            }
+        };
+        rd::rd_kafka_queue_destroy(queue);
+        result.map_err(KafkaError::ConsumerCommit)
     }
 }
 
@@ -143,6 +186,29 @@ mod tests {
             applied: Vec::new(),
             hash_id: rill_topology::HASH_ID,
         }
+    }
+
+    /// A synchronous commit that gets no answer (no coordinator: nothing listens at the
+    /// bootstrap address) gives up after its bound instead of waiting for ever.
+    #[test]
+    fn a_synchronous_commit_without_an_answer_times_out() {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("group.id", "committer-timeout-test")
+            .create()
+            .unwrap();
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset("t", 0, Offset::Offset(5)).unwrap();
+        let started = std::time::Instant::now();
+        let r = commit_within(&consumer, &tpl, Duration::from_millis(500));
+        assert!(r.is_err(), "committed without a broker: {r:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "waited {:?}",
+            started.elapsed()
+        );
+        // Closing waits for a coordinator that never comes: not on the test's time.
+        std::thread::spawn(move || drop(consumer));
     }
 
     /// Issue 10, item 8: a range that moves on while another holds the low watermark back
