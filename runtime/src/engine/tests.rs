@@ -357,6 +357,22 @@ fn dispatch_value(e: &mut Engine, offset: u64, key: &str) {
     assert_eq!(e.dispatch("in", 0, offset, r).unwrap(), Dispatch::Queued);
 }
 
+/// `n` bursts of one record each (keys in turn, from `offset`), each begun on an idle pool and
+/// ended with `here`; returns the next offset.
+fn single_record_bursts(e: &mut Engine, mut offset: u64, keys: &[&str], n: usize) -> u64 {
+    for _ in 0..n {
+        while e.shared.jobs.load(Ordering::SeqCst) > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let burst = Burst::begin();
+        dispatch_value(e, offset, keys[offset as usize % keys.len()]);
+        offset += 1;
+        burst.end(true);
+        assert!(e.wait_idle(Duration::from_secs(20)));
+    }
+    offset
+}
+
 /// Records of a burst all run, in offset order per key: on the pool when the burst ends
 /// without `here`, when it is dropped (an error path) or released (a rebalance inside it),
 /// and on the burst's own thread at a low rate once their sub-task is known to be quick.
@@ -402,16 +418,7 @@ fn records_of_a_burst_run_once_each_in_order_wherever_they_run() {
     // Quick sub-tasks, an idle pool, a small burst: run here (a preempted batch can make a
     // sub-task look slow for a while, so not every one need).
     let here_from = offset;
-    for _ in 0..50 {
-        while e.shared.jobs.load(Ordering::SeqCst) > 0 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let burst = Burst::begin();
-        dispatch_value(&mut e, offset, keys[offset as usize % keys.len()]);
-        offset += 1;
-        burst.end(true);
-        assert!(e.wait_idle(Duration::from_secs(20)));
-    }
+    offset = single_record_bursts(&mut e, offset, &keys, 50);
     let seen = seen.lock().unwrap().clone();
     let mut offsets: Vec<u64> = seen.iter().map(|s| s.1).collect();
     offsets.sort_unstable();
@@ -465,16 +472,7 @@ fn a_burst_leaves_records_to_the_pool_while_the_sink_is_short_of_room() {
         offset += 1;
     }
     assert!(e.wait_idle(Duration::from_secs(20)));
-    for _ in 0..50 {
-        while e.shared.jobs.load(Ordering::SeqCst) > 0 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let burst = Burst::begin();
-        dispatch_value(&mut e, offset, keys[offset as usize % keys.len()]);
-        offset += 1;
-        burst.end(true);
-        assert!(e.wait_idle(Duration::from_secs(20)));
-    }
+    offset = single_record_bursts(&mut e, offset, &keys, 50);
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len() as u64, offset, "each record once");
     assert!(
