@@ -1118,3 +1118,60 @@ fn answers_go_to_the_pool_while_the_sink_is_short_of_room() {
     let without = threads_handling_answers(Arc::new(super::tests::NoRoom::default()));
     assert_eq!(on_runtime(&without), 0, "{without:?}");
 }
+
+/// Answers that arrive while a job runs go before the records queued behind it: handling an
+/// answer frees a call's place, and records that waited for places would otherwise wait for
+/// the whole queue ahead of it (at the start, or after a restart, a full mailbox).
+#[test]
+fn answers_are_handled_before_records_queued_ahead_of_them() {
+    let log = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+    let gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let (l1, l2, g) = (log.clone(), log.clone(), gate.clone());
+    let b = StreamsBuilder::new();
+    b.stream("in", StringSerde, StringSerde)
+        .peek(move |_: Option<&String>, v: &String| {
+            if v == "gate" {
+                l1.lock().push("at the gate".to_string());
+                let (open, cv) = &*g;
+                let mut open = open.lock().unwrap();
+                while !*open {
+                    open = cv.wait(open).unwrap();
+                }
+            }
+            l1.lock().push(format!("start {v}"));
+        })
+        .map_values_async(|v: String| async move {
+            if v == "slow" {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(v)
+        })
+        .peek(move |_: Option<&String>, v: &String| l2.lock().push(format!("done {v}")))
+        .to_with("out", Produced::with(StringSerde, StringSerde));
+    let sink = Arc::new(MemorySink::new());
+    let topology = Arc::new(b.build().unwrap());
+    let mut e = engine(topology, None, 1, AsyncConfig::default(), sink.clone());
+    // "slow" starts its call; "gate" holds the job; the rest queue in the mailbox after that.
+    let mut input = vec![
+        ("a".to_string(), "slow".to_string()),
+        ("b".to_string(), "gate".to_string()),
+    ];
+    input.extend((0..5).map(|i| (format!("k{i}"), format!("x{i}"))));
+    feed(&mut e, &input, 2, 1000);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !log.lock().contains(&"at the gate".to_string()) {
+        assert!(Instant::now() < deadline, "the job never reached the gate");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    feed_from(&mut e, &input, 2, input.len(), 1000);
+    // The slow call answers while the job still waits at the gate.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!log.lock().contains(&"done slow".to_string()));
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
+    assert!(e.wait_idle(Duration::from_secs(10)));
+    let log = log.lock().clone();
+    let at = |s: &str| log.iter().position(|l| l == s).unwrap_or(usize::MAX);
+    assert!(at("done slow") < at("start x0"), "{log:?}");
+    assert_eq!(sink.take("out").len(), 7);
+}

@@ -19,7 +19,10 @@
 //!
 //! A range commit is an item in the mailbox, so it covers exactly the records dispatched before
 //! it, and each range commits on its own without waiting for the others (individual commit; the
-//! steps are in [`super::commit`]).
+//! steps are in [`super::commit`]). Async stages' answers go to the front of the mailbox rather
+//! than the back: an answer frees a place for a waiting call, and its order among the other
+//! items does not matter (it completes a record started before any of them; a commit after
+//! it only covers more).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -148,7 +151,7 @@ pub(crate) struct Core {
 
 pub(crate) struct SubTask {
     pub id: SubTaskId,
-    /// Invariant: only the dispatcher appends and only the running job drains.
+    /// Invariant: only the running job drains (the dispatcher, the engine and async drivers add).
     mailbox: Mutex<VecDeque<Work>>,
     /// Records in the mailbox or being processed; the dispatcher pauses at the capacity.
     pub depth: AtomicUsize,
@@ -327,14 +330,14 @@ impl SubTask {
         }
     }
 
-    /// Queues an async stage's answers. When no job runs the sub-task and it may
-    /// (`inline_ok`), the calling runtime thread handles them itself rather than spawning a pool
-    /// job: a batch of answers then costs no hand-off to a worker and back (its next calls go
-    /// to the driver this thread is polling). It handles answers only, one batch; whatever else
-    /// is queued goes to a pool job as usual.
+    /// Queues an async stage's answers, first in the mailbox (see the module doc). When no job
+    /// runs the sub-task and it may (`inline_ok`), the calling runtime thread handles them
+    /// itself rather than spawning a pool job: a batch of answers then costs no hand-off to a
+    /// worker and back (its next calls go to the driver this thread is polling). It handles
+    /// answers only, one batch; whatever else is queued goes to a pool job as usual.
     pub(super) fn push_answers(self: &Arc<Self>, answers: Vec<Completion>, shared: &Arc<Shared>) {
         shared.work_added(1);
-        self.mailbox.lock().push_back(Work::Completed(answers));
+        self.mailbox.lock().push_front(Work::Completed(answers));
         if !self.claim() {
             return;
         }
