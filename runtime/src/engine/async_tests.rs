@@ -1127,6 +1127,10 @@ fn answers_are_handled_before_records_queued_ahead_of_them() {
     let log = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
     let gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
     let (l1, l2, g) = (log.clone(), log.clone(), gate.clone());
+    // Set by the test once the records are queued; set by the slow call when it answers.
+    let queued = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (q, a) = (queued.clone(), answered.clone());
     let b = StreamsBuilder::new();
     b.stream("in", StringSerde, StringSerde)
         .peek(move |_: Option<&String>, v: &String| {
@@ -1140,11 +1144,17 @@ fn answers_are_handled_before_records_queued_ahead_of_them() {
             }
             l1.lock().push(format!("start {v}"));
         })
-        .map_values_async(|v: String| async move {
-            if v == "slow" {
-                tokio::time::sleep(Duration::from_millis(20)).await;
+        .map_values_async(move |v: String| {
+            let (q, a) = (q.clone(), a.clone());
+            async move {
+                if v == "slow" {
+                    while !q.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    a.store(true, Ordering::SeqCst);
+                }
+                Ok(v)
             }
-            Ok(v)
         })
         .peek(move |_: Option<&String>, v: &String| l2.lock().push(format!("done {v}")))
         .to_with("out", Produced::with(StringSerde, StringSerde));
@@ -1164,8 +1174,14 @@ fn answers_are_handled_before_records_queued_ahead_of_them() {
         std::thread::sleep(Duration::from_millis(1));
     }
     feed_from(&mut e, &input, 2, input.len(), 1000);
-    // The slow call answers while the job still waits at the gate.
-    std::thread::sleep(Duration::from_millis(200));
+    // The slow call answers while the job still waits at the gate (its answer is queued in the
+    // same poll of the driver that saw it resolve).
+    queued.store(true, Ordering::SeqCst);
+    while !answered.load(Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "the slow call never answered");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(50));
     assert!(!log.lock().contains(&"done slow".to_string()));
     *gate.0.lock().unwrap() = true;
     gate.1.notify_all();
