@@ -1125,7 +1125,7 @@ fn answers_go_to_the_pool_while_the_sink_is_short_of_room() {
 #[test]
 fn answers_are_handled_before_records_queued_ahead_of_them() {
     let log = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
-    let gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let gate = Arc::new(super::tests::Gate::default());
     let (l1, l2, g) = (log.clone(), log.clone(), gate.clone());
     // Set by the test once the records are queued; set by the slow call when it answers.
     let queued = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -1136,11 +1136,7 @@ fn answers_are_handled_before_records_queued_ahead_of_them() {
         .peek(move |_: Option<&String>, v: &String| {
             if v == "gate" {
                 l1.lock().push("at the gate".to_string());
-                let (open, cv) = &*g;
-                let mut open = open.lock().unwrap();
-                while !*open {
-                    open = cv.wait(open).unwrap();
-                }
+                g.wait();
             }
             l1.lock().push(format!("start {v}"));
         })
@@ -1183,8 +1179,7 @@ fn answers_are_handled_before_records_queued_ahead_of_them() {
     }
     std::thread::sleep(Duration::from_millis(50));
     assert!(!log.lock().contains(&"done slow".to_string()));
-    *gate.0.lock().unwrap() = true;
-    gate.1.notify_all();
+    gate.open();
     assert!(e.wait_idle(Duration::from_secs(10)));
     let log = log.lock().clone();
     let at = |s: &str| log.iter().position(|l| l == s).unwrap_or(usize::MAX);

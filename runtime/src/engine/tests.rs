@@ -12,6 +12,29 @@ use rill_topology::{key_hash, range_of, KeyRange, RawRecord};
 use std::sync::Condvar as StdCondvar;
 use std::sync::Mutex as StdMutex;
 
+/// A gate that blocks the threads that wait at it until it is opened (for holding a job).
+#[derive(Default)]
+pub(super) struct Gate {
+    open: StdMutex<bool>,
+    opened: StdCondvar,
+}
+
+impl Gate {
+    /// Blocks until the gate is open.
+    pub(super) fn wait(&self) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        while !*open {
+            open = self.opened.wait(open).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Opens the gate for good.
+    pub(super) fn open(&self) {
+        *self.open.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.opened.notify_all();
+    }
+}
+
 fn raw(key: &str) -> RawRecord {
     RawRecord {
         key: Some(key.as_bytes().to_vec()),
@@ -51,18 +74,14 @@ fn key_outside(range: usize) -> String {
 /// other range of the same partition keeps processing.
 #[test]
 fn a_slow_range_does_not_hold_up_the_other_ranges() {
-    let gate = Arc::new((StdMutex::new(false), StdCondvar::new()));
+    let gate = Arc::new(Gate::default());
     let g = gate.clone();
     let builder = StreamsBuilder::new();
     builder
         .stream("in", StringSerde, StringSerde)
         .peek(move |k: Option<&String>, _v: &String| {
             if k.is_some_and(|k| k == "slow") {
-                let (open, cv) = &*g;
-                let mut o = open.lock().unwrap_or_else(|e| e.into_inner());
-                while !*o {
-                    o = cv.wait(o).unwrap_or_else(|e| e.into_inner());
-                }
+                g.wait();
             }
         })
         .to("out");
@@ -116,11 +135,7 @@ fn a_slow_range_does_not_hold_up_the_other_ranges() {
         lw.iter().all(|p| p.low_watermark == 0),
         "nothing of the slow range committed: {lw:?}"
     );
-    {
-        let (open, cv) = &*gate;
-        *open.lock().unwrap() = true;
-        cv.notify_all();
-    }
+    gate.open();
     assert!(e.wait_idle(Duration::from_secs(20)));
     e.request_commit();
     assert!(e.wait_idle(Duration::from_secs(20)));
@@ -278,18 +293,12 @@ fn each_input_of_a_task_resumes_from_its_own_commit_metadata() {
 /// one timeout each.
 #[test]
 fn revoked_partitions_drain_together_within_one_timeout() {
-    let gate = Arc::new((StdMutex::new(false), StdCondvar::new()));
+    let gate = Arc::new(Gate::default());
     let g = gate.clone();
     let builder = StreamsBuilder::new();
     builder
         .stream("in", StringSerde, StringSerde)
-        .peek(move |_k: Option<&String>, _v: &String| {
-            let (open, cv) = &*g;
-            let mut o = open.lock().unwrap_or_else(|e| e.into_inner());
-            while !*o {
-                o = cv.wait(o).unwrap_or_else(|e| e.into_inner());
-            }
-        })
+        .peek(move |_k: Option<&String>, _v: &String| g.wait())
         .to("out");
     let config = EngineConfig {
         worker_threads: 4,
@@ -315,9 +324,7 @@ fn revoked_partitions_drain_together_within_one_timeout() {
     let took = started.elapsed();
     assert!(!outcome.drained, "the blocked sub-tasks could not drain");
     assert!(took < timeout * 2, "took {took:?} for three partitions");
-    let (open, cv) = &*gate;
-    *open.lock().unwrap() = true;
-    cv.notify_all();
+    gate.open();
 }
 
 /// Who processed which record: (key, offset in the value, thread name).
