@@ -9,6 +9,15 @@
 //! time then advances to the record's timestamp **before** the record is delivered, so processors
 //! see it through `current_stream_time` (as in Kafka Streams), and stream-time punctuations fire
 //! after the record.
+//!
+//! Behind an async stage, records complete out of input order (per key in order, across keys
+//! not). Nodes there see the **settled time** instead: the largest timestamp of the records that
+//! completed together with every record taken before them. So a fast key cannot move a window's
+//! stream time past a slower key's record that was on time in input order (as a watermark never
+//! passes a pending record in Flink's async I/O); records still reach those nodes as they
+//! complete. The engine, which knows the order records were taken in, advances it
+//! ([`TaskInstance::advance_settled_time`]); a sub-topology with an async stage commits it as
+//! its stream time, so a restart replays the records still open against it.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -123,6 +132,12 @@ pub struct TaskInstance {
     processors: Vec<Option<Box<dyn ErasedProcessor>>>,
     schedules: Vec<Schedule>,
     stream_time: Option<i64>,
+    /// Per node: whether it runs behind an async stage (and so sees `settled_time`).
+    behind_async: Vec<bool>,
+    /// The stream time of the nodes behind an async stage (see the module doc).
+    settled_time: Option<i64>,
+    /// The event time of the record `process` took last; `None` when it skipped it.
+    last_event_time: Option<i64>,
     /// Per window or session store: the time below which expiry has deleted entries in this run.
     expiry: HashMap<String, i64>,
     /// The record cache; `None` when caching is off.
@@ -255,12 +270,16 @@ impl TaskInstance {
         let cacheable = (0..topology.nodes.len())
             .map(|n| !reaches_internal_sink(&topology, n))
             .collect();
+        let behind_async = behind_async_stage(&topology, &sub.nodes);
         Ok(TaskInstance {
             topology,
             sub_topology,
             processors,
             schedules,
             stream_time: None,
+            behind_async,
+            settled_time: None,
+            last_event_time: None,
             expiry,
             cache: None,
             cacheable,
@@ -291,13 +310,16 @@ impl TaskInstance {
 
     fn deliver_cached(&mut self, e: Cached, env: &mut dyn TaskEnv) -> Result<(), TaskError> {
         let u = e.update;
-        let saved = (env.routing_hash(), self.stream_time);
+        let saved = (env.routing_hash(), self.stream_time, self.settled_time);
         if let Some(h) = u.hash {
             env.set_routing_hash(h);
         }
+        // The node's stream time when it cached the update, for every node it reaches.
         self.stream_time = u.stream_time;
+        self.settled_time = u.stream_time;
         let r = self.deliver_to_children(u.node, u.record, &u.meta, env);
         self.stream_time = saved.1;
+        self.settled_time = saved.2;
         if let Some(h) = saved.0 {
             env.set_routing_hash(h);
         }
@@ -333,9 +355,59 @@ impl TaskInstance {
         self.sub_topology
     }
 
-    /// The largest record timestamp seen so far.
+    /// The stream time a commit records: the largest record timestamp seen so far, or with an
+    /// async stage the settled time (see the module doc).
     pub fn stream_time(&self) -> Option<i64> {
-        self.stream_time
+        if self.has_async() {
+            self.settled_time
+        } else {
+            self.stream_time
+        }
+    }
+
+    /// Whether the sub-topology has an async stage.
+    fn has_async(&self) -> bool {
+        self.behind_async.iter().any(|&b| b)
+    }
+
+    /// The stream time node `node` sees.
+    fn node_time(&self, node: usize) -> Option<i64> {
+        if self.behind_async[node] {
+            // Nothing settled yet is the earliest time, not "unknown": processors take an
+            // unknown stream time for the record's own, which may pass an open record's window.
+            Some(self.settled_time.unwrap_or(i64::MIN))
+        } else {
+            self.stream_time
+        }
+    }
+
+    /// Takes the event time of the record [`process`](Self::process) took last (`None`: skipped
+    /// for an invalid timestamp, not processed since the last take).
+    pub fn take_event_time(&mut self) -> Option<i64> {
+        self.last_event_time.take()
+    }
+
+    /// The event time of `raw` read from `topic`, for a record that is not processed again
+    /// (completed before a restart); `None` when it is invalid.
+    pub fn event_time(&self, topic: &Topic, raw: &RawRecord) -> Option<i64> {
+        Some(self.topology.event_time(topic, raw)).filter(|&t| t >= 0)
+    }
+
+    /// Advances the settled time to `t` when it is later (see the module doc); true if it moved.
+    pub fn advance_settled_time(&mut self, t: i64) -> bool {
+        let advanced = self.settled_time.is_none_or(|s| t > s);
+        if advanced {
+            self.settled_time = Some(t);
+        }
+        advanced
+    }
+
+    /// Fires the stream-time punctuations of nodes behind an async stage due at the settled time.
+    pub fn punctuate_settled(&mut self, env: &mut dyn TaskEnv) -> Result<(), TaskError> {
+        match self.settled_time {
+            Some(now) => self.punctuate_nodes(PunctuationType::StreamTime, now, Some(true), env),
+            None => Ok(()),
+        }
     }
 
     /// The smallest interval of the wall-clock punctuations scheduled, in ms, if any.
@@ -351,6 +423,7 @@ impl TaskInstance {
     /// records after a restart as they would have without one.
     pub fn set_stream_time(&mut self, stream_time: Option<i64>) {
         self.stream_time = stream_time;
+        self.settled_time = stream_time;
         for s in &mut self.schedules {
             if s.kind == PunctuationType::StreamTime {
                 s.next = stream_time.map(|t| next_multiple(t, s.interval_ms));
@@ -387,6 +460,7 @@ impl TaskInstance {
     ) -> Result<(), TaskError> {
         let source = self.source_node(topic)?;
         let topology = Arc::clone(&self.topology);
+        self.last_event_time = None;
         if let NodeKind::Source {
             extract,
             on_invalid,
@@ -410,6 +484,7 @@ impl TaskInstance {
             }
         }
         let ts = record.timestamp;
+        self.last_event_time = Some(ts);
         let advanced = self.stream_time.is_none_or(|t| ts > t);
         if advanced {
             self.stream_time = Some(ts);
@@ -418,7 +493,8 @@ impl TaskInstance {
         // Kafka Streams, where a processing-error handler may skip the record and go on.
         let delivered = self.deliver_to_children(source, record, meta, env);
         if advanced {
-            self.punctuate(PunctuationType::StreamTime, ts, env)?;
+            // Nodes behind an async stage punctuate by the settled time instead.
+            self.punctuate_nodes(PunctuationType::StreamTime, ts, Some(false), env)?;
         }
         delivered
     }
@@ -430,10 +506,22 @@ impl TaskInstance {
         now: i64,
         env: &mut dyn TaskEnv,
     ) -> Result<(), TaskError> {
+        self.punctuate_nodes(kind, now, None, env)
+    }
+
+    /// Fires the punctuations of `kind` due at `now` of the nodes that are (`Some(true)`), are
+    /// not (`Some(false)`) or may be (`None`) behind an async stage.
+    fn punctuate_nodes(
+        &mut self,
+        kind: PunctuationType,
+        now: i64,
+        behind: Option<bool>,
+        env: &mut dyn TaskEnv,
+    ) -> Result<(), TaskError> {
         let meta = RecordMeta::default();
         for i in 0..self.schedules.len() {
             let s = &mut self.schedules[i];
-            if s.kind != kind {
+            if s.kind != kind || behind.is_some_and(|b| self.behind_async[s.node] != b) {
                 continue;
             }
             // Stream time fires at multiples of the interval: where the next punctuation falls
@@ -531,6 +619,7 @@ impl TaskInstance {
         let NodeKind::Processor { stores, .. } = &n.kind else {
             return Ok(());
         };
+        let stream_time = self.node_time(node);
         let outputs = {
             let Some(p) = self.processors[node].as_mut() else {
                 return Err(TaskError::Process {
@@ -547,7 +636,7 @@ impl TaskInstance {
                 stores,
                 requested: Vec::new(),
                 topology: &topology,
-                stream_time: self.stream_time,
+                stream_time,
                 expiry: &mut self.expiry,
             };
             // A panic in user code becomes this node's error, for the processing handler.
@@ -574,7 +663,7 @@ impl TaskInstance {
                     record,
                     meta: meta.clone(),
                     hash,
-                    stream_time: self.stream_time,
+                    stream_time,
                 };
                 cache.put(key, size, update);
             }
@@ -584,6 +673,22 @@ impl TaskInstance {
         }
         Ok(())
     }
+}
+
+/// Per node of the topology: whether it is one of `nodes` reached from an async stage among them.
+fn behind_async_stage(topology: &Topology, nodes: &[usize]) -> Vec<bool> {
+    let mut behind = vec![false; topology.nodes.len()];
+    let mut todo: Vec<usize> = nodes
+        .iter()
+        .filter(|&&n| matches!(topology.nodes[n].kind, NodeKind::Async { .. }))
+        .flat_map(|&n| topology.nodes[n].children.iter().copied())
+        .collect();
+    while let Some(n) = todo.pop() {
+        if !std::mem::replace(&mut behind[n], true) {
+            todo.extend(&topology.nodes[n].children);
+        }
+    }
+    behind
 }
 
 /// Whether a path from `node` down the graph reaches a sink to an internal topic.

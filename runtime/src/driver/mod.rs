@@ -254,6 +254,17 @@ impl Inner {
         partition: Option<u32>,
         raw: RawRecord,
     ) -> Result<(), DriverError> {
+        self.queue(topic, partition, raw)?;
+        self.settle()
+    }
+
+    /// Appends a record to its topic and hands it to the engine without waiting for it.
+    fn queue(
+        &mut self,
+        topic: &str,
+        partition: Option<u32>,
+        raw: RawRecord,
+    ) -> Result<(), DriverError> {
         // A global table's topic fills its store at once (every instance holds all of it).
         if self
             .engine
@@ -264,7 +275,18 @@ impl Inner {
         }
         let n = *self.partitions.get(topic).unwrap_or(&1);
         let p = partition.unwrap_or_else(|| default_partition(&raw, n));
-        self.append(topic, p, raw)?;
+        self.append(topic, p, raw)
+    }
+
+    /// Queues every record, then processes until settled: a backlog, as a consumer finds one.
+    fn pipe_backlog(
+        &mut self,
+        topic: &str,
+        raws: impl IntoIterator<Item = RawRecord>,
+    ) -> Result<(), DriverError> {
+        for raw in raws {
+            self.queue(topic, None, raw)?;
+        }
         self.settle()
     }
 

@@ -71,9 +71,29 @@ impl<K: 'static, V: 'static> TestInputTopic<K, V> {
         }
     }
 
+    /// Pipes keyed records with timestamps as one backlog: every record is queued before the
+    /// driver waits for any, as a consumer finds them after a downtime, so async stages run
+    /// them concurrently and complete them out of order (`pipe_input_at` settles each first).
+    pub fn pipe_backlog_at(&self, records: impl IntoIterator<Item = (K, V, i64)>) {
+        let raws: Vec<RawRecord> = records
+            .into_iter()
+            .map(|(k, v, ts)| self.raw(Some(&k), &v, Some(ts)))
+            .collect();
+        if let Err(e) = self.inner.lock().pipe_backlog(&self.topic, raws) {
+            panic!("piping into `{}` failed: {e}", self.topic);
+        }
+    }
+
     /// Pipes one keyed record and returns the processing error instead of panicking.
     pub fn try_pipe_input(&self, key: K, value: V) -> Result<(), DriverError> {
         let raw = self.raw(Some(&key), &value, None);
+        self.inner.lock().pipe(&self.topic, None, raw)
+    }
+
+    /// Pipes one keyed record with a timestamp and returns the processing error instead of
+    /// panicking.
+    pub fn try_pipe_input_at(&self, key: K, value: V, timestamp: i64) -> Result<(), DriverError> {
+        let raw = self.raw(Some(&key), &value, Some(timestamp));
         self.inner.lock().pipe(&self.topic, None, raw)
     }
 }

@@ -17,6 +17,13 @@
 //! commit metadata alone, which lists them too, in the shortest of three forms (gaps, runs or a
 //! bitmap; see `kafka::metadata`).
 //!
+//! Event time: the nodes behind the stage see the **settled time** (`rill_topology::exec`), the
+//! largest event time of the records that completed together with every record admitted
+//! before them, in admission order ([`Settling`]). A record that completes while an earlier one
+//! is open reaches the stateful part at once but does not move its stream time; so a window
+//! never closes over a record that was on time in input order and is still waiting for its call.
+//! A record that completes first of all open ones sees its own time too, as it would in order.
+//!
 //! Offsets listed stay bounded: no record starts while a range lists [`MAX_APPLIED_ABOVE`]
 //! completed offsets above a stuck one, or, without state, while their shortest form would
 //! take more than the range's share of the metadata (so a commit never falls back to its low
@@ -139,6 +146,72 @@ impl OpenOffsets {
     }
 }
 
+/// Records admitted and not yet settled, in admission order (see the module doc). Invariant: the
+/// front entry, if any, is open; a record leaving the front moves the settled time to its event
+/// time. Entries are bounded like [`OpenOffsets`].
+#[derive(Debug, Default)]
+struct Settling {
+    /// Per entry: (event time once started, still open).
+    entries: VecDeque<(Option<i64>, bool)>,
+    /// The admission number of the front entry.
+    front: u64,
+    /// The admission number of each open record, by (source index, offset).
+    numbers: FastMap<(usize, u64), u64>,
+}
+
+impl Settling {
+    /// Takes an open record.
+    fn admit(&mut self, source: usize, offset: u64) {
+        let n = self.front + self.entries.len() as u64;
+        self.numbers.insert((source, offset), n);
+        self.entries.push_back((None, true));
+    }
+
+    /// Takes a record completed before a restart; the largest event time this settles.
+    fn admit_completed(&mut self, event_time: Option<i64>) -> Option<i64> {
+        self.entries.push_back((event_time, false));
+        self.pop_settled()
+    }
+
+    fn entry(&mut self, source: usize, offset: u64) -> Option<&mut (Option<i64>, bool)> {
+        let n = *self.numbers.get(&(source, offset))?;
+        let at = usize::try_from(n - self.front).ok()?;
+        self.entries.get_mut(at)
+    }
+
+    /// Notes the event time of a record that started.
+    fn started(&mut self, source: usize, offset: u64, event_time: Option<i64>) {
+        if let Some(e) = self.entry(source, offset) {
+            e.0 = event_time;
+        }
+    }
+
+    /// The event time of the record, if it is the first open one.
+    fn first_time(&self, source: usize, offset: u64) -> Option<i64> {
+        let n = *self.numbers.get(&(source, offset))?;
+        (n == self.front).then(|| self.entries.front()?.0).flatten()
+    }
+
+    /// Closes a record; the largest event time of the records this settles.
+    fn close(&mut self, source: usize, offset: u64) -> Option<i64> {
+        if let Some(e) = self.entry(source, offset) {
+            e.1 = false;
+        }
+        self.numbers.remove(&(source, offset));
+        self.pop_settled()
+    }
+
+    fn pop_settled(&mut self) -> Option<i64> {
+        let mut settled = None;
+        while let Some(&(time, false)) = self.entries.front() {
+            self.entries.pop_front();
+            self.front += 1;
+            settled = settled.max(time);
+        }
+        settled
+    }
+}
+
 /// A hash map keyed by routing hashes or offsets: FxHash's multiply-rotate instead of SipHash
 /// (these keys come from the log, not from a caller who could pick colliding ones cheaply, and
 /// the maps are on every async record's path).
@@ -199,6 +272,8 @@ pub(crate) struct AsyncStage {
     running: FastMap<(usize, u64), Running>,
     /// Per source: offsets admitted and not completed. A commit's offset is the lowest one.
     open: Vec<OpenOffsets>,
+    /// Every source's records admitted and not settled, in admission order (see the module doc).
+    settling: Settling,
     /// Set when a record completed since the last commit.
     pub(super) changed: bool,
     /// Records that left the queue (started, or skipped) since the last take: the sub-task's
@@ -230,6 +305,7 @@ impl AsyncStage {
             ready: VecDeque::new(),
             running: FastMap::default(),
             open: (0..topics).map(|_| OpenOffsets::default()).collect(),
+            settling: Settling::default(),
             changed: false,
             released: 0,
             durable_pending: None,
@@ -308,9 +384,14 @@ impl Core {
             // Completed before a restart (listed in the progress record).
             stage.released += 1;
             shared.stats.count_skipped_duplicate();
+            let time = self.instance.event_time(&input.source.topic, &input.raw);
+            if let Some(t) = stage.settling.admit_completed(time) {
+                self.instance.advance_settled_time(t);
+            }
             return Ok(());
         }
         stage.open[source].insert(offset);
+        stage.settling.admit(source, offset);
         if stage.unordered {
             stage.ready.push_back(input);
             return self.start_ready(id, shared, me);
@@ -354,8 +435,15 @@ impl Core {
             stage.released += 1;
             let source = Arc::clone(&input.source);
             let (offset, hash) = (input.offset, input.hash);
-            match self.process(id, input, shared) {
-                Ok(None) => self.close(source.index, offset, hash),
+            let processed = self.process(id, input, shared);
+            let time = self.instance.take_event_time();
+            if let Some(stage) = self.asyncs.as_mut() {
+                stage.settling.started(source.index, offset, time);
+            }
+            match processed {
+                Ok(None) => {
+                    self.close(source.index, offset, hash);
+                }
                 Ok(Some(launch)) => self.launch(source, offset, hash, launch),
                 Err(e) => break Err(e),
             }
@@ -503,6 +591,11 @@ impl Core {
             if let Some(state) = self.state.as_mut() {
                 state.set_routing_hash(hash);
             }
+            // First of the open records: it sees its own time, as in input order.
+            let first = self.asyncs.as_ref();
+            if let Some(t) = first.and_then(|a| a.settling.first_time(source.index, offset)) {
+                self.instance.advance_settled_time(t);
+            }
             let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
             env.origin = Some((source.id, offset, hash));
             for (node, outputs) in answers {
@@ -546,14 +639,34 @@ impl Core {
                 self.skip_failed(&failed, shared)?;
             }
         }
-        self.close(source.index, offset, hash);
+        if self.close(source.index, offset, hash) {
+            // Stream-time punctuations behind the stage fire as the settled time moves, with
+            // the outputs and writes of the record that moved it.
+            if let Some(state) = self.state.as_mut() {
+                state.set_routing_hash(hash);
+            }
+            let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
+            env.origin = Some((source.id, offset, hash));
+            let r = self.instance.punctuate_settled(&mut env);
+            env.finish()?;
+            r.map_err(|e| EngineError::Task {
+                what: format!("{}-{} offset {offset}", source.name, id.partition),
+                source: e,
+            })?;
+        }
         Ok(())
     }
 
-    /// Closes a completed record's offset and readies the next record of its hash.
-    fn close(&mut self, source: usize, offset: u64, hash: u64) {
+    /// Closes a completed record's offset and readies the next record of its hash; true when
+    /// that moved the settled time.
+    fn close(&mut self, source: usize, offset: u64, hash: u64) -> bool {
         let Some(stage) = self.asyncs.as_mut() else {
-            return;
+            return false;
+        };
+        let settled = stage.settling.close(source, offset);
+        let moved = settled.is_some_and(|t| self.instance.advance_settled_time(t));
+        let Some(stage) = self.asyncs.as_mut() else {
+            return moved;
         };
         stage.open[source].remove(offset);
         let low = stage.open[source].first();
@@ -573,6 +686,7 @@ impl Core {
                 }
             }
         }
+        moved
     }
 }
 

@@ -1186,3 +1186,90 @@ fn answers_are_handled_before_records_queued_ahead_of_them() {
     assert!(at("done slow") < at("start x0"), "{log:?}");
     assert_eq!(sink.take("out").len(), 7);
 }
+
+/// `in` (value: the call's delay in ms) -> an async call -> count per key in 10 ms tumbling
+/// windows without grace, emitted when they close -> `out` as `key@start` = count.
+fn windowed_count_after_call() -> Arc<Topology> {
+    let b = StreamsBuilder::new();
+    b.stream("in", StringSerde, StringSerde)
+        .map_values_async(|v: String| async move {
+            tokio::time::sleep(Duration::from_millis(v.parse().unwrap_or(0))).await;
+            Ok(v)
+        })
+        .group_by_key_with(Grouped::with(StringSerde, StringSerde))
+        .windowed_by(TimeWindows::of_size_and_grace(
+            Duration::from_millis(10),
+            Duration::ZERO,
+        ))
+        .emit_strategy(EmitStrategy::on_window_close())
+        .count("per-window")
+        .to_stream()
+        .flat_map(|k: Option<Windowed<String>>, n: i64| {
+            k.map(|k| (format!("{}@{}", k.key, k.window.start), n.to_string()))
+        })
+        .to_with("out", Produced::with(StringSerde, StringSerde));
+    Arc::new(b.build().unwrap())
+}
+
+/// A crash while an early record's call runs and later ones completed: the commit must record
+/// the settled time, not the time of the later records, or the replayed early record is late
+/// (issue 42, item 1: drops after a downtime).
+#[test]
+fn a_record_replayed_after_a_crash_is_not_late_for_records_that_completed_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Arc::new(MemorySink::new());
+    let input = [("slow", "2000", 1), ("fast", "0", 2), ("fast", "0", 25)];
+    let send = |e: &mut Engine, from: usize, records: &[(&str, &str, i64)]| {
+        for (i, (k, v, ts)) in records.iter().enumerate() {
+            let mut r = raw(k, v);
+            r.timestamp = *ts;
+            let offset = (from + i) as u64;
+            assert!(matches!(
+                e.dispatch("in", 0, offset, r).unwrap(),
+                Dispatch::Queued
+            ));
+        }
+    };
+    let topology = windowed_count_after_call();
+    let config = in_flight_limit(16);
+    let mut e = engine(
+        topology.clone(),
+        Some(open_db(dir.path())),
+        1,
+        config.clone(),
+        sink.clone(),
+    );
+    send(&mut e, 0, &input);
+    // The fast records complete; the commit lists them above the open slow one.
+    std::thread::sleep(Duration::from_millis(200));
+    e.request_commit();
+    std::thread::sleep(Duration::from_millis(200));
+    e.abandon();
+    drop(e);
+    let mut e = engine(topology, Some(open_db(dir.path())), 1, config, sink.clone());
+    send(
+        &mut e,
+        0,
+        &[("slow", "0", 1), ("fast", "0", 2), ("fast", "0", 25)],
+    );
+    send(&mut e, 3, &[("fast", "0", 50)]);
+    assert!(e.wait_idle(Duration::from_secs(60)));
+    assert!(e.failure().is_none(), "{:?}", e.failure());
+    assert_eq!(e.stats().late_dropped(), 0, "the slow record was on time");
+    let mut got: Vec<(String, String)> = sink
+        .take("out")
+        .into_iter()
+        .map(|(_, r)| {
+            let text = |b: Option<Vec<u8>>| String::from_utf8(b.unwrap_or_default()).unwrap();
+            (text(r.key), text(r.value))
+        })
+        .collect();
+    got.sort();
+    let want = [("fast@0", "1"), ("fast@20", "1"), ("slow@0", "1")]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+    assert_eq!(got, want);
+    assert!(
+        e.stats().duplicates() >= 2,
+        "the fast records ran before the crash"
+    );
+}
