@@ -97,11 +97,15 @@ fn a_punctuators_rewrites_stay_with_their_keys_across_a_split_and_a_merge() {
         // Every key once, in every range together (`range` keeps duplicates of other ranges).
         let stored = totals.range(&"k".to_string(), &"l".to_string());
         let want: Vec<(String, i64)> = {
-            let mut w: Vec<(String, i64)> = keys.iter().map(|k| (k.clone(), expected + 9)).collect();
+            let mut w: Vec<(String, i64)> =
+                keys.iter().map(|k| (k.clone(), expected + 9)).collect();
             w.sort();
             w
         };
-        assert_eq!(stored, want, "the store after the punctuation of step {step}");
+        assert_eq!(
+            stored, want,
+            "the store after the punctuation of step {step}"
+        );
         for k in &keys {
             assert_eq!(totals.get(k), Some(expected + 9), "`{k}` read by its owner");
         }

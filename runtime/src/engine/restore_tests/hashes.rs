@@ -10,7 +10,9 @@ fn suppressed_counts() -> Arc<Topology> {
     let b = StreamsBuilder::new();
     b.stream("in", StringSerde, StringSerde)
         .group_by_key()
-        .windowed_by(TimeWindows::of_size_with_no_grace(Duration::from_millis(10)))
+        .windowed_by(TimeWindows::of_size_with_no_grace(Duration::from_millis(
+            10,
+        )))
         .count("counts")
         .suppress(Suppressed::until_window_closes(BufferConfig::unbounded()).with_name("final"))
         .to_stream()
@@ -58,7 +60,15 @@ fn a_window_released_for_another_key_is_not_released_again_after_a_restore_at_an
     let log = Arc::new(MemoryChangelog::default());
     {
         let dir = tempfile::tempdir().unwrap();
-        let mut e = engine(&topology, 1, dir.path(), &log, log.clone(), PriorClaim::Unknown, 0);
+        let mut e = engine(
+            &topology,
+            1,
+            dir.path(),
+            &log,
+            log.clone(),
+            PriorClaim::Unknown,
+            0,
+        );
         // `lo`'s record at 10 releases [0,10) of both keys: `hi`'s held entry is deleted while
         // handling `lo`.
         feed_at(&mut e, 0, &[(&lo, 1), (&hi, 2), (&lo, 10), (&hi, 12)]);
@@ -71,7 +81,15 @@ fn a_window_released_for_another_key_is_not_released_again_after_a_restore_at_an
     // The state dir is lost; the task comes back at P = 2 from the changelog.
     let dir = tempfile::tempdir().unwrap();
     let sink = Arc::new(MemoryChangelog::default());
-    let mut e = engine(&topology, 2, dir.path(), &log, sink.clone(), PriorClaim::None, 1);
+    let mut e = engine(
+        &topology,
+        2,
+        dir.path(),
+        &log,
+        sink.clone(),
+        PriorClaim::None,
+        1,
+    );
     feed_at(&mut e, 4, &[(&hi, 20)]);
     assert_eq!(
         finals(&sink),
