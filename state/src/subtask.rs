@@ -7,7 +7,7 @@ use std::iter::Peekable;
 use std::ops::Bound;
 use std::sync::Arc;
 
-use rill_topology::keyrange::{KeyRange, HASH_ID};
+use rill_topology::keyrange::{key_hash, KeyRange, HASH_ID};
 use rill_topology::store::{Entries, KeyValueBytes, StoreError};
 use rocksdb::{BoundColumnFamily, Direction, IteratorMode, ReadOptions, WriteBatch, WriteOptions};
 
@@ -22,15 +22,15 @@ pub const DATA_PREFIX: u8 = 0x01;
 /// Key of the progress record in every column family (`0x00 ++ "progress"`).
 pub const PROGRESS_KEY: &[u8] = b"\x00progress";
 
-/// One write to a store: a key's new value (`None`: deleted) and the routing hash of the input
-/// record that wrote it (so the entry can follow its key range when the factor changes).
+/// One write to a store: a key's new value (`None`: deleted) and the routing hash of the key it
+/// is about (so the entry can follow its key range when the factor changes).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreWrite {
     /// The store key.
     pub key: Vec<u8>,
     /// The new value; `None` for a delete.
     pub value: Option<Vec<u8>>,
-    /// The routing hash of the record that wrote it.
+    /// The routing hash of the key the entry is about (see [`SubTaskState::set_routing_hash`]).
     pub hash: u64,
 }
 
@@ -84,8 +84,22 @@ struct StoreHandle {
     /// Committed values read recently (read below `sealed`). A cell: reads take `&self`, and
     /// one thread at a time uses a sub-task's state (`&mut SubTaskState` to reach a store).
     clean: RefCell<ReadCache>,
-    /// The routing hash of the record being processed: what the next write is tagged with.
-    hash: u64,
+    /// The routing hash of the record being processed; `None` outside of one (punctuation).
+    hash: Option<u64>,
+    /// The sub-task's key range (where a new entry outside of a record may lie).
+    range: KeyRange,
+}
+
+/// The routing hash of a new entry that no record's key gives: its key's own hash when the range
+/// holds it (the DSL's key-value stores are keyed by the serialized routing key), else the
+/// range's start (a store keyed otherwise has no routing key to follow).
+fn own_hash(range: KeyRange, key: &[u8]) -> u64 {
+    let h = key_hash(key);
+    if range.contains(h) {
+        h
+    } else {
+        range.start
+    }
 }
 
 impl StoreHandle {
@@ -157,6 +171,33 @@ impl StoreHandle {
         Ok(stored)
     }
 
+    /// The routing hash of the pending or committed entry of `key`, if it has one.
+    fn entry_hash(&self, key: &[u8]) -> Result<Option<u64>, StoreError> {
+        if let Some((hash, _)) = self.cache.get(key).or_else(|| self.sealed.get(key)) {
+            return Ok(Some(*hash));
+        }
+        if self.clean.borrow().get(key) == Some(None) {
+            return Ok(None);
+        }
+        Ok(self.get_stored(key)?.map(|(hash, _)| hash))
+    }
+
+    /// The routing hash a write of `key` carries (the factor and restore invariants, DESIGN.md).
+    /// A record's put carries the record's hash: the DSL writes only the record's own key while
+    /// handling it, and a store keyed otherwise keeps its entries where the records that wrote
+    /// them are routed; deciding by the record costs no read. A delete, and every write outside
+    /// of a record, keeps the hash of the entry it replaces: a tombstone or a punctuator's rewrite
+    /// goes where the entry is, whoever caused it. A new entry outside of a record: [`own_hash`].
+    fn write_hash(&self, key: &[u8], delete: bool) -> Result<u64, StoreError> {
+        match self.hash {
+            Some(hash) if !delete => Ok(hash),
+            hash => Ok(self
+                .entry_hash(key)?
+                .or(hash)
+                .unwrap_or_else(|| own_hash(self.range, key))),
+        }
+    }
+
     /// The committed (routing hash, value) of `key`, without the write caches.
     fn get_stored(&self, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
         let cf = cf_handle(&self.db, &self.cf).map_err(|e| self.backend(e))?;
@@ -193,14 +234,20 @@ impl KeyValueBytes for StoreHandle {
     }
 
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        let hash = self.write_hash(key, false)?;
         self.cache
-            .insert(key.to_vec(), (self.hash, Some(value.to_vec())));
+            .insert(key.to_vec(), (hash, Some(value.to_vec())));
         Ok(())
     }
 
     fn delete(&mut self, key: &[u8]) -> Result<(), StoreError> {
-        self.cache.insert(key.to_vec(), (self.hash, None));
+        let hash = self.write_hash(key, true)?;
+        self.cache.insert(key.to_vec(), (hash, None));
         Ok(())
+    }
+
+    fn routing_hash_of(&self, key: &[u8]) -> Result<Option<u64>, StoreError> {
+        self.entry_hash(key)
     }
 
     fn range(&self, from: Bound<&[u8]>, to: Bound<&[u8]>) -> Result<Entries, StoreError> {
@@ -320,7 +367,8 @@ impl SubTaskState {
                     cache: WriteCache::new(),
                     sealed: WriteCache::new(),
                     clean: RefCell::new(ReadCache::new(db.read_budget())),
-                    hash: range.start,
+                    hash: None,
+                    range,
                 })
                 .collect(),
             db,
@@ -400,23 +448,33 @@ impl SubTaskState {
             .map(|s| s as &mut dyn KeyValueBytes)
     }
 
-    /// The routing hash the writes are tagged with now (`None` without stores).
+    /// The routing hash of the record whose writes are being made (`None` outside of one, and
+    /// without stores).
     pub fn routing_hash(&self) -> Option<u64> {
-        self.stores.first().map(|s| s.hash)
+        self.stores.first().and_then(|s| s.hash)
     }
 
-    /// Tags the writes that follow with `hash`, the routing hash of the record being processed
-    /// (the sub-task's range start outside of one).
+    /// Tags the puts that follow with `hash`, the routing hash of the record being processed
+    /// (deletes keep their entry's hash: see [`KeyValueBytes::routing_hash_of`]).
     pub fn set_routing_hash(&mut self, hash: u64) {
         for s in &mut self.stores {
-            s.hash = hash;
+            s.hash = Some(hash);
+        }
+    }
+
+    /// The writes that follow are caused by no record (punctuation, init): each keeps the hash of
+    /// the entry it replaces, and a new entry takes its key's hash when the range holds it, else
+    /// the range's start.
+    pub fn clear_routing_hash(&mut self) {
+        for s in &mut self.stores {
+            s.hash = None;
         }
     }
 
     /// Makes the next commit write `key` of `store` again with its committed value and routing
     /// hash (a delete when absent), unless the write cache already has it.
     pub fn touch(&mut self, store: &str, key: &[u8]) -> Result<(), StateError> {
-        let range_start = self.range.start;
+        let range = self.range;
         let Some(s) = self.stores.iter_mut().find(|s| s.name == store) else {
             return Ok(());
         };
@@ -430,7 +488,7 @@ impl SubTaskState {
                 .map_err(|e| StateError::backend("repair", e))?
             {
                 Some((hash, value)) => (hash, Some(value)),
-                None => (range_start, None),
+                None => (own_hash(range, key), None),
             },
         };
         s.cache.insert(key.to_vec(), write);

@@ -145,6 +145,8 @@ fn commit_applies_the_cache_and_progress_together_and_returns_the_last_write_per
     let db = StateDb::open(&cfg(tmp.path())).unwrap();
     let range = KeyRange::nth(0, 2);
     let mut st = SubTaskState::open(db.clone(), &names(&["a", "b"]), 0, range).unwrap();
+    // Writes of a record whose routing hash is 0 (see `w`).
+    st.set_routing_hash(0);
     put(&mut st, "a", "k", "1");
     put(&mut st, "a", "k", "2");
     put(&mut st, "a", "gone", "x");
@@ -279,6 +281,7 @@ fn a_sealed_commit_stays_readable_and_is_written_only_by_write_sealed() {
     let db = StateDb::open(&cfg(tmp.path())).unwrap();
     let range = KeyRange::FULL;
     let mut st = SubTaskState::open(db.clone(), &names(&["s"]), 0, range).unwrap();
+    st.set_routing_hash(0);
     put(&mut st, "s", "a", "1");
     put(&mut st, "s", "b", "1");
     let sealed = st.seal().unwrap();
@@ -1174,6 +1177,69 @@ fn writes_carry_the_routing_hash_of_the_record_that_made_them() {
     let sealed = st.seal().unwrap();
     assert_eq!(sealed[0].1[0].hash, range.start + 7);
     assert_eq!(sealed[0].1[1].value, None);
+}
+
+/// Issue 41, item 3: a write not caused by a record of its key lands in the key's range.
+#[test]
+fn deletes_and_writes_outside_of_a_record_keep_the_hash_of_the_key_they_write() {
+    use rill_topology::keyrange::key_hash;
+    let tmp = tempfile::tempdir().unwrap();
+    let db = StateDb::open(&cfg(tmp.path())).unwrap();
+    let range = KeyRange::FULL;
+    let mut st = SubTaskState::open(db, &names(&["s"]), 0, range).unwrap();
+    let hash_of = |sealed: &[(String, crate::StoreEntries)], key: &str| {
+        sealed[0]
+            .1
+            .iter()
+            .find(|w| w.key == key.as_bytes())
+            .map(|w| w.hash)
+    };
+    // Committed entries, pending entries, and a record of another key deleting both.
+    st.set_routing_hash(7);
+    put(&mut st, "s", "committed", "1");
+    st.commit(Progress::new(range, "t", 1)).unwrap();
+    st.set_routing_hash(8);
+    put(&mut st, "s", "pending", "1");
+    st.set_routing_hash(9);
+    st.store("s").unwrap().delete(b"committed").unwrap();
+    st.store("s").unwrap().delete(b"pending").unwrap();
+    let sealed = st.seal().unwrap();
+    assert_eq!(
+        hash_of(&sealed, "committed"),
+        Some(7),
+        "the tombstone goes where the entry is"
+    );
+    assert_eq!(hash_of(&sealed, "pending"), Some(8));
+    st.write_sealed(Progress::new(range, "t", 2)).unwrap();
+    // Outside of a record (punctuation): a rewrite keeps the entry's hash, a new key takes its
+    // own hash when the range holds it.
+    st.set_routing_hash(10);
+    put(&mut st, "s", "kept", "1");
+    st.commit(Progress::new(range, "t", 3)).unwrap();
+    st.clear_routing_hash();
+    assert_eq!(st.routing_hash(), None);
+    put(&mut st, "s", "kept", "2");
+    put(&mut st, "s", "new", "1");
+    let sealed = st.seal().unwrap();
+    assert_eq!(hash_of(&sealed, "kept"), Some(10));
+    assert_eq!(hash_of(&sealed, "new"), Some(key_hash(b"new")));
+    st.write_sealed(Progress::new(range, "t", 4)).unwrap();
+    assert_eq!(
+        st.store("s").unwrap().routing_hash_of(b"kept").unwrap(),
+        Some(10)
+    );
+    // A key whose hash lies outside the range has no key to follow: the range's start.
+    let upper = KeyRange::nth(1, 2);
+    let key = (0..)
+        .map(|i| format!("key{i}"))
+        .find(|k| !upper.contains(key_hash(k.as_bytes())))
+        .unwrap();
+    drop(st);
+    let db = StateDb::open(&cfg(tmp.path().join("upper").as_path())).unwrap();
+    let mut st = SubTaskState::open(db, &names(&["s"]), 0, upper).unwrap();
+    put(&mut st, "s", &key, "1");
+    let sealed = st.seal().unwrap();
+    assert_eq!(hash_of(&sealed, &key), Some(upper.start));
 }
 
 mod resplits {

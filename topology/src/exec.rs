@@ -48,13 +48,17 @@ pub trait TaskEnv {
     fn dropped(&mut self, reason: &'static str);
     /// Counts a record a windowed operation on `store` dropped as late.
     fn late_dropped(&mut self, _store: &str) {}
-    /// The routing hash the store writes are tagged with now (see the record cache).
+    /// The routing hash the store writes are tagged with now (see the record cache); `None`
+    /// outside of a record.
     fn routing_hash(&self) -> Option<u64> {
         None
     }
     /// Tags the store writes that follow with `hash` (a cached update leaving the cache writes
     /// downstream under the hash of the record that made it).
     fn set_routing_hash(&mut self, _hash: u64) {}
+    /// The store writes that follow are caused by no record (punctuation): each takes the hash
+    /// of the key it writes.
+    fn clear_routing_hash(&mut self) {}
     /// Whether an output to user topic `topic` that did not serialize is dropped (counted by
     /// the env) rather than failing the record; `false` unless the env's handler says so.
     fn drop_unserializable(&mut self, _topic: &Topic, _error: &SerdeError) -> bool {
@@ -152,7 +156,9 @@ pub struct TaskInstance {
 
 struct Host<'a> {
     env: &'a mut dyn TaskEnv,
-    out: Vec<ErasedRecord>,
+    /// Forwarded records, with the routing hash of the key they are about when it is not the
+    /// processed record's.
+    out: Vec<(ErasedRecord, Option<u64>)>,
     /// Cached forwards, as (cache key, size, record); `None` when the node may not cache.
     cached: Option<Vec<(Vec<u8>, usize, ErasedRecord)>>,
     meta: &'a RecordMeta,
@@ -175,13 +181,16 @@ impl Host<'_> {
 
 impl ProcessorHost for Host<'_> {
     fn forward(&mut self, record: ErasedRecord) {
-        self.out.push(record);
+        self.out.push((record, None));
     }
     fn forward_cached(&mut self, key: Vec<u8>, size: usize, record: ErasedRecord) {
         match self.cached.as_mut() {
             Some(cached) => cached.push((key, size, record)),
-            None => self.out.push(record),
+            None => self.out.push((record, None)),
         }
+    }
+    fn forward_about(&mut self, record: ErasedRecord, routing_hash: u64) {
+        self.out.push((record, Some(routing_hash)));
     }
     fn store(&mut self, name: &str) -> Result<&mut dyn KeyValueBytes, StoreError> {
         self.check_connected(name)?;
@@ -311,18 +320,14 @@ impl TaskInstance {
     fn deliver_cached(&mut self, e: Cached, env: &mut dyn TaskEnv) -> Result<(), TaskError> {
         let u = e.update;
         let saved = (env.routing_hash(), self.stream_time, self.settled_time);
-        if let Some(h) = u.hash {
-            env.set_routing_hash(h);
-        }
+        tag_writes(env, u.hash);
         // The node's stream time when it cached the update, for every node it reaches.
         self.stream_time = u.stream_time;
         self.settled_time = u.stream_time;
         let r = self.deliver_to_children(u.node, u.record, &u.meta, env);
         self.stream_time = saved.1;
         self.settled_time = saved.2;
-        if let Some(h) = saved.0 {
-            env.set_routing_hash(h);
-        }
+        tag_writes(env, saved.0);
         r
     }
 
@@ -539,7 +544,12 @@ impl TaskInstance {
             let missed = (now - next) / s.interval_ms + 1;
             s.next = Some(next.saturating_add(missed.saturating_mul(s.interval_ms)));
             let node = s.node;
-            self.run_node(node, &meta, env, |p, host| p.punctuate(kind, now, host))?;
+            // Not caused by the record that advanced stream time: writes follow their keys.
+            let record_hash = env.routing_hash();
+            env.clear_routing_hash();
+            let r = self.run_node(node, &meta, env, |p, host| p.punctuate(kind, now, host));
+            tag_writes(env, record_hash);
+            r?;
         }
         Ok(())
     }
@@ -649,8 +659,17 @@ impl TaskInstance {
             (host.out, host.cached)
         };
         let (outputs, cached) = outputs;
-        for out in outputs {
-            self.deliver_to_children(node, out, meta, env)?;
+        for (out, about) in outputs {
+            match about {
+                None => self.deliver_to_children(node, out, meta, env)?,
+                Some(hash) => {
+                    let saved = env.routing_hash();
+                    env.set_routing_hash(hash);
+                    let r = self.deliver_to_children(node, out, meta, env);
+                    tag_writes(env, saved);
+                    r?;
+                }
+            }
         }
         let Some(cached) = cached.filter(|c| !c.is_empty()) else {
             return Ok(());
@@ -689,6 +708,14 @@ fn behind_async_stage(topology: &Topology, nodes: &[usize]) -> Vec<bool> {
         }
     }
     behind
+}
+
+/// Tags the store writes that follow with `hash`, or with their own keys' hashes for `None`.
+fn tag_writes(env: &mut dyn TaskEnv, hash: Option<u64>) {
+    match hash {
+        Some(h) => env.set_routing_hash(h),
+        None => env.clear_routing_hash(),
+    }
 }
 
 /// Whether a path from `node` down the graph reaches a sink to an internal topic.

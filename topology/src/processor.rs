@@ -149,6 +149,11 @@ pub trait ProcessorHost {
     fn forward_cached(&mut self, _key: Vec<u8>, _size: usize, record: ErasedRecord) {
         self.forward(record);
     }
+    /// Sends a record about another key than the one being processed: the children's store
+    /// writes carry `routing_hash` (that key's) instead of the processed record's.
+    fn forward_about(&mut self, record: ErasedRecord, _routing_hash: u64) {
+        self.forward(record);
+    }
     /// Byte-level access to a store connected to the node.
     fn store(&mut self, name: &str) -> Result<&mut dyn KeyValueBytes, StoreError>;
     /// A connected window, session or buffer store with its layout, stream time and expiry
@@ -189,6 +194,17 @@ impl<'a, KOut: Datum, VOut: Datum> ProcessorContext<'a, KOut, VOut> {
     /// Sends `record` to every child node.
     pub fn forward(&mut self, record: Record<KOut, VOut>) {
         self.host.forward(erase(record));
+    }
+
+    /// Sends `record`, which is about the key whose routing hash is `routing_hash` rather than
+    /// the key of the record being processed (what a buffer releases for other keys; the hash
+    /// from [`KeyValueBytes::routing_hash_of`] of the released entry): the children's store
+    /// writes then land in that key's range. `None` forwards as [`forward`](Self::forward).
+    pub fn forward_about(&mut self, record: Record<KOut, VOut>, routing_hash: Option<u64>) {
+        match routing_hash {
+            Some(hash) => self.host.forward_about(erase(record), hash),
+            None => self.host.forward(erase(record)),
+        }
     }
 
     /// Sends `record` through the record cache (`statestore.cache.max.bytes`), as the DSL's

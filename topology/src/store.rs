@@ -141,6 +141,12 @@ pub trait KeyValueBytes: Send {
     /// The (key, value) pairs with keys between `from` and `to`, in key-byte order, uncommitted
     /// writes included.
     fn range(&self, from: Bound<&[u8]>, to: Bound<&[u8]>) -> Result<Entries, StoreError>;
+    /// The routing hash the entry of `key` is stored with (the key it is about, so the range
+    /// that owns it), when the store has the entry and keeps hashes; `None` otherwise. A record
+    /// released from an entry while handling another key's record is forwarded under it.
+    fn routing_hash_of(&self, _key: &[u8]) -> Result<Option<u64>, StoreError> {
+        Ok(None)
+    }
     /// Every (key, value) of this sub-task's range, in key-byte order, uncommitted writes included.
     fn all(&self) -> Result<Entries, StoreError> {
         self.range(Bound::Unbounded, Bound::Unbounded)

@@ -123,6 +123,12 @@ impl TaskEnv for Env<'_> {
         }
     }
 
+    fn clear_routing_hash(&mut self) {
+        if let Some(s) = self.state.as_mut() {
+            s.clear_routing_hash();
+        }
+    }
+
     fn drop_unserializable(&mut self, topic: &Topic, error: &SerdeError) -> bool {
         if !self.shared.config.drop_unserializable_outputs {
             return false;

@@ -114,7 +114,8 @@ impl Targets<'_> {
 
     /// The keys of `store` to repair per range, leaving none behind. A key goes to the ranges
     /// whose restored state holds it, else to the range of its record's hash: the hash of a
-    /// repair of an absent key is its writer's range start, which after a factor change need
+    /// repair of an absent key is its own hash or its writer's range start, which after a
+    /// factor change need
     /// not be the range that holds the key, and a tombstone written there would shadow the
     /// holder's value under compaction.
     fn take_orphans(&mut self, store: &str) -> Result<Vec<BTreeSet<Vec<u8>>>, EngineError> {

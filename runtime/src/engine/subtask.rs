@@ -667,7 +667,7 @@ impl Core {
                 // No origin: wall-clock outputs depend on time, so a replay cannot reproduce
                 // them; downstream applies them at least once.
                 if let Some(state) = self.state.as_mut() {
-                    state.set_routing_hash(id.range.start);
+                    state.clear_routing_hash();
                 }
                 let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
                 let r = self
@@ -693,7 +693,7 @@ impl Core {
             settle_unsourced(r, "flushing the record cache", id, shared)?;
         }
         if let Some(state) = self.state.as_mut() {
-            state.set_routing_hash(id.range.start);
+            state.clear_routing_hash();
         }
         Ok(())
     }

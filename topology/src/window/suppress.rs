@@ -206,6 +206,9 @@ fn index_key(key: &[u8]) -> Vec<u8> {
     k
 }
 
+/// A released update with the routing hash of its key (the held entry's), when known.
+type Released<K, V> = (Record<K, V>, Option<u64>);
+
 /// (records, bytes) held, for bounded buffers.
 fn read_size(store: &dyn KeyValueBytes) -> Result<(u64, u64), StoreError> {
     Ok(match store.get(SIZE_KEY)? {
@@ -279,17 +282,20 @@ impl<K: Datum + Clone, V: Datum + Clone> SuppressProcessor<K, V> {
         Ok(())
     }
 
-    /// Removes and decodes held entries (all of `entries`).
+    /// Removes and decodes held entries (all of `entries`), each with the routing hash of its
+    /// key (the held entry's): a release while handling another key's record forwards it
+    /// under that hash, so what the children write lands in the key's range.
     fn release(
         &self,
         store: &mut dyn KeyValueBytes,
         entries: Vec<(Vec<u8>, Vec<u8>)>,
-    ) -> Result<Vec<Record<K, V>>, ProcessError> {
+    ) -> Result<Vec<Released<K, V>>, ProcessError> {
         let bounded = !self.buffer.is_unbounded();
         let mut size = if bounded { read_size(store)? } else { (0, 0) };
         let mut out = Vec::with_capacity(entries.len());
         for (k, v) in entries {
             let kb = &k[9..];
+            let hash = store.routing_hash_of(&k)?;
             store.delete(&k)?;
             store.delete(&index_key(kb))?;
             size = (
@@ -297,12 +303,13 @@ impl<K: Datum + Clone, V: Datum + Clone> SuppressProcessor<K, V> {
                 size.1.saturating_sub(entry_bytes(kb, &v)),
             );
             let (ts, value) = super::serde::split_timestamped(&v)?;
-            out.push(Record {
+            let record = Record {
                 key: Some(self.key_serde.deserialize(kb)?),
                 value: self.value_serde.deserialize(value)?,
                 timestamp: ts,
                 headers: Headers::new(),
-            });
+            };
+            out.push((record, hash));
         }
         if bounded {
             write_size(store, size)?;
@@ -369,8 +376,8 @@ impl<K: Datum + Clone, V: Datum + Clone> Processor<K, V, K, V> for SuppressProce
             }
             due
         };
-        for r in due {
-            ctx.forward(r);
+        for (r, hash) in due {
+            ctx.forward_about(r, hash);
         }
         Ok(())
     }

@@ -476,4 +476,5 @@ fn restore_puts_entries_in_the_range_that_wrote_them() {
 }
 
 mod bases;
+mod hashes;
 mod zombies;

@@ -1,0 +1,101 @@
+//! Issue 41, item 3: a tombstone goes to the range of the entry it deletes, not to the range of
+//! the record whose handling deleted it, so a restore at another factor deletes the entry where
+//! it lives.
+
+use super::*;
+
+/// Tumbling windows of 10 ms without grace counted per key, each window's final count forwarded
+/// once by `suppress`.
+fn suppressed_counts() -> Arc<Topology> {
+    let b = StreamsBuilder::new();
+    b.stream("in", StringSerde, StringSerde)
+        .group_by_key()
+        .windowed_by(TimeWindows::of_size_with_no_grace(Duration::from_millis(
+            10,
+        )))
+        .count("counts")
+        .suppress(Suppressed::until_window_closes(BufferConfig::unbounded()).with_name("final"))
+        .to_stream()
+        .to_with(
+            "out",
+            Produced::with(TimeWindowedSerde::new(StringSerde, 10), I64Serde),
+        );
+    Arc::new(b.build().unwrap())
+}
+
+/// Feeds `(key, timestamp)` records from `offset` on and commits durably.
+fn feed_at(e: &mut Engine, offset: u64, records: &[(&str, i64)]) {
+    for (i, (k, ts)) in records.iter().enumerate() {
+        let mut r = record(k, "x");
+        r.timestamp = *ts;
+        e.dispatch("in", 0, offset + i as u64, r).unwrap();
+    }
+    e.request_durable_commit();
+    assert!(e.wait_idle(Duration::from_secs(20)));
+}
+
+/// (key, window start, count) of every record on `out`.
+fn finals(sink: &MemoryChangelog) -> Vec<(String, i64, i64)> {
+    let serde = TimeWindowedSerde::new(StringSerde, 10);
+    sink.records("out", 0)
+        .into_iter()
+        .map(|(_, r)| {
+            let k: Windowed<String> = serde.deserialize(&r.key.unwrap()).unwrap();
+            let n = I64Serde.deserialize(&r.value.unwrap()).unwrap();
+            (k.key, k.window.start, n)
+        })
+        .collect()
+}
+
+#[test]
+fn a_window_released_for_another_key_is_not_released_again_after_a_restore_at_another_factor() {
+    let key = |upper: bool| {
+        (0..)
+            .map(|i| format!("key{i}"))
+            .find(|k| (key_hash(k.as_bytes()) >= 1 << 63) == upper)
+            .unwrap()
+    };
+    let (lo, hi) = (key(false), key(true));
+    let topology = suppressed_counts();
+    let log = Arc::new(MemoryChangelog::default());
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = engine(
+            &topology,
+            1,
+            dir.path(),
+            &log,
+            log.clone(),
+            PriorClaim::Unknown,
+            0,
+        );
+        // `lo`'s record at 10 releases [0,10) of both keys: `hi`'s held entry is deleted while
+        // handling `lo`.
+        // `hi`'s held update is committed (and changelogged) before it is deleted.
+        feed_at(&mut e, 0, &[(&lo, 1), (&hi, 2)]);
+        feed_at(&mut e, 2, &[(&lo, 10), (&hi, 12)]);
+        let mut released = finals(&log);
+        released.sort();
+        let mut want = vec![(lo.clone(), 0, 1), (hi.clone(), 0, 1)];
+        want.sort();
+        assert_eq!(released, want);
+    }
+    // The state dir is lost; the task comes back at P = 2 from the changelog.
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Arc::new(MemoryChangelog::default());
+    let mut e = engine(
+        &topology,
+        2,
+        dir.path(),
+        &log,
+        sink.clone(),
+        PriorClaim::None,
+        1,
+    );
+    feed_at(&mut e, 4, &[(&hi, 20)]);
+    assert_eq!(
+        finals(&sink),
+        vec![(hi.clone(), 10, 1)],
+        "only [10,20) of `hi`: [0,10) was released before the restore"
+    );
+}
