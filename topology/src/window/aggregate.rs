@@ -7,16 +7,17 @@
 //! keeps each window's aggregate with the largest timestamp of its records, which is the
 //! timestamp of the records it forwards.
 //!
-//! Emit-final ([`EmitStrategy::OnWindowClose`]): after each record, the windows that closed since
-//! the last release (start in `(released, close - size]`) are read from the time-ordered store
-//! in (start, key) order and forwarded; the bound released so far is a metadata entry of the
-//! store, so it commits with the range: a replay after a crash releases exactly what the lost run
-//! had not committed, with the same values.
+//! Emit-final ([`EmitStrategy::OnWindowClose`]): after each record, the windows that closed and
+//! were not released yet (start at most `close - size`) are taken from the store's unreleased
+//! notes in (start, key) order and forwarded, each under its own key's routing hash. The notes are
+//! entries of the windows' keys (see `window::store`), so they commit with the range: a replay
+//! after a crash releases exactly what the lost run had not committed, with the same values, and
+//! a factor change or a restore from a compacted changelog neither repeats nor skips a window.
 
 use std::sync::Arc;
 
 use super::serde::{split_timestamped, timestamped};
-use super::store::{WindowBytes, WindowEntries};
+use super::store::{Unreleased, WindowBytes};
 use super::{EmitStrategy, TimeWindows, Window, Windowed};
 use crate::processor::{Datum, ProcessError, Processor, ProcessorContext};
 use crate::record::{Headers, Record};
@@ -56,9 +57,6 @@ impl<K, V, A> Clone for WindowedAggregation<K, V, A> {
     }
 }
 
-/// Metadata entry: the largest window time (start, or session end) emit-final released.
-pub(crate) const RELEASED: &str = "released";
-
 /// An aggregate with its largest record timestamp, decoded from a window store.
 pub(crate) struct Stamped<A> {
     pub value: A,
@@ -96,47 +94,63 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> WindowedAggregation<K
         }
     }
 
-    /// Releases the windows whose start lies in `(released, upper]`: their entries, with
-    /// `upper` recorded as released. Empty when nothing new closed.
+    /// Writes a window's aggregate; under emit-final, notes it as not released yet.
+    pub(crate) fn put_window(
+        &self,
+        store: &mut WindowBytes<'_>,
+        kb: &[u8],
+        start: i64,
+        encoded: &[u8],
+    ) -> Result<(), StoreError> {
+        match self.emit {
+            EmitStrategy::OnWindowClose => store.put_unreleased(kb, start, encoded),
+            EmitStrategy::OnWindowUpdate => store.put(kb, start, encoded),
+        }
+    }
+
+    /// Releases the windows not released yet whose start is at most `upper` (window end =
+    /// start + `size`): output records, each with its key's routing hash.
     pub(crate) fn release_windows(
         &self,
         store: &mut WindowBytes<'_>,
         upper: i64,
-    ) -> Result<WindowEntries, StoreError> {
-        let released = store.meta(RELEASED)?.and_then(|b| super::time_from(&b));
-        if released.is_some_and(|r| r >= upper) {
-            return Ok(Vec::new());
-        }
-        let from = released.map_or(i64::MIN, |r| r + 1);
-        let entries = store.scan(from, upper)?;
-        store.set_meta(RELEASED, &super::time_bytes(upper))?;
-        Ok(entries)
-    }
-
-    /// Turns released window entries into output records (window end = start + `size`).
-    pub(crate) fn released_records(
-        &self,
-        entries: WindowEntries,
         size: i64,
         headers: &Headers,
-    ) -> Result<Vec<Record<Windowed<K>, A>>, ProcessError> {
-        entries
+    ) -> Result<Vec<Released<K, A>>, ProcessError> {
+        let taken = store.take_unreleased(upper, size)?;
+        self.released_records(taken, headers, |v, _| {
+            let s = self.decode(v)?;
+            Ok((s.value, s.timestamp))
+        })
+    }
+
+    /// Turns taken windows into output records; `decode` gives a value's aggregate and the
+    /// record's time (from the value and the window).
+    pub(crate) fn released_records(
+        &self,
+        taken: Vec<Unreleased>,
+        headers: &Headers,
+        decode: impl Fn(&[u8], Window) -> Result<(A, i64), ProcessError>,
+    ) -> Result<Vec<Released<K, A>>, ProcessError> {
+        taken
             .into_iter()
-            .map(|(k, start, v)| {
-                let agg = self.decode(&v)?;
-                Ok(Record {
-                    key: Some(Windowed::new(
-                        self.key_serde.deserialize(&k)?,
-                        Window::new(start, start.saturating_add(size)),
-                    )),
-                    value: agg.value,
-                    timestamp: agg.timestamp,
+            .map(|(k, window, v, hash)| {
+                let (value, timestamp) = decode(&v, window)?;
+                let record = Record {
+                    key: Some(Windowed::new(self.key_serde.deserialize(&k)?, window)),
+                    value,
+                    timestamp,
                     headers: headers.clone(),
-                })
+                };
+                Ok((record, hash))
             })
             .collect()
     }
 }
+
+/// A released window's record, with the routing hash of its key (forwarded under it, so what
+/// the children write lands in the key's range, whichever record released it).
+pub(crate) type Released<K, A> = (Record<Windowed<K>, A>, Option<u64>);
 
 /// The processor of a [`TimeWindows`] aggregation.
 pub struct TimeWindowAggregate<K, V, A> {
@@ -169,6 +183,7 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, Windo
         // Cache keys of the window updates at the front of `out` (emit-on-update only).
         let mut updates = Vec::new();
         let mut late = 0;
+        let mut released = Vec::new();
         {
             let mut store = WindowBytes::open(ctx.timed_store(&agg.store)?)?;
             for w in self.windows.windows_for(ts) {
@@ -185,7 +200,7 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, Windo
                 };
                 let new = (agg.step)(&key, record.value.clone(), old);
                 let encoded = agg.encode(&new, new_ts)?;
-                store.put(&kb, w.start, &encoded)?;
+                agg.put_window(&mut store, &kb, w.start, &encoded)?;
                 if agg.emit == EmitStrategy::OnWindowUpdate {
                     let mut cache_key = kb.clone();
                     cache_key.extend_from_slice(&w.start.to_be_bytes());
@@ -201,8 +216,8 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, Windo
             }
             if agg.emit == EmitStrategy::OnWindowClose {
                 let size = self.windows.size_ms();
-                let released = agg.release_windows(&mut store, close.saturating_sub(size))?;
-                out.extend(agg.released_records(released, size, &record.headers)?);
+                let upper = close.saturating_sub(size);
+                released = agg.release_windows(&mut store, upper, size, &record.headers)?;
             }
             store.expire()?;
         }
@@ -213,6 +228,9 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, Windo
                 Some((cache_key, size)) => ctx.forward_cached(cache_key, size, r),
                 None => ctx.forward(r),
             }
+        }
+        for (r, hash) in released {
+            ctx.forward_about(r, hash);
         }
         Ok(())
     }

@@ -16,10 +16,10 @@
 
 use std::time::Duration;
 
-use super::aggregate::{MergeFn, WindowedAggregation, RELEASED};
+use super::aggregate::{MergeFn, WindowedAggregation};
 use super::store::SessionBytes;
 use super::suppress::RETRACT_HEADER;
-use super::{time_bytes, time_from, EmitStrategy, Window, WindowError, Windowed};
+use super::{EmitStrategy, Window, WindowError, Windowed};
 use crate::processor::{Datum, ProcessError, Processor, ProcessorContext};
 use crate::record::Record;
 use crate::time::millis;
@@ -105,6 +105,8 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, Windo
         let kb = agg.key_serde.serialize(&key)?;
         let mut out = Vec::new();
         let mut late = 0;
+        let mut released = Vec::new();
+        let final_only = agg.emit == EmitStrategy::OnWindowClose;
         {
             let mut store = SessionBytes::open(ctx.timed_store(&agg.store)?)?;
             let found = store.find_sessions(&kb, ts.saturating_sub(gap), ts.saturating_add(gap))?;
@@ -122,7 +124,11 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, Windo
             } else {
                 if window != Window::new(ts, ts) {
                     for (w, old) in olds {
-                        store.remove(&kb, w)?;
+                        if final_only {
+                            store.remove_unreleased(&kb, w)?;
+                        } else {
+                            store.remove(&kb, w)?;
+                        }
                         if agg.emit == EmitStrategy::OnWindowUpdate {
                             // Kafka Streams forwards a null value here; see RETRACT_HEADER.
                             let mut headers = record.headers.clone();
@@ -137,7 +143,12 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, Windo
                     }
                 }
                 let new = (agg.step)(&key, record.value, merged);
-                store.put(&kb, window, &agg.agg_serde.serialize(&new)?)?;
+                let encoded = agg.agg_serde.serialize(&new)?;
+                if final_only {
+                    store.put_unreleased(&kb, window, &encoded)?;
+                } else {
+                    store.put(&kb, window, &encoded)?;
+                }
                 if agg.emit == EmitStrategy::OnWindowUpdate {
                     out.push(Record {
                         key: Some(Windowed::new(key.clone(), window)),
@@ -147,28 +158,22 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, Windo
                     });
                 }
             }
-            if agg.emit == EmitStrategy::OnWindowClose {
+            if final_only {
                 // Closed: the session ends before close.
-                let upper = close.saturating_sub(1);
-                let released = store.meta(RELEASED)?.and_then(|b| time_from(&b));
-                if released.is_none_or(|r| r < upper) {
-                    let from = released.map_or(i64::MIN, |r| r + 1);
-                    for (k, w, v) in store.scan(from, upper)? {
-                        out.push(Record {
-                            key: Some(Windowed::new(agg.key_serde.deserialize(&k)?, w)),
-                            value: agg.agg_serde.deserialize(&v)?,
-                            timestamp: w.end,
-                            headers: record.headers.clone(),
-                        });
-                    }
-                    store.set_meta(RELEASED, &time_bytes(upper))?;
-                }
+                let taken = store.take_unreleased(close.saturating_sub(1))?;
+                // A session's records carry its end as their time.
+                released = agg.released_records(taken, &record.headers, |v, w| {
+                    Ok((agg.agg_serde.deserialize(v)?, w.end))
+                })?;
             }
             store.expire()?;
         }
         agg.report_late(ctx, late, ts, close);
         for r in out {
             ctx.forward(r);
+        }
+        for (r, hash) in released {
+            ctx.forward_about(r, hash);
         }
         Ok(())
     }

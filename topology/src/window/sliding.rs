@@ -125,7 +125,8 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> SlidingWindowAggregat
             p.ts.max(old_ts)
         };
         let new = (self.agg.step)(p.key, p.value.clone(), old);
-        store.put(&p.kb, window.start, &self.agg.encode(&new, new_ts)?)?;
+        let encoded = self.agg.encode(&new, new_ts)?;
+        self.agg.put_window(store, &p.kb, window.start, &encoded)?;
         self.forward(p, window, new, new_ts);
         Ok(())
     }
@@ -150,7 +151,8 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> SlidingWindowAggregat
         right: (A, i64),
     ) -> Result<(), ProcessError> {
         let w = Window::new(p.ts + 1, p.ts + 1 + self.d());
-        store.put(&p.kb, w.start, &self.agg.encode(&right.0, right.1)?)?;
+        let encoded = self.agg.encode(&right.0, right.1)?;
+        self.agg.put_window(store, &p.kb, w.start, &encoded)?;
         self.forward(p, w, right.0, right.1);
         Ok(())
     }
@@ -305,6 +307,7 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, Windo
             out: Vec::new(),
             late: 0,
         };
+        let mut released = Vec::new();
         {
             let mut store = WindowBytes::open(ctx.timed_store(&self.agg.store)?)?;
             if ts.saturating_add(1).saturating_add(d) <= close {
@@ -317,9 +320,9 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, Windo
             if self.agg.emit == EmitStrategy::OnWindowClose {
                 // Closed: end < close, so start <= close - 1 - d.
                 let upper = close.saturating_sub(1).saturating_sub(d);
-                let released = self.agg.release_windows(&mut store, upper)?;
-                p.out
-                    .extend(self.agg.released_records(released, d, &record.headers)?);
+                released = self
+                    .agg
+                    .release_windows(&mut store, upper, d, &record.headers)?;
             }
             store.expire()?;
         }
@@ -327,6 +330,9 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, Windo
         self.agg.report_late(ctx, late, ts, close);
         for r in out {
             ctx.forward(r);
+        }
+        for (r, hash) in released {
+            ctx.forward_about(r, hash);
         }
         Ok(())
     }

@@ -11,8 +11,16 @@
 //!                'x' len key T(start)              -> ()        key-first index (indexed stores only)
 //! session store  's' T(end) key T(start)           -> value     ordered by session end
 //!                't' len key T(end) T(start)       -> ()        key-first index
-//! both           'm' name                          -> bytes     metadata (e.g. what emit-final released)
+//!                'u' T(start) key                  -> ()        not released yet (emit-final)
+//!                'v' T(end) key T(start)           -> ()        not released yet (emit-final)
+//! both           'm' name                          -> bytes     metadata
 //! ```
+//!
+//! Emit-final notes each window (session) it has not released in an entry of the window's key:
+//! like any entry it follows its key's range across a factor change, and no two ranges write it,
+//! so compaction keeps it. (A released bound per range, the layout before, went to one child of a
+//! split and was shared by every range of a partition in the changelog: windows were emitted twice
+//! or never. A store written so is converted at its first release: see `take_unreleased`.)
 //!
 //! Time first means expiry deletes one contiguous key range (`'w' T(MIN)` to `'w' T(bound)`) and
 //! emit-final finds closed windows with one range scan; the index answers fetches by key without
@@ -40,6 +48,15 @@ const WINDOW_INDEX: u8 = b'x';
 const SESSION: u8 = b's';
 const SESSION_INDEX: u8 = b't';
 const META: u8 = b'm';
+const WINDOW_UNRELEASED: u8 = b'u';
+const SESSION_UNRELEASED: u8 = b'v';
+
+/// Metadata entry of the layout before unreleased notes: the largest window time (start, or
+/// session end) emit-final had released in the range.
+const RELEASED_BOUND: &str = "released";
+
+/// A window or session taken for release: (key bytes, window, value, routing hash of its key).
+pub(crate) type Unreleased = (Vec<u8>, Window, Vec<u8>, Option<u64>);
 
 /// Expiry deletes in steps of the retention divided by this.
 const EXPIRY_STEPS_PER_RETENTION: i64 = 4;
@@ -81,6 +98,29 @@ fn visible_from(stream_time: Option<i64>, retention_ms: i64) -> i64 {
 /// Reads metadata entry `name` of a window or session store.
 fn meta_get(bytes: &dyn KeyValueBytes, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
     bytes.get(&tagged(META, &[name.as_bytes()]))
+}
+
+/// Takes the notes of `tag` (`'u'` or `'v'`) whose time is at most `upper`, in (time, key)
+/// order: deletes each and returns its key after the tag, with the routing hash of the entry
+/// `primary` gives for it (the key the window is about).
+fn take_notes(
+    bytes: &mut dyn KeyValueBytes,
+    tag: u8,
+    upper: i64,
+    primary: impl Fn(&[u8]) -> Vec<u8>,
+) -> Result<Vec<(Vec<u8>, Option<u64>)>, StoreError> {
+    let hi = match upper.checked_add(1) {
+        Some(t) => tagged(tag, &[&time_bytes(t)]),
+        None => vec![tag + 1],
+    };
+    let notes = bytes.range(Bound::Included(&[tag][..]), Bound::Excluded(&hi))?;
+    let mut out = Vec::with_capacity(notes.len());
+    for (k, _) in notes {
+        let hash = bytes.routing_hash_of(&primary(&k[1..]))?;
+        bytes.delete(&k)?;
+        out.push((k[1..].to_vec(), hash));
+    }
+    Ok(out)
 }
 
 /// Physically deletes the entries of `tag` with a time below the step-aligned `bound`, from
@@ -189,6 +229,52 @@ impl<'a> WindowBytes<'a> {
             self.bytes.delete(&Self::index(key, start))?;
         }
         Ok(())
+    }
+
+    /// [`put`](Self::put), noting the window as not released yet (emit-final; see the module
+    /// docs).
+    pub(crate) fn put_unreleased(
+        &mut self,
+        key: &[u8],
+        start: i64,
+        value: &[u8],
+    ) -> Result<(), StoreError> {
+        if start < self.visible_from() {
+            return Ok(());
+        }
+        self.put(key, start, value)?;
+        self.bytes
+            .put(&tagged(WINDOW_UNRELEASED, &[&time_bytes(start), key]), &[])
+    }
+
+    /// Takes the windows noted unreleased that start at or before `upper`, by (start, key),
+    /// with their values (expired ones too, if not deleted yet) and their keys' routing hashes.
+    pub(crate) fn take_unreleased(
+        &mut self,
+        upper: i64,
+        size: i64,
+    ) -> Result<Vec<Unreleased>, StoreError> {
+        // The layout before: note every window past the range's released bound once.
+        if let Some(bound) = self.meta(RELEASED_BOUND)?.and_then(|b| time_from(&b)) {
+            for (key, start, _) in self.scan(bound.saturating_add(1), i64::MAX)? {
+                self.bytes
+                    .put(&tagged(WINDOW_UNRELEASED, &[&time_bytes(start), &key]), &[])?;
+            }
+            self.bytes
+                .delete(&tagged(META, &[RELEASED_BOUND.as_bytes()]))?;
+        }
+        let notes = take_notes(self.bytes, WINDOW_UNRELEASED, upper, |k| {
+            tagged(WINDOW, &[k])
+        })?;
+        let mut out = Vec::with_capacity(notes.len());
+        for (k, hash) in notes {
+            let (start, key) = self.parse(&tagged(WINDOW, &[&k]))?;
+            if let Some(v) = self.bytes.get(&Self::primary(&key, start))? {
+                let w = Window::new(start, start.saturating_add(size));
+                out.push((key, w, v, hash));
+            }
+        }
+        Ok(out)
     }
 
     /// The windows of `key` starting from `from` to `to` (both included), by start: (start,
@@ -402,6 +488,61 @@ impl<'a> SessionBytes<'a> {
     pub fn remove(&mut self, key: &[u8], window: Window) -> Result<(), StoreError> {
         self.bytes.delete(&Self::primary(key, window))?;
         self.bytes.delete(&Self::index(key, window))
+    }
+
+    fn unreleased(key: &[u8], w: Window) -> Vec<u8> {
+        tagged(
+            SESSION_UNRELEASED,
+            &[&time_bytes(w.end), key, &time_bytes(w.start)],
+        )
+    }
+
+    /// [`put`](Self::put), noting the session as not released yet (emit-final).
+    pub(crate) fn put_unreleased(
+        &mut self,
+        key: &[u8],
+        window: Window,
+        value: &[u8],
+    ) -> Result<(), StoreError> {
+        if window.end < self.visible_from() {
+            return Ok(());
+        }
+        self.put(key, window, value)?;
+        self.bytes.put(&Self::unreleased(key, window), &[])
+    }
+
+    /// [`remove`](Self::remove) of a session emit-final has not released (merged into another).
+    pub(crate) fn remove_unreleased(
+        &mut self,
+        key: &[u8],
+        window: Window,
+    ) -> Result<(), StoreError> {
+        self.remove(key, window)?;
+        self.bytes.delete(&Self::unreleased(key, window))
+    }
+
+    /// Takes the sessions noted unreleased that end at or before `upper`, by (end, key, start),
+    /// with their values and their keys' routing hashes.
+    pub(crate) fn take_unreleased(&mut self, upper: i64) -> Result<Vec<Unreleased>, StoreError> {
+        // The layout before: note every session past the range's released bound once.
+        if let Some(bound) = self.meta(RELEASED_BOUND)?.and_then(|b| time_from(&b)) {
+            for (key, w, _) in self.scan(bound.saturating_add(1), i64::MAX)? {
+                self.bytes.put(&Self::unreleased(&key, w), &[])?;
+            }
+            self.bytes
+                .delete(&tagged(META, &[RELEASED_BOUND.as_bytes()]))?;
+        }
+        let notes = take_notes(self.bytes, SESSION_UNRELEASED, upper, |k| {
+            tagged(SESSION, &[k])
+        })?;
+        let mut out = Vec::with_capacity(notes.len());
+        for (k, hash) in notes {
+            let (key, w) = self.parse(&tagged(SESSION, &[&k]))?;
+            if let Some(v) = self.bytes.get(&Self::primary(&key, w))? {
+                out.push((key, w, v, hash));
+            }
+        }
+        Ok(out)
     }
 
     /// Every visible session ending from `from` to `to` (both included), by (end, key, start).

@@ -23,17 +23,6 @@ fn suppressed_counts() -> Arc<Topology> {
     Arc::new(b.build().unwrap())
 }
 
-/// Feeds `(key, timestamp)` records from `offset` on and commits durably.
-fn feed_at(e: &mut Engine, offset: u64, records: &[(&str, i64)]) {
-    for (i, (k, ts)) in records.iter().enumerate() {
-        let mut r = record(k, "x");
-        r.timestamp = *ts;
-        e.dispatch("in", 0, offset + i as u64, r).unwrap();
-    }
-    e.request_durable_commit();
-    assert!(e.wait_idle(Duration::from_secs(20)));
-}
-
 /// (key, window start, count) of every record on `out`.
 fn finals(sink: &MemoryChangelog) -> Vec<(String, i64, i64)> {
     let serde = TimeWindowedSerde::new(StringSerde, 10);
@@ -49,13 +38,7 @@ fn finals(sink: &MemoryChangelog) -> Vec<(String, i64, i64)> {
 
 #[test]
 fn a_window_released_for_another_key_is_not_released_again_after_a_restore_at_another_factor() {
-    let key = |upper: bool| {
-        (0..)
-            .map(|i| format!("key{i}"))
-            .find(|k| (key_hash(k.as_bytes()) >= 1 << 63) == upper)
-            .unwrap()
-    };
-    let (lo, hi) = (key(false), key(true));
+    let (lo, hi) = (key_in_half(false), key_in_half(true));
     let topology = suppressed_counts();
     let log = Arc::new(MemoryChangelog::default());
     {

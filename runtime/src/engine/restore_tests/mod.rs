@@ -169,6 +169,25 @@ fn feed(e: &mut Engine, offset: u64, records: &[(&str, &str)]) {
     assert!(e.wait_idle(Duration::from_secs(20)));
 }
 
+/// Feeds `(key, timestamp)` records from `offset` on and commits durably.
+fn feed_at(e: &mut Engine, offset: u64, records: &[(&str, i64)]) {
+    for (i, (k, ts)) in records.iter().enumerate() {
+        let mut r = record(k, "x");
+        r.timestamp = *ts;
+        e.dispatch("in", 0, offset + i as u64, r).unwrap();
+    }
+    e.request_durable_commit();
+    assert!(e.wait_idle(Duration::from_secs(20)));
+}
+
+/// A key whose routing hash lies in the lower (`upper == false`) or upper half of the hash space.
+fn key_in_half(upper: bool) -> String {
+    (0..)
+        .map(|i| format!("key{i}"))
+        .find(|k| (key_hash(k.as_bytes()) >= 1 << 63) == upper)
+        .unwrap_or_default()
+}
+
 fn count(e: &Engine, key: &str) -> Option<i64> {
     e.store_get("counts", key.as_bytes())
         .unwrap()
@@ -476,5 +495,6 @@ fn restore_puts_entries_in_the_range_that_wrote_them() {
 }
 
 mod bases;
+mod emit_final;
 mod hashes;
 mod zombies;

@@ -1,0 +1,144 @@
+//! Emit-final windows and sessions across live factor changes (issue 41, item 1): what a range
+//! has not released yet is noted per window in an entry of the window's key, so a split or a
+//! merge neither releases a window twice nor skips one. (A released bound per range went to one
+//! child of a split, and a merge kept one range's bound for both.)
+
+use std::time::Duration;
+
+use rill::prelude::*;
+use rill::topology::key_hash;
+
+/// Two keys: one whose routing hash is in the lower half of the hash space, one in the upper.
+fn keys_in_both_halves() -> (String, String) {
+    let half = |upper: bool| {
+        (0..)
+            .map(|i| format!("user-{i}"))
+            .find(|k| (key_hash(k.as_bytes()) >= 1 << 63) == upper)
+            .unwrap_or_default()
+    };
+    (half(false), half(true))
+}
+
+/// Counts per key in 10 ms tumbling windows without grace, or in sessions with a 5 ms gap,
+/// emitted once each when closed, to `out` as `key@start` = count.
+fn emit_final_counts(sessions: bool) -> Topology {
+    let b = StreamsBuilder::new();
+    let grouped = b.stream("in", StringSerde, StringSerde).group_by_key();
+    let counts = if sessions {
+        grouped
+            .windowed_by(SessionWindows::of_inactivity_gap_with_no_grace(
+                Duration::from_millis(5),
+            ))
+            .emit_strategy(EmitStrategy::on_window_close())
+            .count("counts")
+    } else {
+        grouped
+            .windowed_by(TimeWindows::of_size_with_no_grace(Duration::from_millis(
+                10,
+            )))
+            .emit_strategy(EmitStrategy::on_window_close())
+            .count("counts")
+    };
+    counts
+        .to_stream()
+        .flat_map(|k: Option<Windowed<String>>, n: i64| {
+            k.map(|k| (format!("{}@{}", k.key, k.window.start), n))
+        })
+        .to_with("out", Produced::with(StringSerde, I64Serde));
+    b.build().unwrap()
+}
+
+struct Run {
+    driver: TestDriver,
+    input: TestInputTopic<String, String>,
+    out: TestOutputTopic<String, i64>,
+}
+
+impl Run {
+    fn new(sessions: bool, factor: usize) -> Run {
+        let driver = TestDriver::builder(emit_final_counts(sessions))
+            .parallelising_factor(factor)
+            .build()
+            .unwrap();
+        let input = driver.input_topic("in", StringSerde, StringSerde);
+        let out = driver.output_topic("out", StringSerde, I64Serde);
+        Run { driver, input, out }
+    }
+
+    fn at(&self, key: &str, t: i64) {
+        self.input.pipe_input_at(key.to_string(), "x".into(), t);
+    }
+
+    fn released(&self) -> Vec<(String, i64)> {
+        let mut got = self.out.read_key_values();
+        got.sort();
+        got
+    }
+}
+
+fn sorted(mut v: Vec<(String, i64)>) -> Vec<(String, i64)> {
+    v.sort();
+    v
+}
+
+/// The issue's split: `lo@1, hi@2, lo@10` release `[0,10)` of both keys in one range; after a
+/// split `hi@11` in the other child must not release `(hi,[0,10))` again.
+#[test]
+fn a_split_does_not_release_a_window_twice() {
+    for sessions in [false, true] {
+        let (lo, hi) = keys_in_both_halves();
+        let run = Run::new(sessions, 1);
+        run.at(&lo, 1);
+        run.at(&hi, 2);
+        run.at(&lo, 10);
+        let first = sorted(vec![(format!("{lo}@1"), 1), (format!("{hi}@2"), 1)]);
+        let first = if sessions {
+            first
+        } else {
+            sorted(vec![(format!("{lo}@0"), 1), (format!("{hi}@0"), 1)])
+        };
+        assert_eq!(run.released(), first, "sessions: {sessions}");
+        run.driver.set_parallelising_factor(2).unwrap();
+        run.at(&hi, 11);
+        run.at(&hi, 40);
+        run.at(&lo, 40);
+        let want = if sessions {
+            sorted(vec![(format!("{lo}@10"), 1), (format!("{hi}@11"), 1)])
+        } else {
+            sorted(vec![(format!("{lo}@10"), 1), (format!("{hi}@10"), 1)])
+        };
+        assert_eq!(run.released(), want, "sessions: {sessions}: each once");
+    }
+}
+
+/// The issue's merge: the lower range at stream time 5 has released nothing, the upper one at
+/// 25 has released `[0,10)`; after a merge `lo`'s `[0,10)` must still be released, once, and
+/// `hi`'s not again.
+#[test]
+fn a_merge_neither_skips_nor_repeats_a_window() {
+    for sessions in [false, true] {
+        let (lo, hi) = keys_in_both_halves();
+        let run = Run::new(sessions, 2);
+        run.at(&lo, 1);
+        run.at(&lo, 5);
+        run.at(&hi, 2);
+        run.at(&hi, 25);
+        let hi_first = if sessions { 2 } else { 0 };
+        assert_eq!(run.released(), vec![(format!("{hi}@{hi_first}"), 1)]);
+        run.driver.set_parallelising_factor(1).unwrap();
+        run.at(&lo, 26);
+        let lo_first = if sessions { 1 } else { 0 };
+        assert_eq!(
+            run.released(),
+            vec![(format!("{lo}@{lo_first}"), 2)],
+            "sessions: {sessions}: the lower range's window, released by the merged range"
+        );
+        run.at(&lo, 60);
+        let want = if sessions {
+            sorted(vec![(format!("{lo}@26"), 1), (format!("{hi}@25"), 1)])
+        } else {
+            sorted(vec![(format!("{lo}@20"), 1), (format!("{hi}@20"), 1)])
+        };
+        assert_eq!(run.released(), want, "sessions: {sessions}");
+    }
+}
