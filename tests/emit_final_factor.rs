@@ -8,15 +8,17 @@ use std::time::Duration;
 use rill::prelude::*;
 use rill::topology::key_hash;
 
+/// Keys whose routing hashes lie in the lower (`upper == false`) or upper half of the hash space.
+fn keys_in_half(upper: bool) -> impl Iterator<Item = String> {
+    (0..)
+        .map(|i| format!("user-{i}"))
+        .filter(move |k| (key_hash(k.as_bytes()) >= 1 << 63) == upper)
+}
+
 /// Two keys: one whose routing hash is in the lower half of the hash space, one in the upper.
 fn keys_in_both_halves() -> (String, String) {
-    let half = |upper: bool| {
-        (0..)
-            .map(|i| format!("user-{i}"))
-            .find(|k| (key_hash(k.as_bytes()) >= 1 << 63) == upper)
-            .unwrap_or_default()
-    };
-    (half(false), half(true))
+    let first = |upper| keys_in_half(upper).next().unwrap_or_default();
+    (first(false), first(true))
 }
 
 /// Counts per key in 10 ms tumbling windows without grace, or in sessions with a 5 ms gap,
@@ -141,4 +143,47 @@ fn a_merge_neither_skips_nor_repeats_a_window() {
         };
         assert_eq!(run.released(), want, "sessions: {sessions}");
     }
+}
+
+/// A bounded suppression buffer counts what each range holds after a split: the count was an
+/// entry of the whole range, which went to one child of the split, so that child counted the
+/// other's records too and failed with a full buffer it did not have.
+#[test]
+fn a_bounded_suppression_buffer_counts_per_range_after_a_split() {
+    let b = StreamsBuilder::new();
+    b.stream("in", StringSerde, StringSerde)
+        .group_by_key()
+        .windowed_by(TimeWindows::of_size_with_no_grace(Duration::from_millis(
+            10,
+        )))
+        .count("counts")
+        .suppress(Suppressed::until_window_closes(
+            BufferConfig::max_records(2).shutdown_when_full(),
+        ))
+        .to_stream()
+        .flat_map(|k: Option<Windowed<String>>, n: i64| {
+            k.map(|k| (format!("{}@{}", k.key, k.window.start), n))
+        })
+        .to_with("out", Produced::with(StringSerde, I64Serde));
+    let driver = TestDriver::new(b.build().unwrap()).unwrap();
+    let input = driver.input_topic("in", StringSerde, StringSerde);
+    let out = driver.output_topic("out", StringSerde, I64Serde);
+    let lo = keys_in_half(false).next().unwrap_or_default();
+    let mut upper = keys_in_half(true);
+    let (hi, hi2) = (
+        upper.next().unwrap_or_default(),
+        upper.next().unwrap_or_default(),
+    );
+    let at = |k: &String, t: i64| input.try_pipe_input_at(k.clone(), "x".into(), t);
+    at(&lo, 1).unwrap();
+    at(&hi, 2).unwrap();
+    driver.set_parallelising_factor(2).unwrap();
+    // The upper range releases `hi`'s [0,10) and then holds two windows: within the bound.
+    at(&hi, 12).unwrap();
+    at(&hi2, 13).expect("two windows held in the upper range, the bound is 2");
+    at(&lo, 20).unwrap();
+    assert_eq!(
+        sorted(out.read_key_values()),
+        sorted(vec![(format!("{hi}@0"), 1), (format!("{lo}@0"), 1)])
+    );
 }

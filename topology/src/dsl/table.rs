@@ -224,6 +224,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
                 due_after,
                 buffer,
                 floor: None,
+                size: None,
             }))
         });
         let node = {

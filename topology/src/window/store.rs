@@ -100,6 +100,9 @@ fn meta_get(bytes: &dyn KeyValueBytes, name: &str) -> Result<Option<Vec<u8>>, St
     bytes.get(&tagged(META, &[name.as_bytes()]))
 }
 
+/// A note taken: the key after its tag, with the routing hash of the entry it notes.
+type TakenNote = (Vec<u8>, Option<u64>);
+
 /// Takes the notes of `tag` (`'u'` or `'v'`) whose time is at most `upper`, in (time, key)
 /// order: deletes each and returns its key after the tag, with the routing hash of the entry
 /// `primary` gives for it (the key the window is about).
@@ -108,7 +111,7 @@ fn take_notes(
     tag: u8,
     upper: i64,
     primary: impl Fn(&[u8]) -> Vec<u8>,
-) -> Result<Vec<(Vec<u8>, Option<u64>)>, StoreError> {
+) -> Result<Vec<TakenNote>, StoreError> {
     let hi = match upper.checked_add(1) {
         Some(t) => tagged(tag, &[&time_bytes(t)]),
         None => vec![tag + 1],

@@ -185,11 +185,15 @@ pub(crate) struct SuppressProcessor<K, V> {
     /// tombstones of released updates. Sound because this processor is its buffer store's only
     /// writer and lives exactly as long as its sub-task's state (created after restore).
     pub floor: Option<i64>,
+    /// (records, bytes) held, for bounded buffers: counted from the buffer at its first use,
+    /// then kept in step with it (`None`: not counted yet). Not a store entry: a count of a
+    /// whole range went to one child of a split and was shared by every range of a partition in
+    /// the changelog. Sound in memory for the reason `floor` is.
+    pub size: Option<(u64, u64)>,
 }
 
 const HELD: u8 = b'b';
 const INDEX: u8 = b'i';
-const SIZE_KEY: &[u8] = b"msize";
 
 fn held_key(time: i64, key: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(9 + key.len());
@@ -209,29 +213,30 @@ fn index_key(key: &[u8]) -> Vec<u8> {
 /// A released update with the routing hash of its key (the held entry's), when known.
 type Released<K, V> = (Record<K, V>, Option<u64>);
 
-/// (records, bytes) held, for bounded buffers.
-fn read_size(store: &dyn KeyValueBytes) -> Result<(u64, u64), StoreError> {
-    Ok(match store.get(SIZE_KEY)? {
-        Some(b) if b.len() == 16 => (
-            u64::from_be_bytes(b[..8].try_into().unwrap_or_default()),
-            u64::from_be_bytes(b[8..].try_into().unwrap_or_default()),
-        ),
-        _ => (0, 0),
-    })
-}
-
-fn write_size(store: &mut dyn KeyValueBytes, size: (u64, u64)) -> Result<(), StoreError> {
-    let mut b = size.0.to_be_bytes().to_vec();
-    b.extend_from_slice(&size.1.to_be_bytes());
-    store.put(SIZE_KEY, &b)
-}
-
 /// The bytes an entry counts for in a bounded buffer.
 fn entry_bytes(key: &[u8], value: &[u8]) -> u64 {
     (key.len() + value.len() + 16) as u64
 }
 
 impl<K: Datum + Clone, V: Datum + Clone> SuppressProcessor<K, V> {
+    /// (records, bytes) held (see `size`).
+    fn held_size(&mut self, store: &dyn KeyValueBytes) -> Result<(u64, u64), StoreError> {
+        if let Some(size) = self.size {
+            return Ok(size);
+        }
+        let size = store
+            .prefix_scan(&[HELD])?
+            .iter()
+            .fold((0, 0), |(n, bytes), (k, v)| {
+                (
+                    n + 1,
+                    bytes + entry_bytes(k.get(9..).unwrap_or_default(), v),
+                )
+            });
+        self.size = Some(size);
+        Ok(size)
+    }
+
     fn over(&self, size: (u64, u64)) -> bool {
         self.buffer.max_records.is_some_and(|m| size.0 > m)
             || self.buffer.max_bytes.is_some_and(|m| size.1 > m)
@@ -246,7 +251,11 @@ impl<K: Datum + Clone, V: Datum + Clone> SuppressProcessor<K, V> {
         record: (i64, Vec<u8>),
     ) -> Result<(), ProcessError> {
         let bounded = !self.buffer.is_unbounded();
-        let mut size = if bounded { read_size(store)? } else { (0, 0) };
+        let mut size = if bounded {
+            self.held_size(store)?
+        } else {
+            (0, 0)
+        };
         let time = match store.get(&index_key(kb))?.and_then(|b| time_from(&b)) {
             Some(t) => {
                 if bounded {
@@ -267,13 +276,13 @@ impl<K: Datum + Clone, V: Datum + Clone> SuppressProcessor<K, V> {
         self.floor = self.floor.map(|f| f.min(time));
         store.put(&index_key(kb), &time_bytes(time))?;
         if bounded {
-            write_size(store, (size.0 + 1, size.1 + entry_bytes(kb, &value)))?;
+            self.size = Some((size.0 + 1, size.1 + entry_bytes(kb, &value)));
         }
         Ok(())
     }
 
     /// Drops what is held for `kb` (a retracted session).
-    fn unhold(&self, store: &mut dyn KeyValueBytes, kb: &[u8]) -> Result<(), ProcessError> {
+    fn unhold(&mut self, store: &mut dyn KeyValueBytes, kb: &[u8]) -> Result<(), ProcessError> {
         if let Some(time) = store.get(&index_key(kb))?.and_then(|b| time_from(&b)) {
             if let Some(v) = store.get(&held_key(time, kb))? {
                 self.release(store, vec![(held_key(time, kb), v)])?;
@@ -286,12 +295,16 @@ impl<K: Datum + Clone, V: Datum + Clone> SuppressProcessor<K, V> {
     /// key (the held entry's): a release while handling another key's record forwards it
     /// under that hash, so what the children write lands in the key's range.
     fn release(
-        &self,
+        &mut self,
         store: &mut dyn KeyValueBytes,
         entries: Vec<(Vec<u8>, Vec<u8>)>,
     ) -> Result<Vec<Released<K, V>>, ProcessError> {
         let bounded = !self.buffer.is_unbounded();
-        let mut size = if bounded { read_size(store)? } else { (0, 0) };
+        let mut size = if bounded {
+            self.held_size(store)?
+        } else {
+            (0, 0)
+        };
         let mut out = Vec::with_capacity(entries.len());
         for (k, v) in entries {
             let kb = &k[9..];
@@ -312,7 +325,7 @@ impl<K: Datum + Clone, V: Datum + Clone> SuppressProcessor<K, V> {
             out.push((record, hash));
         }
         if bounded {
-            write_size(store, size)?;
+            self.size = Some(size);
         }
         Ok(out)
     }
@@ -354,7 +367,7 @@ impl<K: Datum + Clone, V: Datum + Clone> Processor<K, V, K, V> for SuppressProce
                 self.floor = Some(self.floor.map_or(u, |f| f.max(u)));
             }
             if !self.buffer.is_unbounded() {
-                let mut size = read_size(store)?;
+                let mut size = self.held_size(store)?;
                 while self.over(size) {
                     if self.buffer.when_full == WhenFull::Shutdown {
                         return Err(ProcessError::BufferFull {
@@ -371,7 +384,7 @@ impl<K: Datum + Clone, V: Datum + Clone> Processor<K, V, K, V> for SuppressProce
                         break;
                     };
                     due.extend(self.release(store, vec![first])?);
-                    size = read_size(store)?;
+                    size = self.held_size(store)?;
                 }
             }
             due
