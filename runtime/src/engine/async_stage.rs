@@ -160,8 +160,11 @@ struct Settling {
 }
 
 impl Settling {
-    /// Takes an open record.
+    /// Takes an open record (again: no new entry, as [`OpenOffsets`] keeps one per offset).
     fn admit(&mut self, source: usize, offset: u64) {
+        if self.numbers.contains_key(&(source, offset)) {
+            return;
+        }
         let n = self.front + self.entries.len() as u64;
         self.numbers.insert((source, offset), n);
         self.entries.push_back((None, true));
@@ -922,6 +925,49 @@ mod tests {
                     oracle.remove(&o);
                 }
                 proptest::prop_assert_eq!(open.first(), oracle.first().copied());
+            }
+        }
+
+        /// Records of two sources admitted in one order and closed in any: the settled time is
+        /// always the largest event time of the longest closed prefix of the admission order,
+        /// and a record is first of the open ones exactly when everything before it closed.
+        #[test]
+        fn settling_follows_the_closed_prefix_of_the_admission_order(
+            records in proptest::collection::vec((0usize..2, 0i64..100, proptest::bool::ANY), 1..60),
+            order in proptest::collection::vec(0usize..1000, 1..60),
+        ) {
+            let mut settling = Settling::default();
+            let mut next_offset = [0u64; 2];
+            // (source, offset, time, completed before a restart)
+            let mut admitted = Vec::new();
+            let mut settled: Option<i64> = None;
+            for &(source, time, completed) in &records {
+                let offset = next_offset[source];
+                next_offset[source] += 1;
+                if completed {
+                    settled = settled.max(settling.admit_completed(Some(time)));
+                } else {
+                    settling.admit(source, offset);
+                    settling.admit(source, offset); // again: still one entry
+                    settling.started(source, offset, Some(time));
+                }
+                admitted.push((source, offset, time, completed));
+            }
+            let mut closed: Vec<bool> = admitted.iter().map(|a| a.3).collect();
+            let mut open: Vec<usize> = (0..admitted.len()).filter(|&i| !closed[i]).collect();
+            for pick in order.iter().chain(std::iter::repeat_n(&0, open.len())) {
+                if open.is_empty() {
+                    break;
+                }
+                let i = open.remove(pick % open.len());
+                let (source, offset, time, _) = admitted[i];
+                let first = closed[..i].iter().all(|&c| c);
+                proptest::prop_assert_eq!(settling.first_time(source, offset), first.then_some(time));
+                settled = settled.max(settling.close(source, offset));
+                closed[i] = true;
+                let prefix = closed.iter().take_while(|&&c| c).count();
+                let want = admitted[..prefix].iter().map(|a| a.2).max();
+                proptest::prop_assert_eq!(settled, want);
             }
         }
     }
