@@ -267,6 +267,32 @@ fn run_example(name: &str, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>,
     )
 }
 
+/// Issue 42, item 7: logs go to stderr; stdout is the application's (the demo's progress).
+#[test]
+fn logs_go_to_stderr_and_stdout_is_the_applications() {
+    let state = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(example("wordcount"))
+        .args(["--seconds", "2"])
+        .env("RILL_LOG", "info")
+        .env("RILL_METRICS_ADDR", "off")
+        .env("RILL_STATE_DIR", state.path())
+        .output()
+        .expect("run wordcount");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("INFO"),
+        "the runtime's logs are on stderr: {stderr}"
+    );
+    assert!(
+        !stdout.contains("INFO") && stdout.contains("processed"),
+        "stdout holds the demo's own lines only: {stdout}"
+    );
+}
+
 #[test]
 fn bad_configuration_exits_2_naming_the_key_before_connecting() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -146,10 +146,15 @@ pub fn exit_code(result: Result<(), Box<dyn std::error::Error>>) -> std::process
     }
 }
 
-/// Installs a log subscriber filtered by `RILL_LOG` (default `info`), once per process.
+/// Installs a log subscriber filtered by `RILL_LOG` (default `info`) that writes to stderr, once
+/// per process.
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RILL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // A subscriber installed earlier (by the application or a test) wins.
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
+    // A subscriber installed earlier (by the application or a test) wins. Stderr: stdout is the
+    // application's own output.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
