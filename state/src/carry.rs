@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use rill_topology::keyrange::KeyRange;
 
-use crate::progress::{CarriedOffset, Origin, Progress, TopicOffset};
+use crate::progress::{CarriedOffset, Origin, Progress, StoreTime, TopicOffset};
 
 /// The intersection of two ranges, if they share a hash.
 pub fn intersection(a: KeyRange, b: KeyRange) -> Option<KeyRange> {
@@ -98,6 +98,7 @@ pub fn compose(range: KeyRange, parts: &[(KeyRange, &Progress)]) -> Progress {
             changelogs: Vec::new(),
             carried: Vec::new(),
             stream_time: None,
+            store_times: Vec::new(),
             ..p.clone()
         },
         None => Progress::new(range, "", 0),
@@ -161,6 +162,19 @@ pub fn compose(range: KeyRange, parts: &[(KeyRange, &Progress)]) -> Progress {
         }
         out.stream_time = out.stream_time.max(p.stream_time);
     }
+    // A store's observed time is the largest of its parts' (each child of a split keeps it).
+    let mut store_times: BTreeMap<&str, i64> = BTreeMap::new();
+    for s in parts.iter().flat_map(|(_, p)| &p.store_times) {
+        let t = store_times.entry(&s.store).or_insert(s.time);
+        *t = (*t).max(s.time);
+    }
+    out.store_times = store_times
+        .into_iter()
+        .map(|(store, time)| StoreTime {
+            store: store.to_string(),
+            time,
+        })
+        .collect();
     // Changelog positions: the smallest over the parts, for topics every part has.
     let mut positions: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
     for (_, p) in &parts {
@@ -217,6 +231,10 @@ mod tests {
             }
         }
         p.stream_time = Some(stream_time);
+        p.store_times.push(StoreTime {
+            store: "versions".into(),
+            time: 10 * stream_time,
+        });
         p.origins.push(Origin {
             partition: 0,
             range_start: 0,
@@ -264,6 +282,8 @@ mod tests {
                 }
                 let max_time = parts.iter().filter(|(r, _)| intersection(*r, new).is_some()).filter_map(|(_, p)| p.stream_time).max();
                 prop_assert_eq!(c.stream_time, max_time);
+                let store_time = c.store_times.iter().find(|s| s.store == "versions").map(|s| s.time);
+                prop_assert_eq!(store_time, max_time.map(|t| 10 * t), "a store's time is the max of its parts'");
             }
         }
     }

@@ -72,5 +72,5 @@ pub use db::{
     MIN_OPEN_FILES, ROCKSDB_DIR,
 };
 pub use error::StateError;
-pub use progress::{CarriedOffset, Origin, Progress, TopicOffset, PROGRESS_VERSION};
+pub use progress::{CarriedOffset, Origin, Progress, StoreTime, TopicOffset, PROGRESS_VERSION};
 pub use subtask::{StoreEntries, StoreWrite, SubTaskState, DATA_PREFIX, PROGRESS_KEY};

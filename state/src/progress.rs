@@ -70,6 +70,20 @@ pub struct Progress {
     /// the range that had applied further than `offsets` says (see [`crate::carry`]).
     #[prost(message, repeated, tag = "17")]
     pub carried: Vec<CarriedOffset>,
+    /// Per versioned store: the range's observed stream time (the largest timestamp put).
+    #[prost(message, repeated, tag = "18")]
+    pub store_times: Vec<StoreTime>,
+}
+
+/// The observed stream time of one store in a range.
+#[derive(Clone, PartialEq, Eq, Hash, prost::Message)]
+pub struct StoreTime {
+    /// The store's name.
+    #[prost(string, tag = "1")]
+    pub store: String,
+    /// The largest timestamp put into the store in this range.
+    #[prost(sint64, tag = "2")]
+    pub time: i64,
 }
 
 /// Part of a range that had applied a source topic further than the range as a whole.
@@ -198,6 +212,7 @@ impl Progress {
             owner: 0,
             owner_parent: 0,
             carried: Vec::new(),
+            store_times: Vec::new(),
         }
     }
 

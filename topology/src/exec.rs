@@ -142,8 +142,8 @@ pub struct TaskInstance {
     settled_time: Option<i64>,
     /// The event time of the record `process` took last; `None` when it skipped it.
     last_event_time: Option<i64>,
-    /// Per window or session store: the time below which expiry has deleted entries in this run.
-    expiry: HashMap<String, i64>,
+    /// Per window, session or versioned store: the times the sub-task keeps for it.
+    clocks: HashMap<String, StoreClock>,
     /// The record cache; `None` when caching is off.
     cache: Option<RecordCache>,
     /// Per node: whether its cached forwards may wait in the cache. Not for a node that reaches
@@ -166,7 +166,24 @@ struct Host<'a> {
     requested: Vec<(i64, PunctuationType)>,
     topology: &'a Topology,
     stream_time: Option<i64>,
-    expiry: &'a mut HashMap<String, i64>,
+    clocks: &'a mut HashMap<String, StoreClock>,
+}
+
+/// The times a sub-task keeps for one store besides its entries.
+struct StoreClock {
+    /// Expiry has deleted the entries below this time in this run (a restart starts over).
+    expired_below: i64,
+    /// The largest timestamp put (versioned stores); committed with the range.
+    observed: Option<i64>,
+}
+
+impl Default for StoreClock {
+    fn default() -> Self {
+        StoreClock {
+            expired_below: i64::MIN,
+            observed: None,
+        }
+    }
 }
 
 impl Host<'_> {
@@ -202,12 +219,13 @@ impl ProcessorHost for Host<'_> {
             .topology
             .store_kind(name)
             .unwrap_or(StoreKind::KeyValue);
-        let expired_below = self.expiry.entry(name.to_string()).or_insert(i64::MIN);
+        let clock = self.clocks.entry(name.to_string()).or_default();
         Ok(TimedStore {
             bytes: self.env.store(name)?,
             kind,
             stream_time: self.stream_time,
-            expired_below,
+            expired_below: &mut clock.expired_below,
+            observed: &mut clock.observed,
         })
     }
     fn stream_time(&self) -> Option<i64> {
@@ -243,7 +261,7 @@ impl TaskInstance {
         let mut processors: Vec<Option<Box<dyn ErasedProcessor>>> =
             (0..topology.nodes.len()).map(|_| None).collect();
         let mut schedules = Vec::new();
-        let mut expiry = HashMap::new();
+        let mut clocks = HashMap::new();
         let meta = RecordMeta::default();
         for &n in &sub.nodes {
             if let NodeKind::Processor { supplier, stores } = &topology.nodes[n].kind {
@@ -257,7 +275,7 @@ impl TaskInstance {
                     requested: Vec::new(),
                     topology: &topology,
                     stream_time: None,
-                    expiry: &mut expiry,
+                    clocks: &mut clocks,
                 };
                 p.init(&mut host).map_err(|source| TaskError::Process {
                     node: topology.nodes[n].name.clone(),
@@ -289,7 +307,7 @@ impl TaskInstance {
             behind_async,
             settled_time: None,
             last_event_time: None,
-            expiry,
+            clocks,
             cache: None,
             cacheable,
             calls: Vec::new(),
@@ -422,6 +440,30 @@ impl TaskInstance {
             .filter(|s| s.kind == PunctuationType::WallClockTime)
             .map(|s| s.interval_ms.max(1) as u64)
             .min()
+    }
+
+    /// The observed stream time of each versioned store that has one, by store name (committed
+    /// with the range).
+    pub fn observed_times(&self) -> Vec<(&str, i64)> {
+        let mut times: Vec<(&str, i64)> = self
+            .clocks
+            .iter()
+            .filter_map(|(store, c)| c.observed.map(|t| (store.as_str(), t)))
+            .collect();
+        times.sort_unstable();
+        times
+    }
+
+    /// The observed stream time of store `store`, if it has one.
+    pub fn observed_time(&self, store: &str) -> Option<i64> {
+        self.clocks.get(store).and_then(|c| c.observed)
+    }
+
+    /// Sets the observed stream times committed with the range (before any record).
+    pub fn set_observed_times<'a>(&mut self, times: impl IntoIterator<Item = (&'a str, i64)>) {
+        for (store, t) in times {
+            self.clocks.entry(store.to_string()).or_default().observed = Some(t);
+        }
     }
 
     /// Resumes from a committed stream time, so that stream-time punctuations fire at the same
@@ -647,7 +689,7 @@ impl TaskInstance {
                 requested: Vec::new(),
                 topology: &topology,
                 stream_time,
-                expiry: &mut self.expiry,
+                clocks: &mut self.clocks,
             };
             // A panic in user code becomes this node's error, for the processing handler.
             std::panic::catch_unwind(AssertUnwindSafe(|| f(p.as_mut(), &mut host)))

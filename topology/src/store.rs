@@ -126,6 +126,9 @@ pub struct TimedStore<'a> {
     /// Entries with a time below this were deleted by expiry in this run (kept by the sub-task,
     /// not persisted: a restart deletes from the beginning once).
     pub expired_below: &'a mut i64,
+    /// The largest timestamp put so far (versioned stores): a time of the range, not of a key,
+    /// so the sub-task keeps it and commits it with the range's progress.
+    pub observed: &'a mut Option<i64>,
 }
 
 /// Byte-level key-value access to one store, limited to the calling sub-task's key range.

@@ -4,7 +4,8 @@
 //! # Semantics (as in Kafka Streams)
 //!
 //! The store tracks its *observed stream time*: the largest timestamp ever put into it (kept per
-//! key range, like all rill state, and committed with the range). With history retention `H`:
+//! key range, like all rill state, and committed with the range's progress: a split gives it to
+//! both children, a merge takes the larger). With history retention `H`:
 //! - `put(key, value, t)` with `t` below `observed - H` is not taken ([`PutOutcome::Expired`]);
 //!   otherwise the value holds from `t` until the key's next version, and the outcome says whether
 //!   it is the key's latest version or until when it is valid. A put at a timestamp the key
@@ -17,11 +18,13 @@
 //!
 //! ```text
 //! 'v' len key T(t)   -> 0x01 value | 0x00 (tombstone)   versions of a key, oldest first
-//! 'm' "observed"     -> T(observed stream time)
 //! ```
 //! `len` is the key's length (4 bytes, big-endian), `T(t)` a timestamp in numeric byte order.
 //! A put removes the versions of its key that no read can see any more (those superseded before
 //! `observed - H`); a key that is never written again keeps its old versions, hidden from reads.
+//! Stores written before 2026-12-06 kept the observed time in an entry `'m' "observed"` (one per
+//! range under one changelog key, so splits and compaction gave it to the wrong ranges); it is
+//! read when the range has no committed time and deleted at the next put.
 
 use std::ops::Bound;
 
@@ -30,7 +33,8 @@ use crate::store::{KeyValueBytes, StoreError, StoreKind, StoreSerdes, TimedStore
 use crate::window::{time_bytes, time_from};
 
 const VERSION: u8 = b'v';
-const OBSERVED: &[u8] = b"mobserved";
+/// The observed-time entry of the layout before the time moved to the range's progress.
+const LEGACY_OBSERVED: &[u8] = b"mobserved";
 const TOMBSTONE: u8 = 0;
 const VALUE: u8 = 1;
 
@@ -63,6 +67,7 @@ type Version = (i64, Option<Vec<u8>>);
 pub struct VersionedBytes<'a> {
     bytes: &'a mut dyn KeyValueBytes,
     history_ms: i64,
+    observed: &'a mut Option<i64>,
 }
 
 impl<'a> VersionedBytes<'a> {
@@ -72,6 +77,7 @@ impl<'a> VersionedBytes<'a> {
             StoreKind::Versioned(spec) => Ok(VersionedBytes {
                 bytes: store.bytes,
                 history_ms: spec.history_retention_ms,
+                observed: store.observed,
             }),
             other => Err(StoreError::WrongKind {
                 store: store.bytes.name().to_string(),
@@ -90,7 +96,15 @@ impl<'a> VersionedBytes<'a> {
 
     /// The largest timestamp put so far; `None` before the first put.
     pub fn observed_stream_time(&self) -> Result<Option<i64>, StoreError> {
-        match self.bytes.get(OBSERVED)? {
+        match *self.observed {
+            Some(t) => Ok(Some(t)),
+            None => self.legacy_observed(),
+        }
+    }
+
+    /// The observed time in the entry of the layout before (see the module doc).
+    fn legacy_observed(&self) -> Result<Option<i64>, StoreError> {
+        match self.bytes.get(LEGACY_OBSERVED)? {
             None => Ok(None),
             Some(b) => time_from(&b)
                 .map(Some)
@@ -153,9 +167,11 @@ impl<'a> VersionedBytes<'a> {
         if t < self.history_bound()? {
             return Ok(PutOutcome::Expired);
         }
-        if observed.is_none_or(|o| t > o) {
-            self.bytes.put(OBSERVED, &time_bytes(t))?;
+        if self.observed.is_none() && observed.is_some() {
+            // The first put since the layout before: the time now lives in the range's progress.
+            self.bytes.delete(LEGACY_OBSERVED)?;
         }
+        *self.observed = Some(observed.map_or(t, |o| o.max(t)));
         let stored = match value {
             Some(v) => {
                 let mut b = Vec::with_capacity(1 + v.len());

@@ -7,8 +7,10 @@ use crate::serdes::{I64Serde, StringSerde};
 use crate::store::{MemoryKeyValue, VersionedStoreSpec};
 
 fn open(mem: &mut MemoryKeyValue, history_ms: i64) -> VersionedBytes<'_> {
-    // Versioned stores do not use the expiry position; the view only needs one to borrow.
+    // Versioned stores do not use the expiry position; the view only needs one to borrow. The
+    // observed time lives as long as the view (each test opens its store once).
     let expired_below = Box::leak(Box::new(i64::MIN));
+    let observed = Box::leak(Box::new(None));
     VersionedBytes::open(TimedStore {
         bytes: mem,
         kind: StoreKind::Versioned(VersionedStoreSpec {
@@ -16,6 +18,7 @@ fn open(mem: &mut MemoryKeyValue, history_ms: i64) -> VersionedBytes<'_> {
         }),
         stream_time: None,
         expired_below,
+        observed,
     })
     .expect("a versioned store")
 }
@@ -85,6 +88,7 @@ fn a_window_store_is_not_a_versioned_store() {
         kind: StoreKind::KeyValue,
         stream_time: None,
         expired_below: &mut expired_below,
+        observed: &mut None,
     })
     .err();
     assert!(matches!(err, Some(StoreError::WrongKind { .. })), "{err:?}");
@@ -101,6 +105,7 @@ fn the_typed_view_deletes_and_returns_what_was_valid() {
         }),
         stream_time: None,
         expired_below: &mut expired_below,
+        observed: &mut None,
     };
     let mut s = VersionedStore::new(timed, "v", &StringSerde, &I64Serde).unwrap();
     let k = "alice".to_string();
@@ -182,4 +187,22 @@ proptest! {
             }
         }
     }
+}
+
+/// A store of the layout before keeps its observed time in an entry: it is read while the range
+/// has no committed time, and deleted once the time moves to the range's progress.
+#[test]
+fn the_observed_time_of_the_layout_before_is_taken_over() {
+    let mut mem = MemoryKeyValue::new("v");
+    mem.put(LEGACY_OBSERVED, &crate::window::time_bytes(100))
+        .unwrap();
+    {
+        let mut s = open(&mut mem, 10);
+        assert_eq!(s.observed_stream_time().unwrap(), Some(100));
+        assert_eq!(s.put(b"k", Some(b"a"), 50).unwrap(), PutOutcome::Expired);
+        assert_eq!(s.put(b"k", Some(b"a"), 95).unwrap(), PutOutcome::Latest);
+        assert_eq!(s.observed_stream_time().unwrap(), Some(100));
+        assert_eq!(*s.observed, Some(100), "kept by the sub-task now");
+    }
+    assert_eq!(mem.get(LEGACY_OBSERVED).unwrap(), None);
 }

@@ -24,7 +24,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use rill_state::{Origin as StoredOrigin, Progress, SubTaskState, TopicOffset};
+use rill_state::{Origin as StoredOrigin, Progress, StoreTime, SubTaskState, TopicOffset};
 use rill_topology::{KeyRange, HASH_ID};
 
 use super::changelog::{changelog_topic, data_record, marker_record, CommitId};
@@ -265,6 +265,15 @@ impl Core {
             parent_lineage: self.lineage.parent,
             generation: self.lineage.generation,
             stream_time: self.instance.stream_time(),
+            store_times: self
+                .instance
+                .observed_times()
+                .into_iter()
+                .map(|(store, time)| StoreTime {
+                    store: store.to_string(),
+                    time,
+                })
+                .collect(),
             cluster_id: shared.config.cluster_id.clone(),
             owner: self.lineage.id,
             owner_parent: self.lineage.parent,

@@ -82,6 +82,7 @@ impl Core {
         read: &mut dyn FnMut(TimedStore<'_>) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         let stream_time = self.instance.stream_time();
+        let mut observed = self.instance.observed_time(store);
         let Some(bytes) = self.state.as_mut().and_then(|s| s.store(store)) else {
             return Ok(());
         };
@@ -92,6 +93,7 @@ impl Core {
             kind,
             stream_time,
             expired_below: &mut expired_below,
+            observed: &mut observed,
         })
     }
 

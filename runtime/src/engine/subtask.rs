@@ -255,6 +255,7 @@ impl SubTask {
                 }
             }
             instance.set_stream_time(p.stream_time);
+            instance.set_observed_times(p.store_times.iter().map(|s| (s.store.as_str(), s.time)));
         }
         let core = Core {
             instance,

@@ -25,6 +25,7 @@ fn open<'a>(
         kind,
         stream_time,
         expired_below: cursor,
+        observed: Box::leak(Box::new(None)),
     }
 }
 

@@ -45,16 +45,7 @@ fn no_window_is_released_again_after_a_restore_from_a_compacted_changelog() {
     let topology = final_counts();
     let log = Arc::new(MemoryChangelog::default());
     {
-        let dir = tempfile::tempdir().unwrap();
-        let mut e = engine(
-            &topology,
-            2,
-            dir.path(),
-            &log,
-            log.clone(),
-            PriorClaim::Unknown,
-            0,
-        );
+        let (_dir, mut e) = first_owner(&topology, 2, &log);
         // The lower range releases [0,10) and [10,20) of `lo`, then the upper one [0,10) of `hi`.
         feed_at(&mut e, 0, &[(&lo, 1), (&lo, 11), (&hi, 2)]);
         feed_at(&mut e, 3, &[(&lo, 30)]);
@@ -66,17 +57,7 @@ fn no_window_is_released_again_after_a_restore_from_a_compacted_changelog() {
     }
     log.compact(&changelog_topic("app", "counts"), 0, u64::MAX, true);
     // The state dir is lost; the task comes back at the same factor from the changelog.
-    let dir = tempfile::tempdir().unwrap();
-    let sink = Arc::new(MemoryChangelog::default());
-    let mut e = engine(
-        &topology,
-        2,
-        dir.path(),
-        &log,
-        sink.clone(),
-        PriorClaim::None,
-        1,
-    );
+    let (_dir, mut e, sink) = owner_from_scratch(&topology, 2, &log);
     feed_at(&mut e, 5, &[(&lo, 45), (&hi, 45)]);
     let mut want = vec![(lo.clone(), 30), (hi.clone(), 10)];
     want.sort();

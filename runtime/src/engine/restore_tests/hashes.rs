@@ -42,16 +42,7 @@ fn a_window_released_for_another_key_is_not_released_again_after_a_restore_at_an
     let topology = suppressed_counts();
     let log = Arc::new(MemoryChangelog::default());
     {
-        let dir = tempfile::tempdir().unwrap();
-        let mut e = engine(
-            &topology,
-            1,
-            dir.path(),
-            &log,
-            log.clone(),
-            PriorClaim::Unknown,
-            0,
-        );
+        let (_dir, mut e) = first_owner(&topology, 1, &log);
         // `lo`'s record at 10 releases [0,10) of both keys: `hi`'s held entry is deleted while
         // handling `lo`.
         // `hi`'s held update is committed (and changelogged) before it is deleted.
@@ -64,17 +55,7 @@ fn a_window_released_for_another_key_is_not_released_again_after_a_restore_at_an
         assert_eq!(released, want);
     }
     // The state dir is lost; the task comes back at P = 2 from the changelog.
-    let dir = tempfile::tempdir().unwrap();
-    let sink = Arc::new(MemoryChangelog::default());
-    let mut e = engine(
-        &topology,
-        2,
-        dir.path(),
-        &log,
-        sink.clone(),
-        PriorClaim::None,
-        1,
-    );
+    let (_dir, mut e, sink) = owner_from_scratch(&topology, 2, &log);
     feed_at(&mut e, 4, &[(&hi, 20)]);
     assert_eq!(
         finals(&sink),

@@ -145,6 +145,46 @@ fn engine(
     e
 }
 
+/// The first owner of the task at factor `p` on a fresh state dir, writing to `log`.
+fn first_owner(
+    topology: &Arc<Topology>,
+    p: usize,
+    log: &Arc<MemoryChangelog>,
+) -> (tempfile::TempDir, Engine) {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(
+        topology,
+        p,
+        dir.path(),
+        log,
+        log.clone(),
+        PriorClaim::Unknown,
+        0,
+    );
+    (dir, e)
+}
+
+/// The next owner at factor `p` after the state dir was lost: restored from `log` on a fresh
+/// dir, writing to a sink of its own (returned).
+fn owner_from_scratch(
+    topology: &Arc<Topology>,
+    p: usize,
+    log: &Arc<MemoryChangelog>,
+) -> (tempfile::TempDir, Engine, Arc<MemoryChangelog>) {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Arc::new(MemoryChangelog::default());
+    let e = engine(
+        topology,
+        p,
+        dir.path(),
+        log,
+        sink.clone(),
+        PriorClaim::None,
+        1,
+    );
+    (dir, e, sink)
+}
+
 /// A healthy engine of `topology` at P = 4 whose changelog is `log`.
 fn simple(topology: &Arc<Topology>, dir: &Path, log: &Arc<MemoryChangelog>) -> Engine {
     engine(topology, 4, dir, log, log.clone(), PriorClaim::Unknown, 0)
@@ -458,29 +498,10 @@ fn restore_puts_entries_in_the_range_that_wrote_them() {
     let topology = topology();
     let log = Arc::new(MemoryChangelog::default());
     {
-        let dir = tempfile::tempdir().unwrap();
-        let mut e = engine(
-            &topology,
-            p,
-            dir.path(),
-            &log,
-            log.clone(),
-            PriorClaim::Unknown,
-            0,
-        );
+        let (_dir, mut e) = first_owner(&topology, p, &log);
         feed(&mut e, 0, &[(&key, &value)]);
     }
-    let dir = tempfile::tempdir().unwrap();
-    let sink = Arc::new(MemoryChangelog::default());
-    let mut e = engine(
-        &topology,
-        p,
-        dir.path(),
-        &log,
-        sink.clone(),
-        PriorClaim::None,
-        1,
-    );
+    let (_dir, mut e, sink) = owner_from_scratch(&topology, p, &log);
     feed(&mut e, 1, &[(&key, &value)]);
     let out: Vec<String> = sink
         .records("out", 0)
@@ -497,4 +518,5 @@ fn restore_puts_entries_in_the_range_that_wrote_them() {
 mod bases;
 mod emit_final;
 mod hashes;
+mod versioned;
 mod zombies;

@@ -1,7 +1,13 @@
-//! Emit-final windows and sessions across live factor changes (issue 41, item 1): what a range
-//! has not released yet is noted per window in an entry of the window's key, so a split or a
-//! merge neither releases a window twice nor skips one. (A released bound per range went to one
-//! child of a split, and a merge kept one range's bound for both.)
+//! State that describes a whole key range across live factor changes (issue 41, item 1).
+//!
+//! - Emit-final windows and sessions: what a range has not released yet is noted per window in
+//!   an entry of the window's key, so a split or a merge neither releases a window twice nor
+//!   skips one. (A released bound per range went to one child of a split, and a merge kept one
+//!   range's bound for both.)
+//! - A bounded suppression buffer counts what each range holds.
+//! - A versioned store's observed stream time is committed with the range's progress: a split
+//!   gives it to both children, a merge takes the larger. (It was an entry of the store, which
+//!   went to one child of a split and to either range of a merge.)
 
 use std::time::Duration;
 
@@ -186,4 +192,81 @@ fn a_bounded_suppression_buffer_counts_per_range_after_a_split() {
         sorted(out.read_key_values()),
         sorted(vec![(format!("{hi}@0"), 1), (format!("{lo}@0"), 1)])
     );
+}
+
+/// A versioned table of `in` keeping 10 ms of history; its updates go to `out` as `key` = value.
+fn versioned_table(
+    p: usize,
+) -> (
+    TestDriver,
+    TestInputTopic<String, String>,
+    TestOutputTopic<String, String>,
+) {
+    let b = StreamsBuilder::new();
+    b.table(
+        "in",
+        StringSerde,
+        StringSerde,
+        Materialized::named("versions").versioned(Duration::from_millis(10)),
+    )
+    .to_stream()
+    .to_with("out", Produced::with(StringSerde, StringSerde));
+    let driver = TestDriver::builder(b.build().unwrap())
+        .parallelising_factor(p)
+        .build()
+        .unwrap();
+    let input = driver.input_topic("in", StringSerde, StringSerde);
+    let out = driver.output_topic("out", StringSerde, StringSerde);
+    (driver, input, out)
+}
+
+/// After a split both children keep the range's observed stream time: a put older than the
+/// history retention is expired in either child, as it was before the split.
+#[test]
+fn a_split_keeps_the_versioned_stores_observed_time_in_both_children() {
+    let (lo, hi) = keys_in_both_halves();
+    let (driver, input, out) = versioned_table(1);
+    input.pipe_input_at(lo.clone(), "a".into(), 100);
+    driver.set_parallelising_factor(2).unwrap();
+    input.pipe_input_at(hi.clone(), "old".into(), 50);
+    input.pipe_input_at(lo.clone(), "old".into(), 50);
+    assert_eq!(
+        out.read_key_values(),
+        vec![(lo.clone(), "a".to_string())],
+        "puts at 50 are older than 100 - 10 in both children"
+    );
+    let store = driver.versioned_store("versions", StringSerde, StringSerde);
+    assert_eq!(store.get(&hi), None);
+    assert_eq!(
+        store.get_as_of(&lo, 105).map(|r| r.value),
+        Some("a".to_string())
+    );
+}
+
+/// A merge takes the larger observed time of its parts: the lower range observed 100, the upper
+/// 20; after the merge a put at 50 is expired for either key, and reads before 90 answer none.
+#[test]
+fn a_merge_takes_the_larger_observed_time() {
+    for (ahead, behind) in [(false, true), (true, false)] {
+        let first = |upper| keys_in_half(upper).next().unwrap_or_default();
+        let (ahead, behind) = (first(ahead), first(behind));
+        let (driver, input, out) = versioned_table(2);
+        input.pipe_input_at(ahead.clone(), "a".into(), 100);
+        input.pipe_input_at(behind.clone(), "b".into(), 20);
+        assert_eq!(out.read_key_values().len(), 2);
+        driver.set_parallelising_factor(1).unwrap();
+        input.pipe_input_at(behind.clone(), "old".into(), 50);
+        assert_eq!(
+            out.read_key_values(),
+            vec![],
+            "a put at 50 is older than 100 - 10 after the merge"
+        );
+        let store = driver.versioned_store("versions", StringSerde, StringSerde);
+        assert_eq!(
+            store.get_as_of(&behind, 85),
+            None,
+            "below the history bound"
+        );
+        assert_eq!(store.get(&behind).map(|r| r.value), Some("b".to_string()));
+    }
 }
