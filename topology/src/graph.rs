@@ -134,6 +134,37 @@ impl SubTopology {
     }
 }
 
+/// A sub-topology whose outputs to internal topics depend on the order it takes its inputs in
+/// (see [`Topology::order_sensitive`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OrderSensitive {
+    /// Its position in [`Topology::sub_topologies`].
+    pub sub_topology: usize,
+    /// The source topics whose records reach one internal topic.
+    pub sources: Vec<Topic>,
+    /// The internal topics records of several sources reach.
+    pub internal_topics: Vec<Topic>,
+}
+
+impl fmt::Display for OrderSensitive {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let list = |topics: &[Topic]| {
+            topics
+                .iter()
+                .map(|t| format!("`{t}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        write!(
+            f,
+            "sub-topology {} reads {} and writes what depends on their order to {}",
+            self.sub_topology,
+            list(&self.sources),
+            list(&self.internal_topics)
+        )
+    }
+}
+
 /// A validated topology, ready to run.
 #[derive(Clone)]
 pub struct Topology {
@@ -237,6 +268,51 @@ impl Topology {
                     .map(move |t| (t.clone(), s.id))
             })
             .collect()
+    }
+
+    /// Stateful sub-topologies in which records of several source topics reach one internal
+    /// topic (a table-table or stream-stream join, the foreign-key join, before a `group_by`):
+    /// what they send there depends on the order they took their inputs in, which a replay
+    /// after a crash under `at_least_once` may not repeat, and repartition de-duplication
+    /// downstream would then keep outputs of two different orders. A stream-table join is not
+    /// one: its table side sends nothing on.
+    pub fn order_sensitive(&self) -> Vec<OrderSensitive> {
+        let mut found = Vec::new();
+        for sub in self.sub_topologies.iter().filter(|s| s.is_stateful()) {
+            // Internal topic -> the source topics whose records reach it.
+            let mut reached: BTreeMap<&Topic, Vec<&Topic>> = BTreeMap::new();
+            for (source, node) in &sub.sources {
+                let mut seen = vec![false; self.nodes.len()];
+                let mut todo = vec![*node];
+                while let Some(n) = todo.pop() {
+                    if std::mem::replace(&mut seen[n], true) {
+                        continue;
+                    }
+                    if let NodeKind::Sink { topic, .. } = &self.nodes[n].kind {
+                        if topic.is_internal() {
+                            reached.entry(topic).or_default().push(source);
+                        }
+                    }
+                    todo.extend(self.nodes[n].children.iter().copied());
+                }
+            }
+            let mut sources: Vec<Topic> = Vec::new();
+            let mut internal_topics = Vec::new();
+            for (topic, from) in reached.into_iter().filter(|(_, from)| from.len() > 1) {
+                internal_topics.push(topic.clone());
+                sources.extend(from.into_iter().cloned());
+            }
+            sources.sort();
+            sources.dedup();
+            if !internal_topics.is_empty() {
+                found.push(OrderSensitive {
+                    sub_topology: sub.id,
+                    sources,
+                    internal_topics,
+                });
+            }
+        }
+        found
     }
 
     /// What store `name` holds, if the topology has it.

@@ -36,7 +36,7 @@ pub use dsl::{
     Repartitioned, SessionWindowedKStream, Split, StreamsBuilder, TimeWindowedKStream,
     TopologyError,
 };
-pub use graph::{Topic, Topology};
+pub use graph::{OrderSensitive, Topic, Topology};
 pub use keyrange::{
     kafka_partition, key_hash, range_of, ranges, KeyRange, HASH_ID, OFFSET_HASH_ID,
 };

@@ -116,6 +116,16 @@ pub enum CorruptionHandler {
     Rebuild,
 }
 
+/// Whether a topology whose replays depend on input order starts under `at_least_once`
+/// (`at.least.once.order.sensitive`; see `Topology::order_sensitive`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OrderSensitivePolicy {
+    /// Stop at start with an error naming the sub-topology.
+    Refuse,
+    /// Start, with a warning.
+    Allow,
+}
+
 /// Where the HTTP endpoint listens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MetricsAddr {
@@ -152,6 +162,8 @@ pub struct Config {
     pub mailbox_capacity: usize,
     /// Processing guarantee.
     pub processing_guarantee: ProcessingGuarantee,
+    /// Whether order-sensitive sub-topologies start under `at_least_once`.
+    pub at_least_once_order_sensitive: OrderSensitivePolicy,
     /// HTTP endpoint.
     pub metrics_addr: MetricsAddr,
     /// Memory budget of RocksDB (block cache and memtables).
@@ -264,6 +276,9 @@ settings! {
     "processing.guarantee" => processing_guarantee: ProcessingGuarantee = ProcessingGuarantee::AtLeastOnce,
         shown "`at_least_once`",
         doc "`at_least_once`: outputs at least once, state exactly once; `exactly_once_v2` (Kafka Streams' name): outputs, changelogs and offsets commit in one Kafka transaction per commit interval, so `read_committed` consumers see each output once (needs `bootstrap.servers`; not with `parallelising.auto`, nor live factor changes)";
+    "at.least.once.order.sensitive" => at_least_once_order_sensitive: OrderSensitivePolicy = OrderSensitivePolicy::Refuse,
+        shown "`refuse`",
+        doc "a topology with a sub-topology in which records of several input topics reach one repartition topic and state (a table-table or stream-stream join, or the foreign-key join, before a `group_by`) replays its inputs after a crash under `at_least_once` in whatever order they are queued then, and repartition de-duplication downstream can then keep outputs of two orders (wrong aggregates, for good): `refuse` stops at start with an error naming the sub-topology; `allow` starts it with a warning. `exactly_once_v2` replays nothing it committed, so it needs neither";
     "metrics.addr" => metrics_addr: MetricsAddr = MetricsAddr::On(SocketAddr::from(([127, 0, 0, 1], 9898))),
         shown "`127.0.0.1:9898`",
         doc "HTTP for /metrics, /health, /ready (port 0 picks a free port); `off` disables";
@@ -519,6 +534,7 @@ impl ConfigBuilder {
             commit_interval: Duration::from_millis(s.commit_interval_ms.0),
             mailbox_capacity: s.mailbox_capacity.usize(),
             processing_guarantee: s.processing_guarantee,
+            at_least_once_order_sensitive: s.at_least_once_order_sensitive,
             metrics_addr: s.metrics_addr,
             rocksdb_memory_bytes: s.rocksdb_memory_bytes.usize(),
             rocksdb_max_open_files: s.rocksdb_max_open_files.0,

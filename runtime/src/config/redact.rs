@@ -2,7 +2,10 @@
 
 use std::collections::BTreeMap;
 
-use super::{Config, CorruptionHandler, MetricsAddr, ProcessingGuarantee, ProductionHandler};
+use super::{
+    Config, CorruptionHandler, MetricsAddr, OrderSensitivePolicy, ProcessingGuarantee,
+    ProductionHandler,
+};
 
 /// Keys whose values are never logged: any key containing one of these.
 const SECRET_MARKERS: &[&str] = &["password", "secret", "sasl.jaas", "ssl.key"];
@@ -55,6 +58,13 @@ impl Config {
             match self.metrics_addr {
                 MetricsAddr::Off => "off".into(),
                 MetricsAddr::On(a) => a.to_string(),
+            },
+        );
+        put(
+            "at.least.once.order.sensitive",
+            match self.at_least_once_order_sensitive {
+                OrderSensitivePolicy::Refuse => "refuse".into(),
+                OrderSensitivePolicy::Allow => "allow".into(),
             },
         );
         put(

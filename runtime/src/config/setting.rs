@@ -5,7 +5,10 @@ use std::path::PathBuf;
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
-use super::{CorruptionHandler, MetricsAddr, ProcessingGuarantee, ProductionHandler, MIB};
+use super::{
+    CorruptionHandler, MetricsAddr, OrderSensitivePolicy, ProcessingGuarantee, ProductionHandler,
+    MIB,
+};
 use crate::engine::RecordErrorHandler;
 
 /// A value type of a key: parsed from the text every source gives (TOML values are flattened to
@@ -176,6 +179,16 @@ impl Setting for CorruptionHandler {
             "fail" => Ok(CorruptionHandler::Fail),
             "rebuild" => Ok(CorruptionHandler::Rebuild),
             _ => Err("fail or rebuild".into()),
+        }
+    }
+}
+
+impl Setting for OrderSensitivePolicy {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "refuse" => Ok(OrderSensitivePolicy::Refuse),
+            "allow" => Ok(OrderSensitivePolicy::Allow),
+            _ => Err("refuse or allow".into()),
         }
     }
 }

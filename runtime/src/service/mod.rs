@@ -34,7 +34,8 @@ use rill_topology::{Topic, Topology};
 
 use crate::auto_factor::{AutoFactor, AutoPolicy};
 use crate::config::{
-    Config, CorruptionHandler, MetricsAddr, ProcessingGuarantee, ProductionHandler,
+    Config, CorruptionHandler, MetricsAddr, OrderSensitivePolicy, ProcessingGuarantee,
+    ProductionHandler,
 };
 use crate::control::ControlPlane;
 use crate::elastic::{self, FactorControl};
@@ -187,6 +188,10 @@ pub enum RuntimeError {
         /// Their partition counts.
         counts: Vec<u32>,
     },
+    /// Under `at_least_once`, a sub-topology's replay after a crash could differ from its first
+    /// run (see `Topology::order_sensitive`).
+    #[error("under processing.guarantee=at_least_once {0}; after a crash it replays its inputs in the order they are queued then, which may differ from the first run, and the repartition de-duplication downstream then keeps outputs of two orders (wrong aggregates, for good). Use processing.guarantee=exactly_once_v2, or set at.least.once.order.sensitive=allow to run it anyway")]
+    OrderSensitive(String),
     /// An internal topic exists with settings rill cannot work with.
     #[error(
         "internal topic `{topic}` {problem}: delete it (rill creates it again) or fix it by hand"
@@ -197,6 +202,30 @@ pub enum RuntimeError {
         /// What is wrong.
         problem: String,
     },
+}
+
+/// Refuses, or warns of, sub-topologies whose `at_least_once` replays may take their inputs in
+/// another order than the first run (`at.least.once.order.sensitive`).
+fn check_replay_order(topology: &Topology, config: &Config) -> Result<(), RuntimeError> {
+    if config.processing_guarantee != ProcessingGuarantee::AtLeastOnce {
+        return Ok(());
+    }
+    let found: Vec<String> = topology
+        .order_sensitive()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    if found.is_empty() {
+        return Ok(());
+    }
+    let found = found.join("; ");
+    match config.at_least_once_order_sensitive {
+        OrderSensitivePolicy::Refuse => Err(RuntimeError::OrderSensitive(found)),
+        OrderSensitivePolicy::Allow => {
+            tracing::warn!(sub_topologies = %found, "at.least.once.order.sensitive=allow: after a crash these may replay their inputs in another order, and aggregates downstream of them can go wrong");
+            Ok(())
+        }
+    }
 }
 
 /// A topology bound to its configuration, ready to start.
@@ -210,6 +239,7 @@ pub struct Runtime {
 impl Runtime {
     /// Binds `topology` to `config`; starts the embedded cluster when no brokers are configured.
     pub fn new(topology: Topology, config: Config) -> Result<Self, RuntimeError> {
+        check_replay_order(&topology, &config)?;
         let effective: Vec<String> = config
             .redacted()
             .into_iter()
