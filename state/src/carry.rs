@@ -12,7 +12,7 @@
 //! their records); changelog positions the smallest (a restore from the composed checkpoint must
 //! read everything any part has not).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use rill_topology::keyrange::KeyRange;
 
@@ -29,14 +29,25 @@ pub fn intersection(a: KeyRange, b: KeyRange) -> Option<KeyRange> {
 /// and its own offset elsewhere): the exact `next(h)` of every hash of `part`.
 fn next_offsets(p: &Progress, part: KeyRange) -> BTreeMap<&str, Vec<(KeyRange, u64)>> {
     let mut out: BTreeMap<&str, Vec<(KeyRange, u64)>> = BTreeMap::new();
-    for o in &p.offsets {
-        let mut pieces = vec![(part, o.next_offset)];
-        for c in p.carried.iter().filter(|c| c.topic == o.topic) {
+    // A topic may have carried parts without an offset of the whole range (composed from parts
+    // that did not cover it): the rest of the range has applied nothing of it.
+    let topics = p
+        .offsets
+        .iter()
+        .map(|o| o.topic.as_str())
+        .chain(p.carried.iter().map(|c| c.topic.as_str()));
+    for topic in topics {
+        if out.contains_key(topic) {
+            continue;
+        }
+        let own = p.next_offset(topic).unwrap_or(0);
+        let mut pieces = vec![(part, own)];
+        for c in p.carried.iter().filter(|c| c.topic == topic) {
             if let Some(inside) = intersection(c.range(), part) {
                 pieces = cut(pieces, inside, c.next_offset);
             }
         }
-        out.insert(&o.topic, pieces);
+        out.insert(topic, pieces);
     }
     out
 }
@@ -160,19 +171,29 @@ pub fn compose(range: KeyRange, parts: &[(KeyRange, &Progress)]) -> Progress {
                 });
             }
         }
-        out.stream_time = out.stream_time.max(p.stream_time);
     }
-    // A store's observed time is the largest of its parts' (each child of a split keeps it).
-    let mut store_times: BTreeMap<&str, i64> = BTreeMap::new();
-    for s in parts.iter().flat_map(|(_, p)| &p.store_times) {
-        let t = store_times.entry(&s.store).or_insert(s.time);
-        *t = (*t).max(s.time);
-    }
-    out.store_times = store_times
+    let times = TimeSource::of(&per_part);
+    out.stream_time = times.pick(parts.iter().map(|(_, p)| p.stream_time));
+    // A store's observed time, as the stream time (each child of a split keeps it).
+    let stores: BTreeSet<&str> = parts
+        .iter()
+        .flat_map(|(_, p)| p.store_times.iter().map(|s| s.store.as_str()))
+        .collect();
+    out.store_times = stores
         .into_iter()
-        .map(|(store, time)| StoreTime {
-            store: store.to_string(),
-            time,
+        .filter_map(|store| {
+            let of = |p: &Progress| {
+                p.store_times
+                    .iter()
+                    .find(|s| s.store == store)
+                    .map(|s| s.time)
+            };
+            times
+                .pick(parts.iter().map(|(_, p)| of(p)))
+                .map(|time| StoreTime {
+                    store: store.to_string(),
+                    time,
+                })
         })
         .collect();
     // Changelog positions: the smallest over the parts, for topics every part has.
@@ -192,6 +213,51 @@ pub fn compose(range: KeyRange, parts: &[(KeyRange, &Progress)]) -> Progress {
         })
         .collect();
     out
+}
+
+/// Which of `parts` (with their next offsets `per_part`) a composed range takes its times
+/// (stream time, stores' observed times) from: those furthest behind in every topic, where it
+/// resumes, the largest of theirs. A part further on has seen records the composed range reads
+/// again; its times would close their windows (expire their versions) before they count. When
+/// no part is behind in every topic, every part, the smallest: late by less is safe, early not.
+struct TimeSource {
+    behind: Vec<bool>,
+    largest: bool,
+}
+
+impl TimeSource {
+    fn of(per_part: &[BTreeMap<&str, Vec<(KeyRange, u64)>>]) -> Self {
+        let position = |m: &BTreeMap<&str, Vec<(KeyRange, u64)>>, topic: &str| {
+            m.get(topic)
+                .and_then(|pieces| pieces.iter().map(|(_, n)| *n).min())
+                .unwrap_or(0)
+        };
+        let topics: BTreeSet<&str> = per_part.iter().flat_map(|m| m.keys().copied()).collect();
+        let behind: Vec<bool> = per_part
+            .iter()
+            .map(|own| {
+                topics.iter().all(|t| {
+                    let at = position(own, t);
+                    per_part.iter().all(|m| at <= position(m, t))
+                })
+            })
+            .collect();
+        let largest = behind.iter().any(|&b| b);
+        TimeSource { behind, largest }
+    }
+
+    /// The composed time of the parts' `times` (by part; `None`: none).
+    fn pick(&self, times: impl Iterator<Item = Option<i64>>) -> Option<i64> {
+        let taken = times
+            .zip(&self.behind)
+            .filter(|(_, &b)| b || !self.largest)
+            .filter_map(|(t, _)| t);
+        if self.largest {
+            taken.max()
+        } else {
+            taken.min()
+        }
+    }
 }
 
 /// The next offset of `topic` for hash `hash` under `p` (0 when the range never applied it).
@@ -249,6 +315,59 @@ mod tests {
         p
     }
 
+    /// A merge resumes where its part furthest behind is: a part further on has stream time from
+    /// records the merged range reads again, which would close their windows before they count.
+    #[test]
+    fn a_merge_takes_the_stream_time_of_the_parts_furthest_behind() {
+        let (lower, upper) = (
+            KeyRange {
+                start: 0,
+                end: u64::MAX / 2,
+            },
+            KeyRange {
+                start: u64::MAX / 2 + 1,
+                end: u64::MAX,
+            },
+        );
+        let whole = KeyRange {
+            start: 0,
+            end: u64::MAX,
+        };
+        let at = |range, next, time| {
+            let mut p = Progress::new(range, "t", next);
+            p.stream_time = Some(time);
+            p
+        };
+        let (a, b) = (at(lower, 10, 30), at(upper, 10, 20));
+        let same = compose(whole, &[(lower, &a), (upper, &b)]);
+        assert_eq!(same.stream_time, Some(30), "at one position: the larger");
+        let (a, b) = (at(lower, 12, 30), at(upper, 10, 20));
+        let merged = compose(whole, &[(lower, &a), (upper, &b)]);
+        assert_eq!(merged.stream_time, Some(20), "the part behind");
+        assert_eq!(next_for(&merged, "t", 1), 12);
+    }
+
+    /// A range composed of parts that do not cover it has carried offsets but no offset of its
+    /// own; composing it again (a restore that reads its base, a second re-split) keeps them.
+    #[test]
+    fn a_composition_of_a_partial_composition_keeps_the_carried_offsets() {
+        let whole = KeyRange {
+            start: 0,
+            end: u64::MAX,
+        };
+        let part = KeyRange {
+            start: 0,
+            end: u64::MAX / 3,
+        };
+        let applied = Progress::new(part, "t", 1);
+        let first = compose(whole, &[(part, &applied)]);
+        assert_eq!(first.next_offset("t"), None, "no offset of the whole range");
+        assert_eq!(next_for(&first, "t", 5), 1);
+        let again = compose(whole, &[(whole, &first)]);
+        assert_eq!(next_for(&again, "t", 5), 1, "the carried offset survives");
+        assert_eq!(next_for(&again, "t", u64::MAX), 0);
+    }
+
     proptest! {
         /// Splitting, merging and re-splitting under factors that do not divide each other keeps
         /// `next(h)` and every origin position of every hash.
@@ -280,10 +399,10 @@ mod tests {
                     let origin = c.origins.iter().find(|o| o.covers().contains(h));
                     prop_assert_eq!(origin.map(|o| o.offset), Some(src.stream_time.unwrap_or(0) as u64));
                 }
-                let max_time = parts.iter().filter(|(r, _)| intersection(*r, new).is_some()).filter_map(|(_, p)| p.stream_time).max();
-                prop_assert_eq!(c.stream_time, max_time);
+                let times: Vec<i64> = parts.iter().filter(|(r, _)| intersection(*r, new).is_some()).filter_map(|(_, p)| p.stream_time).collect();
+                prop_assert!(c.stream_time.is_some_and(|t| times.contains(&t)), "the time of one of the parts");
                 let store_time = c.store_times.iter().find(|s| s.store == "versions").map(|s| s.time);
-                prop_assert_eq!(store_time, max_time.map(|t| 10 * t), "a store's time is the max of its parts'");
+                prop_assert_eq!(store_time, c.stream_time.map(|t| 10 * t), "a store's time is taken as the stream time");
             }
         }
     }
