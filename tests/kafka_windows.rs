@@ -467,10 +467,13 @@ fn compact_now(topics: &[String]) {
     assert!(applied, "min.compaction.lag.ms=0 not applied to {topics:?}");
 }
 
+/// Offset and key of each record, per (topic, partition).
+type Logs = HashMap<(String, i32), Vec<(i64, Vec<u8>)>>;
+
 /// Offset and key of every committed record of `topics`, per (topic, partition), read from the
 /// start to the end each partition had when the read reached it.
-fn read_changelogs(topics: &[String]) -> HashMap<(String, i32), Vec<(i64, Vec<u8>)>> {
-    let mut out: HashMap<(String, i32), Vec<(i64, Vec<u8>)>> = HashMap::new();
+fn read_changelogs(topics: &[String]) -> Logs {
+    let mut out: Logs = HashMap::new();
     for topic in topics {
         // One consumer per topic: a partition's end-of-log event names the partition only.
         let consumer: BaseConsumer = Cluster::test()
@@ -509,9 +512,7 @@ fn read_changelogs(topics: &[String]) -> HashMap<(String, i32), Vec<(i64, Vec<u8
 }
 
 /// The (topic, partition) and offset of every record that a later record of its key shadows.
-fn shadowed_offsets(
-    logs: &HashMap<(String, i32), Vec<(i64, Vec<u8>)>>,
-) -> Vec<((String, i32), i64)> {
+fn shadowed_offsets(logs: &Logs) -> Vec<((String, i32), i64)> {
     let mut out = Vec::new();
     for (tp, records) in logs {
         let mut last: HashMap<&[u8], i64> = HashMap::new();
