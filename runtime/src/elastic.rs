@@ -34,6 +34,8 @@ use tokio::sync::oneshot;
 
 /// How long a change may take when the request does not say.
 pub const DEFAULT_FACTOR_TIMEOUT: Duration = Duration::from_secs(60);
+/// The largest `timeout_ms` a factor change takes (the admin connection outlives it).
+pub const MAX_FACTOR_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// A request for a live change, as the source loop receives it.
 pub(crate) struct FactorRequest {
@@ -210,6 +212,16 @@ async fn set_factor(State(control): State<FactorControl>, body: Bytes) -> Respon
     let timeout = body
         .timeout_ms
         .map_or(DEFAULT_FACTOR_TIMEOUT, Duration::from_millis);
+    if timeout > MAX_FACTOR_TIMEOUT {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!(
+                "timeout_ms must be at most {}\n",
+                MAX_FACTOR_TIMEOUT.as_millis()
+            ),
+        )
+            .into_response();
+    }
     match control.set(body.factor, body.partitions, timeout).await {
         Ok(report) => match serde_json::to_string(&report) {
             Ok(json) => (

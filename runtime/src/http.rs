@@ -12,6 +12,7 @@
 //! before [`HttpServer::start`].
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +33,10 @@ use crate::health::Health;
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Bound on one connection, request and response included (a scrape renders in milliseconds).
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on a connection whose request is an admin call: such a call answers once its work is
+/// done or its own timeout passed (at most [`crate::elastic::MAX_FACTOR_TIMEOUT`]), so the
+/// connection must outlive that.
+pub const ADMIN_CONNECTION_TIMEOUT: Duration = Duration::from_secs(310);
 /// Connections the kernel may queue before the accept loop takes them (capped by
 /// `net.core.somaxconn`).
 const LISTEN_BACKLOG: u32 = 4096;
@@ -194,16 +199,37 @@ async fn accept_loop(
             },
             _ = stop.changed() => return,
         };
-        let service = TowerToHyperService::new(router.clone());
+        // Set once the connection's request turns out to be an admin call (the one request of
+        // the connection: no keep-alive); read by the deadline below.
+        let admin = Arc::new(AtomicBool::new(false));
+        let flag = admin.clone();
+        let router = router.clone().layer(axum::middleware::from_fn(
+            move |req: axum::extract::Request, next: axum::middleware::Next| {
+                if req.uri().path().starts_with("/admin/") {
+                    flag.store(true, Ordering::Relaxed);
+                }
+                next.run(req)
+            },
+        ));
+        let service = TowerToHyperService::new(router);
         let mut stop = stop.clone();
         tokio::spawn(async move {
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .keep_alive(false);
-            let conn = http.serve_connection(TokioIo::new(stream), service);
+            let mut conn = Box::pin(http.serve_connection(TokioIo::new(stream), service));
+            let served = async {
+                match tokio::time::timeout(CONNECTION_TIMEOUT, &mut conn).await {
+                    Err(_) if admin.load(Ordering::Relaxed) => {
+                        let more = ADMIN_CONNECTION_TIMEOUT.saturating_sub(CONNECTION_TIMEOUT);
+                        tokio::time::timeout(more, &mut conn).await
+                    }
+                    other => other,
+                }
+            };
             tokio::select! {
-                served = tokio::time::timeout(CONNECTION_TIMEOUT, conn) => {
+                served = served => {
                     if let Ok(Err(e)) = served {
                         tracing::debug!(error = %e, "HTTP connection failed");
                     }
@@ -342,6 +368,45 @@ mod tests {
             start.elapsed() < HEADER_TIMEOUT * 2,
             "closed after {:?}",
             start.elapsed()
+        );
+    }
+
+    /// An admin call answers when its work is done, which may take longer than a scrape may:
+    /// its connection outlives [`CONNECTION_TIMEOUT`]; any other request's does not.
+    #[test]
+    fn an_admin_call_may_answer_after_the_connection_timeout_and_nothing_else() {
+        let rt = runtime();
+        let slow = || async {
+            tokio::time::sleep(CONNECTION_TIMEOUT + Duration::from_secs(1)).await;
+            "done"
+        };
+        let router = Router::new()
+            .route("/admin/slow", get(slow))
+            .route("/slow", get(slow));
+        let server =
+            HttpServer::start("127.0.0.1:0".parse().unwrap(), rt.handle(), router).unwrap();
+        let addr = server.local_addr();
+        let call = |path: &'static str| {
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).expect("connect");
+                s.set_read_timeout(Some(CONNECTION_TIMEOUT * 2))
+                    .expect("timeout");
+                write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
+                let mut text = String::new();
+                let _ = s.read_to_string(&mut text);
+                text
+            })
+        };
+        let (admin, other) = (call("/admin/slow"), call("/slow"));
+        let admin = admin.join().expect("admin call");
+        assert!(
+            admin.starts_with("HTTP/1.1 200 OK") && admin.ends_with("done"),
+            "{admin:?}"
+        );
+        assert_eq!(
+            other.join().expect("other call"),
+            "",
+            "cut off without an answer"
         );
     }
 
