@@ -40,7 +40,10 @@ pub use graph::{OrderSensitive, Topic, Topology};
 pub use keyrange::{
     kafka_partition, key_hash, range_of, ranges, KeyRange, HASH_ID, OFFSET_HASH_ID,
 };
-pub use processor::{Processor, ProcessorContext, PunctuationType};
+pub use processor::{
+    FixedKeyContext, FixedKeyProcessor, FixedKeyRecord, Processor, ProcessorContext,
+    PunctuationType, TaskContext,
+};
 pub use record::{Headers, RawRecord, Record, PARTITION_HEADER};
 
 /// The names most applications need.
@@ -51,7 +54,10 @@ pub mod prelude {
         StreamsBuilder, TimeWindowedKStream, TopologyError,
     };
     pub use crate::graph::Topology;
-    pub use crate::processor::{ProcessError, Processor, ProcessorContext, PunctuationType};
+    pub use crate::processor::{
+        FixedKeyContext, FixedKeyProcessor, FixedKeyRecord, ProcessError, Processor,
+        ProcessorContext, PunctuationType,
+    };
     pub use crate::record::{Headers, Record};
     pub use crate::serdes::{
         BytesSerde, I32Serde, I64Serde, JsonSerde, ProtobufSerde, Serde, SerdeError, StringSerde,

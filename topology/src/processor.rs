@@ -8,7 +8,7 @@ use std::any::Any;
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use crate::record::Record;
+use crate::record::{Headers, Record};
 use crate::serdes::{Serde, SerdeError};
 use crate::store::{KeyValueBytes, KeyValueStore, StoreError, TimedStore};
 use crate::versioned::VersionedStore;
@@ -176,44 +176,13 @@ pub trait ProcessorHost {
     }
 }
 
-/// The context handed to a typed [`Processor`].
-pub struct ProcessorContext<'a, KOut, VOut> {
+/// What a processor can do besides forwarding: its stores, the stream time, punctuation, its
+/// record's metadata. [`ProcessorContext`] and [`FixedKeyContext`] dereference to it.
+pub struct TaskContext<'a> {
     host: &'a mut dyn ProcessorHost,
-    _types: PhantomData<fn(KOut, VOut)>,
 }
 
-impl<'a, KOut: Datum, VOut: Datum> ProcessorContext<'a, KOut, VOut> {
-    /// Wraps an engine host.
-    pub fn new(host: &'a mut dyn ProcessorHost) -> Self {
-        ProcessorContext {
-            host,
-            _types: PhantomData,
-        }
-    }
-
-    /// Sends `record` to every child node.
-    pub fn forward(&mut self, record: Record<KOut, VOut>) {
-        self.host.forward(erase(record));
-    }
-
-    /// Sends `record`, which is about the key whose routing hash is `routing_hash` rather than
-    /// the key of the record being processed (what a buffer releases for other keys; the hash
-    /// from [`KeyValueBytes::routing_hash_of`] of the released entry): the children's store
-    /// writes then land in that key's range. `None` forwards as [`forward`](Self::forward).
-    pub fn forward_about(&mut self, record: Record<KOut, VOut>, routing_hash: Option<u64>) {
-        match routing_hash {
-            Some(hash) => self.host.forward_about(erase(record), hash),
-            None => self.host.forward(erase(record)),
-        }
-    }
-
-    /// Sends `record` through the record cache (`statestore.cache.max.bytes`), as the DSL's
-    /// aggregations do: consecutive updates of one `key` (its serialized bytes, `size` the
-    /// serialized key and value length) collapse into the last one before the next commit.
-    pub fn forward_cached(&mut self, key: Vec<u8>, size: usize, record: Record<KOut, VOut>) {
-        self.host.forward_cached(key, size, erase(record));
-    }
-
+impl<'a> TaskContext<'a> {
     /// Byte-level access to a connected store.
     pub fn store(&mut self, name: &str) -> Result<&mut dyn KeyValueBytes, StoreError> {
         self.host.store(name)
@@ -305,6 +274,223 @@ impl<'a, KOut: Datum, VOut: Datum> ProcessorContext<'a, KOut, VOut> {
     /// Topic, partition and offset of the input record.
     pub fn record_meta(&self) -> &RecordMeta {
         self.host.meta()
+    }
+}
+
+/// The context handed to a typed [`Processor`].
+pub struct ProcessorContext<'a, KOut, VOut> {
+    task: TaskContext<'a>,
+    _types: PhantomData<fn(KOut, VOut)>,
+}
+
+impl<'a, KOut, VOut> std::ops::Deref for ProcessorContext<'a, KOut, VOut> {
+    type Target = TaskContext<'a>;
+    fn deref(&self) -> &TaskContext<'a> {
+        &self.task
+    }
+}
+
+impl<KOut, VOut> std::ops::DerefMut for ProcessorContext<'_, KOut, VOut> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.task
+    }
+}
+
+impl<'a, KOut: Datum, VOut: Datum> ProcessorContext<'a, KOut, VOut> {
+    /// Wraps an engine host.
+    pub fn new(host: &'a mut dyn ProcessorHost) -> Self {
+        ProcessorContext {
+            task: TaskContext { host },
+            _types: PhantomData,
+        }
+    }
+
+    /// Sends `record` to every child node.
+    pub fn forward(&mut self, record: Record<KOut, VOut>) {
+        self.task.host.forward(erase(record));
+    }
+
+    /// Sends `record`, which is about the key whose routing hash is `routing_hash` rather than
+    /// the key of the record being processed (what a buffer releases for other keys; the hash
+    /// from [`KeyValueBytes::routing_hash_of`] of the released entry): the children's store
+    /// writes then land in that key's range. `None` forwards as [`forward`](Self::forward).
+    pub fn forward_about(&mut self, record: Record<KOut, VOut>, routing_hash: Option<u64>) {
+        match routing_hash {
+            Some(hash) => self.task.host.forward_about(erase(record), hash),
+            None => self.task.host.forward(erase(record)),
+        }
+    }
+
+    /// Sends `record` through the record cache (`statestore.cache.max.bytes`), as the DSL's
+    /// aggregations do: consecutive updates of one `key` (its serialized bytes, `size` the
+    /// serialized key and value length) collapse into the last one before the next commit.
+    pub fn forward_cached(&mut self, key: Vec<u8>, size: usize, record: Record<KOut, VOut>) {
+        self.task.host.forward_cached(key, size, erase(record));
+    }
+}
+
+/// A record a [`FixedKeyProcessor`] got or forwards: its key cannot change (Kafka Streams'
+/// `FixedKeyRecord`), so no repartition follows a `process_values`.
+#[derive(Clone, Debug)]
+pub struct FixedKeyRecord<K, V> {
+    record: Record<K, V>,
+}
+
+impl<K, V> FixedKeyRecord<K, V> {
+    /// The key.
+    pub fn key(&self) -> Option<&K> {
+        self.record.key.as_ref()
+    }
+
+    /// The value.
+    pub fn value(&self) -> &V {
+        &self.record.value
+    }
+
+    /// The timestamp.
+    pub fn timestamp(&self) -> i64 {
+        self.record.timestamp
+    }
+
+    /// The headers.
+    pub fn headers(&self) -> &Headers {
+        &self.record.headers
+    }
+
+    /// The record with another value, same key, timestamp and headers.
+    pub fn with_value<V2>(self, value: V2) -> FixedKeyRecord<K, V2> {
+        FixedKeyRecord {
+            record: Record {
+                key: self.record.key,
+                value,
+                timestamp: self.record.timestamp,
+                headers: self.record.headers,
+            },
+        }
+    }
+
+    /// The record with another timestamp.
+    pub fn with_timestamp(mut self, timestamp: i64) -> Self {
+        self.record.timestamp = timestamp;
+        self
+    }
+
+    /// The record with other headers.
+    pub fn with_headers(mut self, headers: Headers) -> Self {
+        self.record.headers = headers;
+        self
+    }
+
+    /// The value, dropping the rest.
+    pub fn into_value(self) -> V {
+        self.record.value
+    }
+}
+
+/// The context handed to a [`FixedKeyProcessor`]: it forwards [`FixedKeyRecord`]s only.
+pub struct FixedKeyContext<'a, K, VOut> {
+    task: TaskContext<'a>,
+    _types: PhantomData<fn(K, VOut)>,
+}
+
+impl<'a, K, VOut> std::ops::Deref for FixedKeyContext<'a, K, VOut> {
+    type Target = TaskContext<'a>;
+    fn deref(&self) -> &TaskContext<'a> {
+        &self.task
+    }
+}
+
+impl<K, VOut> std::ops::DerefMut for FixedKeyContext<'_, K, VOut> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.task
+    }
+}
+
+impl<'a, K: Datum, VOut: Datum> FixedKeyContext<'a, K, VOut> {
+    /// Wraps an engine host.
+    pub fn new(host: &'a mut dyn ProcessorHost) -> Self {
+        FixedKeyContext {
+            task: TaskContext { host },
+            _types: PhantomData,
+        }
+    }
+
+    /// Sends `record` to every child node.
+    pub fn forward(&mut self, record: FixedKeyRecord<K, VOut>) {
+        self.task.host.forward(erase(record.record));
+    }
+}
+
+/// A processor that may change values but never keys (Kafka Streams' `FixedKeyProcessor`, run by
+/// [`crate::dsl::KStream::process_values`]).
+pub trait FixedKeyProcessor<K, VIn, VOut>: Send {
+    /// Called once per sub-task before the first record; schedule punctuations here.
+    fn init(&mut self, _ctx: &mut FixedKeyContext<'_, K, VOut>) -> Result<(), ProcessError> {
+        Ok(())
+    }
+    /// Processes one record.
+    fn process(
+        &mut self,
+        record: FixedKeyRecord<K, VIn>,
+        ctx: &mut FixedKeyContext<'_, K, VOut>,
+    ) -> Result<(), ProcessError>;
+    /// Called when a scheduled punctuation is due, with the clock's current time.
+    fn punctuate(
+        &mut self,
+        _kind: PunctuationType,
+        _timestamp: i64,
+        _ctx: &mut FixedKeyContext<'_, K, VOut>,
+    ) -> Result<(), ProcessError> {
+        Ok(())
+    }
+}
+
+/// Adapts a [`FixedKeyProcessor`] to [`ErasedProcessor`].
+pub struct FixedKeyTyped<P, K, VIn, VOut> {
+    inner: P,
+    _types: PhantomData<fn(K, VIn, VOut)>,
+}
+
+impl<P, K, VIn, VOut> FixedKeyTyped<P, K, VIn, VOut> {
+    /// Wraps `inner`.
+    pub fn new(inner: P) -> Self {
+        FixedKeyTyped {
+            inner,
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<P, K, VIn, VOut> ErasedProcessor for FixedKeyTyped<P, K, VIn, VOut>
+where
+    P: FixedKeyProcessor<K, VIn, VOut>,
+    K: Datum,
+    VIn: 'static,
+    VOut: Datum,
+{
+    fn init(&mut self, host: &mut dyn ProcessorHost) -> Result<(), ProcessError> {
+        self.inner.init(&mut FixedKeyContext::new(host))
+    }
+
+    fn process(
+        &mut self,
+        record: ErasedRecord,
+        host: &mut dyn ProcessorHost,
+    ) -> Result<(), ProcessError> {
+        let record = FixedKeyRecord {
+            record: unerase::<K, VIn>(record)?,
+        };
+        self.inner.process(record, &mut FixedKeyContext::new(host))
+    }
+
+    fn punctuate(
+        &mut self,
+        kind: PunctuationType,
+        timestamp: i64,
+        host: &mut dyn ProcessorHost,
+    ) -> Result<(), ProcessError> {
+        self.inner
+            .punctuate(kind, timestamp, &mut FixedKeyContext::new(host))
     }
 }
 

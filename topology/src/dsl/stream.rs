@@ -11,7 +11,8 @@ use super::{
 };
 use crate::graph::{Encoder, NodeKind, Supplier, Topic};
 use crate::processor::{
-    erase, unerase, Datum, ErasedRecord, ProcessError, Processor, ProcessorHost, Typed,
+    erase, unerase, Datum, ErasedRecord, FixedKeyProcessor, FixedKeyTyped, ProcessError, Processor,
+    ProcessorHost, Typed,
 };
 use crate::record::Record;
 use crate::serdes::Serde;
@@ -384,6 +385,33 @@ where
             vec![self.node],
             true,
         )
+    }
+
+    /// Runs a user [`FixedKeyProcessor`] made by `supplier` for each sub-task, with access to
+    /// `stores` (Kafka Streams' `processValues`): it may change values, never keys, so a
+    /// grouping or join after it needs no repartition topic.
+    pub fn process_values<V2, P>(
+        &self,
+        name: impl Into<Named>,
+        supplier: impl Fn() -> P + Send + Sync + 'static,
+        stores: &[&str],
+    ) -> KStream<K, V2>
+    where
+        V2: Datum + Clone,
+        P: FixedKeyProcessor<K, V, V2> + 'static,
+    {
+        let supplier: Supplier =
+            Arc::new(move || Box::new(FixedKeyTyped::<P, K, V, V2>::new(supplier())));
+        let stores = stores.iter().map(|s| s.to_string()).collect();
+        let next = self.add_processor(
+            Some(name.into().name()),
+            "process-values",
+            supplier,
+            stores,
+            vec![self.node],
+            self.key_changed,
+        );
+        Self::with_serdes(next, self.key_serde.clone(), None)
     }
 
     /// Writes the stream through the internal topic `<application.id>-<name>-repartition` and
