@@ -8,9 +8,12 @@
 //! an output, never change one or lose one), and the aggregation's final state exactly, in the
 //! last member and in one restored from scratch.
 //!
-//! Timestamps never fall behind the partition's largest by more than the grace, so no record is
-//! late under any key-range layout, and far-future records for every key at the end close every
-//! window: the outputs then do not depend on the layout (stream time is per range in rill).
+//! Timestamps either fall behind the partition's largest by less than the grace, so they are on
+//! time under any key-range layout, or behind their own key's latest by more than a window and
+//! its grace, so they are late under any; far-future records for every key at the end close
+//! every window: the outputs then do not depend on the layout (stream time is per range in
+//! rill). A range whose stream time went back would count a late record into a window it had
+//! released.
 //!
 //! Cases: 100 per feature, `PROPTEST_CASES` to change.
 
@@ -21,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use model::{Cluster, Op, Spec};
+use model::{Clock, Cluster, Op, Spec};
 use proptest::prelude::*;
 use rill::prelude::*;
 use rill::runtime::internals::Engine;
@@ -32,20 +35,27 @@ const OUTPUT: &str = "out";
 const KEYS: u8 = 6;
 /// The value index of the far-future records that close every window at the end.
 const CLOSE: u8 = u8::MAX;
+/// The value index of a record late under every range layout.
+const LATE: u8 = 4;
 
 /// Keys `k0..k5`; the value index moves the timestamp: back by up to 4 ms (within every
-/// feature's grace of 5 ms), or forward; [`CLOSE`] is at one far-future time for every key, so
-/// that it closes every earlier window in whichever range the key is, and no window of its own.
-fn record(k: u8, v: u8, max_ts: &mut i64) -> (String, String, i64) {
-    let dt = match v {
-        CLOSE => 1_000_000 - *max_ts,
-        0 => -4,
-        1 => 0,
-        2 => 3,
-        _ => 7,
+/// feature's grace of 5 ms), or forward; [`LATE`] 20 ms behind its key's latest, which is late
+/// under every range layout (a range's stream time is at least its keys'); [`CLOSE`] is at one
+/// far-future time for every key, so that it closes every earlier window in whichever range
+/// the key is, and no window of its own.
+fn record(k: u8, v: u8, clock: &mut Clock) -> (String, String, i64) {
+    let latest = clock.keys.get(&k).copied();
+    let ts = match (v, latest) {
+        (CLOSE, _) => 1_000_000,
+        (LATE, Some(latest)) if latest >= 20 => latest - 20,
+        (0, _) => (clock.max - 4).max(0),
+        (2, _) => clock.max + 3,
+        (3, _) => clock.max + 7,
+        _ => clock.max,
     };
-    let ts = (*max_ts + dt).max(0);
-    *max_ts = (*max_ts).max(ts);
+    clock.max = clock.max.max(ts);
+    let own = clock.keys.entry(k).or_insert(ts);
+    *own = (*own).max(ts);
     (format!("k{k}"), format!("v{v}"), ts)
 }
 
@@ -119,7 +129,12 @@ fn suppressed_windows() -> Spec {
     for s in &topology.sub_topologies()[0].stores {
         stores.push(Box::leak(s.clone().into_boxed_str()));
     }
-    spec(topology, stores)
+    // The record cache on, as a service has it by default: the count's updates reach the
+    // buffer at commits.
+    Spec {
+        cache_bytes: 1 << 20,
+        ..spec(topology, stores)
+    }
 }
 
 /// A versioned table of the input keeping 50 ms of history; its updates go to [`OUTPUT`].
@@ -222,7 +237,7 @@ fn cases() -> u32 {
 /// Steps that always produce something first, so that every case has windows to compare.
 fn ops() -> impl Strategy<Value = Vec<Op>> {
     (
-        proptest::collection::vec((0..KEYS, 0u8..4), 4..16),
+        proptest::collection::vec((0..KEYS, 0u8..5), 4..16),
         proptest::collection::vec(model::op(), 1..30),
     )
         .prop_map(|(first, rest)| {

@@ -126,11 +126,12 @@ pub fn compose(range: KeyRange, parts: &[(KeyRange, &Progress)]) -> Progress {
     topics.dedup();
     for topic in topics {
         let everywhere = whole && per_part.iter().all(|m| m.contains_key(topic));
-        let pieces: Vec<(KeyRange, u64)> = per_part
+        // Each piece with the time its part had seen.
+        let pieces: Vec<(KeyRange, u64, Option<i64>)> = per_part
             .iter()
-            .filter_map(|m| m.get(topic))
-            .flatten()
-            .copied()
+            .zip(&parts)
+            .filter_map(|(m, (_, p))| m.get(topic).map(|pieces| (pieces, part_time(p))))
+            .flat_map(|(pieces, time)| pieces.iter().map(move |(r, n)| (*r, *n, time)))
             .collect();
         // Records applied above a part's offset (async stages): each is one record of one
         // hash, so it stays applied in whichever range now holds that hash.
@@ -142,7 +143,7 @@ pub fn compose(range: KeyRange, parts: &[(KeyRange, &Progress)]) -> Progress {
         applied.sort_unstable();
         applied.dedup();
         let floor = if everywhere {
-            pieces.iter().map(|(_, n)| *n).min().unwrap_or(0)
+            pieces.iter().map(|(_, n, _)| *n).min().unwrap_or(0)
         } else {
             0
         };
@@ -150,13 +151,14 @@ pub fn compose(range: KeyRange, parts: &[(KeyRange, &Progress)]) -> Progress {
             out.offsets
                 .push(TopicOffset::with_applied(topic.to_string(), floor, applied));
         }
-        for (r, n) in pieces {
+        for (r, n, stream_time) in pieces {
             if n > floor {
                 out.carried.push(CarriedOffset {
                     topic: topic.to_string(),
                     range_start: r.start,
                     range_end: r.end,
                     next_offset: n,
+                    stream_time,
                 });
             }
         }
@@ -260,6 +262,14 @@ impl TimeSource {
     }
 }
 
+/// The largest stream time `p` knows of: its own, or one its carried parts will take.
+fn part_time(p: &Progress) -> Option<i64> {
+    p.carried
+        .iter()
+        .filter_map(|c| c.stream_time)
+        .fold(p.stream_time, |t, c| Some(t.map_or(c, |t| t.max(c))))
+}
+
 /// The next offset of `topic` for hash `hash` under `p` (0 when the range never applied it).
 pub fn next_for(p: &Progress, topic: &str, hash: u64) -> u64 {
     let own = p.next_offset(topic).unwrap_or(0);
@@ -293,6 +303,7 @@ mod tests {
                     range_start: inside.start,
                     range_end: inside.end,
                     next_offset: *n,
+                    stream_time: None,
                 });
             }
         }
@@ -345,6 +356,16 @@ mod tests {
         let merged = compose(whole, &[(lower, &a), (upper, &b)]);
         assert_eq!(merged.stream_time, Some(20), "the part behind");
         assert_eq!(next_for(&merged, "t", 1), 12);
+        let ahead: Vec<_> = merged
+            .carried
+            .iter()
+            .map(|c| (c.range(), c.next_offset, c.stream_time))
+            .collect();
+        assert_eq!(
+            ahead,
+            vec![(lower, 12, Some(30))],
+            "the part ahead's time, taken at 12"
+        );
     }
 
     /// A range composed of parts that do not cover it has carried offsets but no offset of its

@@ -101,6 +101,11 @@ pub struct CarriedOffset {
     /// Every record of the part below this offset has been applied.
     #[prost(uint64, tag = "4")]
     pub next_offset: u64,
+    /// The stream time of the range the part came from: the range takes it once it reaches
+    /// `next_offset` (before, it re-reads records that range had seen, whose windows that time
+    /// would close too early).
+    #[prost(sint64, optional, tag = "5")]
+    pub stream_time: Option<i64>,
 }
 
 /// How far a range has applied one source topic.

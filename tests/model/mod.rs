@@ -93,9 +93,9 @@ pub struct Spec {
     pub subs: Vec<(&'static str, Vec<&'static str>)>,
     /// Its internal topics, with one partition each.
     pub internal: Vec<Topic>,
-    /// Turns a produced (key index, value index) into a record, given the largest timestamp
-    /// produced so far (which it updates).
-    pub record: fn(u8, u8, &mut i64) -> (String, String, i64),
+    /// Turns a produced (key index, value index) into a record, given the timestamps produced
+    /// so far (which it updates).
+    pub record: fn(u8, u8, &mut Clock) -> (String, String, i64),
     /// Bytes of the record cache (0: off).
     pub cache_bytes: usize,
 }
@@ -118,6 +118,15 @@ impl Spec {
     }
 }
 
+/// The timestamps produced so far.
+#[derive(Debug, Default)]
+pub struct Clock {
+    /// The largest.
+    pub max: i64,
+    /// The largest per key index.
+    pub keys: HashMap<u8, i64>,
+}
+
 /// A simulated cluster: every topic an in-memory log, offset commits fenced by generation.
 pub struct Cluster<'s> {
     spec: &'s Spec,
@@ -132,8 +141,8 @@ pub struct Cluster<'s> {
     compactable: HashMap<String, u64>,
     /// Every input record produced: key, value, timestamp.
     pub input: Vec<(String, String, i64)>,
-    /// The largest timestamp produced.
-    max_ts: i64,
+    /// The timestamps produced.
+    clock: Clock,
 }
 
 pub fn log_end(log: &MemoryChangelog, topic: &str) -> u64 {
@@ -166,13 +175,13 @@ impl<'s> Cluster<'s> {
             generation: 0,
             compactable: HashMap::new(),
             input: Vec::new(),
-            max_ts: 0,
+            clock: Clock::default(),
         }
     }
 
     /// Appends a record of (key index, value index) to the input.
     pub fn produce(&mut self, k: u8, v: u8) {
-        let (key, value, timestamp) = (self.spec.record)(k, v, &mut self.max_ts);
+        let (key, value, timestamp) = (self.spec.record)(k, v, &mut self.clock);
         self.append(key, value, timestamp);
     }
 

@@ -466,6 +466,21 @@ impl TaskInstance {
         }
     }
 
+    /// Raises the stream time to `t` (a part merged into this range had seen records up to it;
+    /// see `rill_state::CarriedOffset::stream_time`); a lower `t` changes nothing.
+    pub fn raise_stream_time(&mut self, t: i64) {
+        if self.stream_time.is_some_and(|s| s >= t) {
+            return;
+        }
+        self.stream_time = Some(t);
+        self.settled_time = Some(self.settled_time.map_or(t, |s| s.max(t)));
+        for s in &mut self.schedules {
+            if s.kind == PunctuationType::StreamTime && s.next.is_none() {
+                s.next = Some(next_multiple(t, s.interval_ms));
+            }
+        }
+    }
+
     /// Resumes from a committed stream time, so that stream-time punctuations fire at the same
     /// records after a restart as they would have without one.
     pub fn set_stream_time(&mut self, stream_time: Option<i64>) {

@@ -207,6 +207,12 @@ impl Core {
         }
         // 2. Seal state, progress and the outputs sent so far; send the changelog data.
         let names = shared.topic_names(id.sub_topology);
+        // Carried parts this commit drops (the range reached them) give it their time first.
+        for (name, next) in names.iter().zip(&next) {
+            if let Some(next) = next {
+                self.take_carried_times(name, *next);
+            }
+        }
         self.attempt += 1;
         let commit = CommitId {
             range: id.range,

@@ -699,6 +699,19 @@ impl Core {
         Ok(())
     }
 
+    /// Takes into the stream time the time of every part merged into this range that the range
+    /// has now caught up with in `topic` (at `next`): from here on it reads only records that
+    /// part had not seen.
+    pub(super) fn take_carried_times(&mut self, topic: &str, next: u64) {
+        for c in &mut self.carried {
+            if c.topic == topic && next >= c.next_offset {
+                if let Some(t) = c.stream_time.take() {
+                    self.instance.raise_stream_time(t);
+                }
+            }
+        }
+    }
+
     /// Runs a record through the sub-topology; `Some` when it reached an async stage, whose
     /// calls must run before the record completes.
     pub(super) fn process(
@@ -714,6 +727,7 @@ impl Core {
             partition: id.partition,
             offset: input.offset,
         };
+        self.take_carried_times(resolved, input.offset);
         let mut raw = input.raw;
         if source.topic.is_internal() {
             if let Some(o) = Origin::from_headers(&raw.headers) {
