@@ -293,6 +293,29 @@ fn logs_go_to_stderr_and_stdout_is_the_applications() {
     );
 }
 
+/// A demo on the embedded cluster without `state.dir` uses a new temporary dir at each start;
+/// the effective configuration says so instead of the default it does not use.
+#[test]
+fn the_effective_configuration_shows_the_state_dir_a_demo_uses() {
+    let out = Command::new(example("wordcount"))
+        .args(["--seconds", "1"])
+        .env("RILL_LOG", "info")
+        .env("RILL_METRICS_ADDR", "off")
+        .env_remove("RILL_STATE_DIR")
+        .output()
+        .expect("run wordcount");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("effective configuration"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("state.dir=<a new temporary dir at each start"),
+        "{line}"
+    );
+}
+
 #[test]
 fn bad_configuration_exits_2_naming_the_key_before_connecting() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -240,8 +240,15 @@ impl Runtime {
     /// Binds `topology` to `config`; starts the embedded cluster when no brokers are configured.
     pub fn new(topology: Topology, config: Config) -> Result<Self, RuntimeError> {
         check_replay_order(&topology, &config)?;
-        let effective: Vec<String> = config
-            .redacted()
+        let mut settings = config.redacted();
+        if config.bootstrap_servers.is_none() && !config.state_dir_configured {
+            // What `start` does: the embedded cluster is new on every start, so is the state.
+            settings.insert(
+                "state.dir".into(),
+                "<a new temporary dir at each start: embedded cluster, state.dir unset>".into(),
+            );
+        }
+        let effective: Vec<String> = settings
             .into_iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
