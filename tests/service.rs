@@ -206,6 +206,11 @@ fn http_serves_metrics_that_grow_with_processing_and_shutdown_commits_offsets() 
         "processed grows"
     );
     assert!(sum(&second, "rill_commits_total", &[]).unwrap_or(0.0) > 0.0);
+    let changelog = format!("topic=\"{app}-counts-store-changelog\"");
+    assert!(
+        sum(&second, "rill_records_produced_total", &[&changelog]).unwrap_or(0.0) > 0.0,
+        "changelog records are counted where the changelog is listed"
+    );
     assert!(sum(&second, "rill_rebalances_total", &[]).unwrap_or(0.0) >= 1.0);
     assert_eq!(
         sum(&second, "rill_subtasks", &[]),

@@ -29,7 +29,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 pub const RECORDS_CONSUMED: &str = "rill_records_consumed_total";
 /// Records run through the topology, per sub-task (topic, partition, key range index).
 pub const RECORDS_PROCESSED: &str = "rill_records_processed_total";
-/// Records written to sink and repartition topics, per topic.
+/// Records written to sink, repartition and changelog topics, per topic.
 pub const RECORDS_PRODUCED: &str = "rill_records_produced_total";
 /// Time to run one record through the topology (one record in [`LATENCY_SAMPLE_EVERY`]).
 pub const PROCESS_LATENCY: &str = "rill_process_latency_seconds";
@@ -209,7 +209,7 @@ fn describe() {
     describe_counter!(
         RECORDS_PRODUCED,
         Unit::Count,
-        "Records written to sink and repartition topics, per topic."
+        "Records written to sink, repartition and changelog topics (data and commit markers), per topic."
     );
     describe_histogram!(
         PROCESS_LATENCY,

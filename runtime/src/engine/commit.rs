@@ -293,6 +293,7 @@ impl Core {
                 for (store, entries) in sealed {
                     let topic = changelog_topic(&shared.config.application_id, &store);
                     for write in entries {
+                        shared.metrics.produced(&topic);
                         let ticket = self.deliveries.ticket();
                         shared.sink.send(
                             &topic,
@@ -379,6 +380,7 @@ impl Core {
                     Some(r) => r?,
                     None => return Ok(false),
                 }
+                shared.metrics.produced(&topic);
                 sealed.markers.push(slot);
                 sealed.epoch = self.deliveries.seal();
                 continue;
