@@ -25,10 +25,14 @@ pub fn intersection(a: KeyRange, b: KeyRange) -> Option<KeyRange> {
     (start <= end).then_some(KeyRange { start, end })
 }
 
-/// Per topic, the next offset of each hash interval of `p` clipped to `part` (its carried parts,
-/// and its own offset elsewhere): the exact `next(h)` of every hash of `part`.
-fn next_offsets(p: &Progress, part: KeyRange) -> BTreeMap<&str, Vec<(KeyRange, u64)>> {
-    let mut out: BTreeMap<&str, Vec<(KeyRange, u64)>> = BTreeMap::new();
+/// A hash interval with the next offset it has applied to and the stream time of the range that
+/// applied it that far (`None`: unknown, or already handed over).
+type Piece = (KeyRange, u64, Option<i64>);
+
+/// Per topic, the pieces of `p` clipped to `part` (its carried parts, with their own times, and
+/// its own offset and time elsewhere): the exact `next(h)` of every hash of `part`.
+fn next_offsets(p: &Progress, part: KeyRange) -> BTreeMap<&str, Vec<Piece>> {
+    let mut out: BTreeMap<&str, Vec<Piece>> = BTreeMap::new();
     // A topic may have carried parts without an offset of the whole range (composed from parts
     // that did not cover it): the rest of the range has applied nothing of it.
     let topics = p
@@ -41,10 +45,10 @@ fn next_offsets(p: &Progress, part: KeyRange) -> BTreeMap<&str, Vec<(KeyRange, u
             continue;
         }
         let own = p.next_offset(topic).unwrap_or(0);
-        let mut pieces = vec![(part, own)];
+        let mut pieces = vec![(part, own, p.stream_time)];
         for c in p.carried.iter().filter(|c| c.topic == topic) {
             if let Some(inside) = intersection(c.range(), part) {
-                pieces = cut(pieces, inside, c.next_offset);
+                pieces = cut(pieces, inside, c.next_offset, c.stream_time);
             }
         }
         out.insert(topic, pieces);
@@ -52,12 +56,13 @@ fn next_offsets(p: &Progress, part: KeyRange) -> BTreeMap<&str, Vec<(KeyRange, u
     out
 }
 
-/// `pieces` (a cover of a range) with `inside` taking offset `next`.
-fn cut(pieces: Vec<(KeyRange, u64)>, inside: KeyRange, next: u64) -> Vec<(KeyRange, u64)> {
+/// `pieces` (a cover of a range) with `inside` taking offset `next` where that is further on,
+/// with `time` (the time of the part that applied it that far).
+fn cut(pieces: Vec<Piece>, inside: KeyRange, next: u64, time: Option<i64>) -> Vec<Piece> {
     let mut out = Vec::new();
-    for (r, n) in pieces {
+    for (r, n, t) in pieces {
         let Some(common) = intersection(r, inside) else {
-            out.push((r, n));
+            out.push((r, n, t));
             continue;
         };
         if r.start < common.start {
@@ -67,9 +72,14 @@ fn cut(pieces: Vec<(KeyRange, u64)>, inside: KeyRange, next: u64) -> Vec<(KeyRan
                     end: common.start - 1,
                 },
                 n,
+                t,
             ));
         }
-        out.push((common, next.max(n)));
+        out.push(if next > n {
+            (common, next, time)
+        } else {
+            (common, n, t)
+        });
         if common.end < r.end {
             out.push((
                 KeyRange {
@@ -77,6 +87,7 @@ fn cut(pieces: Vec<(KeyRange, u64)>, inside: KeyRange, next: u64) -> Vec<(KeyRan
                     end: r.end,
                 },
                 n,
+                t,
             ));
         }
     }
@@ -119,19 +130,18 @@ pub fn compose(range: KeyRange, parts: &[(KeyRange, &Progress)]) -> Progress {
     out.offsets.clear();
     // Offsets: a topic every part has (and the parts cover the range) gets the smallest; the
     // parts further on are carried.
-    let per_part: Vec<BTreeMap<&str, Vec<(KeyRange, u64)>>> =
+    let per_part: Vec<BTreeMap<&str, Vec<Piece>>> =
         parts.iter().map(|(r, p)| next_offsets(p, *r)).collect();
     let mut topics: Vec<&str> = per_part.iter().flat_map(|m| m.keys().copied()).collect();
     topics.sort_unstable();
     topics.dedup();
     for topic in topics {
         let everywhere = whole && per_part.iter().all(|m| m.contains_key(topic));
-        // Each piece with the time its part had seen.
-        let pieces: Vec<(KeyRange, u64, Option<i64>)> = per_part
+        let pieces: Vec<Piece> = per_part
             .iter()
-            .zip(&parts)
-            .filter_map(|(m, (_, p))| m.get(topic).map(|pieces| (pieces, part_time(p))))
-            .flat_map(|(pieces, time)| pieces.iter().map(move |(r, n)| (*r, *n, time)))
+            .filter_map(|m| m.get(topic))
+            .flatten()
+            .copied()
             .collect();
         // Records applied above a part's offset (async stages): each is one record of one
         // hash, so it stays applied in whichever range now holds that hash.
@@ -228,10 +238,10 @@ struct TimeSource {
 }
 
 impl TimeSource {
-    fn of(per_part: &[BTreeMap<&str, Vec<(KeyRange, u64)>>]) -> Self {
-        let position = |m: &BTreeMap<&str, Vec<(KeyRange, u64)>>, topic: &str| {
+    fn of(per_part: &[BTreeMap<&str, Vec<Piece>>]) -> Self {
+        let position = |m: &BTreeMap<&str, Vec<Piece>>, topic: &str| {
             m.get(topic)
-                .and_then(|pieces| pieces.iter().map(|(_, n)| *n).min())
+                .and_then(|pieces| pieces.iter().map(|(_, n, _)| *n).min())
                 .unwrap_or(0)
         };
         let topics: BTreeSet<&str> = per_part.iter().flat_map(|m| m.keys().copied()).collect();
@@ -260,14 +270,6 @@ impl TimeSource {
             taken.min()
         }
     }
-}
-
-/// The largest stream time `p` knows of: its own, or one its carried parts will take.
-fn part_time(p: &Progress) -> Option<i64> {
-    p.carried
-        .iter()
-        .filter_map(|c| c.stream_time)
-        .fold(p.stream_time, |t, c| Some(t.map_or(c, |t| t.max(c))))
 }
 
 /// The next offset of `topic` for hash `hash` under `p` (0 when the range never applied it).
@@ -366,6 +368,36 @@ mod tests {
             vec![(lower, 12, Some(30))],
             "the part ahead's time, taken at 12"
         );
+    }
+
+    /// Composing again (a split of a merged range, a restore) keeps each carried part's own
+    /// time: the part furthest on had the largest, which would close the other's windows early.
+    #[test]
+    fn each_carried_part_keeps_its_own_time() {
+        let whole = KeyRange {
+            start: 0,
+            end: u64::MAX,
+        };
+        let third = u64::MAX / 3;
+        let mut p = Progress::new(whole, "t", 10);
+        p.stream_time = Some(20);
+        for (start, end, next, time) in [(0, third, 12, 30), (third + 1, 2 * third, 15, 50)] {
+            p.carried.push(CarriedOffset {
+                topic: "t".into(),
+                range_start: start,
+                range_end: end,
+                next_offset: next,
+                stream_time: Some(time),
+            });
+        }
+        let again = compose(whole, &[(whole, &p)]);
+        let times: Vec<_> = again
+            .carried
+            .iter()
+            .map(|c| (c.next_offset, c.stream_time))
+            .collect();
+        assert_eq!(times, vec![(12, Some(30)), (15, Some(50))]);
+        assert_eq!(again.stream_time, Some(20));
     }
 
     /// A range composed of parts that do not cover it has carried offsets but no offset of its
