@@ -31,7 +31,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::http::request;
-use common::service::{example_binary, kill, ready_within, terminate, Rng, Service, ServiceChild};
+use common::service::{
+    example_binary, kill, ready_within, strip_ansi, terminate, Rng, Service, ServiceChild,
+};
 use common::{bootstrap, create_topic, long, producer, unique, Cluster};
 use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
@@ -394,24 +396,6 @@ fn post(addr: SocketAddr, path: &str, body: &str) -> Option<(String, String)> {
         head.lines().next().unwrap_or("").to_string(),
         body.to_string(),
     ))
-}
-
-/// `s` without terminal colour codes.
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// The changelog topics of application `app` (rill creates them at start).

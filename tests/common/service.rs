@@ -179,7 +179,8 @@ impl Service {
     }
 }
 
-fn strip_ansi(s: &str) -> String {
+/// `s` without terminal colour codes.
+pub fn strip_ansi(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut chars = s.chars();
     while let Some(c) = chars.next() {
