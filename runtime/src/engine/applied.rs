@@ -71,14 +71,23 @@ impl AppliedAbove {
     /// The most bytes the shortest form of these offsets takes in the commit metadata (see
     /// `kafka::metadata`: gaps, runs or a bitmap) for a range whose next offset is `next`.
     pub fn metadata_bytes(&self, next: u64) -> usize {
-        let Some(&last) = self.set.last() else {
+        self.metadata_bytes_with(next, 0, 0)
+    }
+
+    /// The most bytes the shortest form takes once `more` offsets, none above `highest`, are
+    /// added too: the records running now, whose completions the listing must still hold.
+    pub fn metadata_bytes_with(&self, next: u64, more: usize, highest: u64) -> usize {
+        let count = self.set.len() + more;
+        if count == 0 {
             return 0;
-        };
+        }
+        let last = self.set.last().copied().unwrap_or(0).max(highest);
         let window = last.saturating_sub(next);
-        // No gap, skip or run length is larger than the window.
+        // No gap, skip or run length is larger than the window; each added offset makes at
+        // most one more run.
         let varint = prost::encoding::encoded_len_varint(window);
-        let gaps = self.set.len() * varint;
-        let runs = self.runs * 2 * varint;
+        let gaps = count * varint;
+        let runs = (self.runs + more) * 2 * varint;
         let bitmap = usize::try_from(window.div_ceil(8)).unwrap_or(usize::MAX);
         gaps.min(runs).min(bitmap)
     }
@@ -139,6 +148,21 @@ mod tests {
             let listed: Vec<u64> = a.iter().collect();
             let bytes = crate::kafka::metadata::applied_bytes(next, &listed);
             prop_assert!(bytes <= a.metadata_bytes(next), "{} > {}", bytes, a.metadata_bytes(next));
+        }
+
+        /// The bound with offsets still to come holds once they are added.
+        #[test]
+        fn the_bound_with_running_offsets_covers_them_once_added(
+            next in 0u64..1 << 40,
+            offsets in proptest::collection::btree_set(1u64..50_000, 0..1000),
+            running in proptest::collection::btree_set(1u64..50_000, 1..1000),
+        ) {
+            let mut a = AppliedAbove::default();
+            a.extend(offsets.iter().map(|o| next + o));
+            let highest = next + running.last().copied().unwrap_or(0);
+            let bound = a.metadata_bytes_with(next, running.len(), highest);
+            a.extend(running.iter().map(|o| next + o));
+            prop_assert!(a.metadata_bytes(next) <= bound, "{} > {}", a.metadata_bytes(next), bound);
         }
     }
 }

@@ -273,6 +273,11 @@ pub(crate) struct AsyncStage {
     ready: VecDeque<Input>,
     /// Started records, by (source index, offset).
     running: FastMap<(usize, u64), Running>,
+    /// Per source: how many of `running` it has, and the highest offset it ever started.
+    /// Invariant: the count equals its entries in `running` (kept by `launch` and
+    /// `complete`); the metadata limit counts them as listed already, since a record
+    /// running now completes after the limit let it start (see [`AsyncStage::full`]).
+    in_flight: Vec<(usize, u64)>,
     /// Per source: offsets admitted and not completed. A commit's offset is the lowest one.
     open: Vec<OpenOffsets>,
     /// Every source's records admitted and not settled, in admission order (see the module doc).
@@ -307,6 +312,7 @@ impl AsyncStage {
             keys: FastMap::default(),
             ready: VecDeque::new(),
             running: FastMap::default(),
+            in_flight: vec![(0, 0); topics],
             open: (0..topics).map(|_| OpenOffsets::default()).collect(),
             settling: Settling::default(),
             changed: false,
@@ -354,8 +360,10 @@ impl AsyncStage {
         self.ready.remove(at)
     }
 
-    /// Whether a record waits to be started (see [`Limit`]).
+    /// Whether starting the first ready record (or more records) would let a listing outgrow
+    /// its limit (see [`Limit`]), counting every running record as completed.
     fn full(&self, applied_above: &[AppliedAbove]) -> bool {
+        let candidate = self.ready.front().map(|i| (i.source.index, i.offset));
         applied_above
             .iter()
             .enumerate()
@@ -363,7 +371,12 @@ impl AsyncStage {
                 Limit::Offsets(n) => s.len() >= n,
                 Limit::MetadataBytes(bytes) => {
                     let next = self.open[i].first().unwrap_or(0);
-                    s.metadata_bytes(next) >= bytes
+                    let (mut more, mut highest) = self.in_flight[i];
+                    if let Some((_, offset)) = candidate.filter(|c| c.0 == i) {
+                        more += 1;
+                        highest = highest.max(offset);
+                    }
+                    s.metadata_bytes_with(next, more, highest) >= bytes
                 }
             })
     }
@@ -465,6 +478,8 @@ impl Core {
         };
         let Launch { calls, raw, meta } = launch;
         let index = source.index;
+        let flight = &mut stage.in_flight[index];
+        *flight = (flight.0 + 1, flight.1.max(offset));
         stage.running.insert(
             (index, offset),
             Running {
@@ -513,6 +528,7 @@ impl Core {
                 continue;
             }
             if let Some(running) = stage.running.remove(&key) {
+                stage.in_flight[key.0].0 -= 1;
                 self.finish_running(id, running, shared)?;
             }
         }
