@@ -113,6 +113,7 @@ fn emit_final_sessions() -> Spec {
 }
 
 /// Tumbling window counts held by a bounded suppression buffer until their windows close.
+/// The record cache is on (a service's default): the windowed counts reach the buffer at commits.
 fn suppressed_windows() -> Spec {
     let b = StreamsBuilder::new();
     windowed_out(
@@ -129,10 +130,10 @@ fn suppressed_windows() -> Spec {
     for s in &topology.sub_topologies()[0].stores {
         stores.push(Box::leak(s.clone().into_boxed_str()));
     }
-    // With the record cache on (a service's default) this fails: a window is never released
-    // after a crash during a commit that follows a restart at another factor (issue 41, open;
-    // the note of 2026-12-06 has the steps).
-    spec(topology, stores)
+    Spec {
+        cache_bytes: 1 << 20,
+        ..spec(topology, stores)
+    }
 }
 
 /// A versioned table of the input keeping 50 ms of history; its updates go to [`OUTPUT`].
@@ -342,4 +343,42 @@ fn regression_a_restore_from_a_base_with_carried_offsets_counts_once() {
         },
     ];
     check(&key_counts(), Compare::Store("counts"), 2, ops).unwrap();
+}
+
+/// Found by this model: at P = 2 one range's commit completed and the other's was lost in a
+/// crash (its windows' counts were still in the record cache); the restart at P = 1 took the
+/// committed range's stream time for the whole partition and dropped the other range's
+/// records as late when it read them again: their windows were never emitted. Which range
+/// commits first varies, so this failed about every other run.
+#[test]
+fn regression_a_merge_with_a_range_that_never_committed_reads_its_records_on_time() {
+    let ops = vec![
+        Op::Produce(vec![
+            (4, 2),
+            (2, 2),
+            (0, 3),
+            (4, 3),
+            (3, 0),
+            (3, 3),
+            (0, 0),
+            (5, 1),
+            (3, 2),
+        ]),
+        Op::Process {
+            n: 7,
+            zombie: false,
+        },
+        Op::Configure(1),
+        Op::Process {
+            n: 7,
+            zombie: false,
+        },
+        Op::Crash {
+            after: 11,
+            ghost: true,
+        },
+    ];
+    for _ in 0..4 {
+        check(&suppressed_windows(), Compare::Outputs, 2, ops.clone()).unwrap();
+    }
 }

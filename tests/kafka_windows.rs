@@ -529,11 +529,6 @@ fn crash_run(eos: bool) {
     service.set("admin.enabled", "true");
     if eos {
         service.set("processing.guarantee", "exactly_once_v2");
-    } else {
-        // The record cache off: with it, a crash during a commit after a restart at another
-        // factor can lose the suppression buffer's window (issue 41, open; the features model
-        // reproduces it with the cache on).
-        service.set("statestore.cache.max.bytes", "0");
     }
     // Named for a look at the topics after a failure (they outlive the test).
     println!("input {input}, output {output}, application {app}");

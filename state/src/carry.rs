@@ -184,7 +184,7 @@ pub fn compose(range: KeyRange, parts: &[(KeyRange, &Progress)]) -> Progress {
             }
         }
     }
-    let times = TimeSource::of(&per_part);
+    let times = TimeSource::of(&per_part, whole);
     out.stream_time = times.pick(parts.iter().map(|(_, p)| p.stream_time));
     // A store's observed time, as the stream time (each child of a split keeps it).
     let stores: BTreeSet<&str> = parts
@@ -230,15 +230,17 @@ pub fn compose(range: KeyRange, parts: &[(KeyRange, &Progress)]) -> Progress {
 /// Which of `parts` (with their next offsets `per_part`) a composed range takes its times
 /// (stream time, stores' observed times) from: those furthest behind in every topic, where it
 /// resumes, the largest of theirs. A part further on has seen records the composed range reads
-/// again; its times would close their windows (expire their versions) before they count. When
-/// no part is behind in every topic, every part, the smallest: late by less is safe, early not.
+/// again; its times would close their windows (expire their versions) before they count. Hashes
+/// no part covers (unless `whole`) are a part at offset 0 without times: it is behind every
+/// part. When no part is behind in every topic, every part, the smallest: late by less is safe,
+/// early not.
 struct TimeSource {
     behind: Vec<bool>,
     largest: bool,
 }
 
 impl TimeSource {
-    fn of(per_part: &[BTreeMap<&str, Vec<Piece>>]) -> Self {
+    fn of(per_part: &[BTreeMap<&str, Vec<Piece>>], whole: bool) -> Self {
         let position = |m: &BTreeMap<&str, Vec<Piece>>, topic: &str| {
             m.get(topic)
                 .and_then(|pieces| pieces.iter().map(|(_, n, _)| *n).min())
@@ -250,11 +252,11 @@ impl TimeSource {
             .map(|own| {
                 topics.iter().all(|t| {
                     let at = position(own, t);
-                    per_part.iter().all(|m| at <= position(m, t))
+                    (whole || at == 0) && per_part.iter().all(|m| at <= position(m, t))
                 })
             })
             .collect();
-        let largest = behind.iter().any(|&b| b);
+        let largest = !whole || behind.iter().any(|&b| b);
         TimeSource { behind, largest }
     }
 
@@ -368,6 +370,31 @@ mod tests {
             vec![(lower, 12, Some(30))],
             "the part ahead's time, taken at 12"
         );
+    }
+
+    /// Hashes no part covers applied nothing: the composed range reads their records from the
+    /// start, so it takes no part's time (the one part's 30 made the records of the uncovered
+    /// half late after a merge of a committed range with one that never committed).
+    #[test]
+    fn a_merge_with_an_uncommitted_part_takes_no_time_until_it_passes_the_committed_one() {
+        let lower = KeyRange {
+            start: 0,
+            end: u64::MAX / 2,
+        };
+        let whole = KeyRange {
+            start: 0,
+            end: u64::MAX,
+        };
+        let mut a = Progress::new(lower, "t", 9);
+        a.stream_time = Some(30);
+        let merged = compose(whole, &[(lower, &a)]);
+        assert_eq!(merged.stream_time, None, "the uncovered half's: none");
+        let carried: Vec<_> = merged
+            .carried
+            .iter()
+            .map(|c| (c.range(), c.next_offset, c.stream_time))
+            .collect();
+        assert_eq!(carried, vec![(lower, 9, Some(30))], "taken at 9");
     }
 
     /// Composing again (a split of a merged range, a restore) keeps each carried part's own
