@@ -1,7 +1,7 @@
 //! Windowed stream-stream joins (`join_windowed`, `left_join_windowed`, `outer_join_windowed`):
 //! cases from Kafka Streams' own join tests, and a property test against an in-memory oracle of
-//! Kafka Streams' rules at parallelising factors 1 and 3 (stream time is per key range, so the
-//! oracle keeps one per range).
+//! Kafka Streams' rules at parallelising factors 1 and 3 (each key range takes the partition's
+//! stream time of each input with the records it gets, so the oracle keeps one per range).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -175,13 +175,16 @@ fn a_record_without_a_key_passes_an_outer_side_and_is_dropped_elsewhere() {
 /// One input record: (from the left stream, key, value, timestamp).
 type Input = (bool, String, String, i64);
 
-/// Kafka Streams' join rules, with one stream time per key range (rill's).
+/// Kafka Streams' join rules, with one stream time per key range: the largest of each input's
+/// partition time at the records the range got (rill's).
 fn oracle(kind: Kind, w: (i64, i64, i64), p: usize, input: &[Input]) -> Vec<(String, String, i64)> {
     let (before, after, grace) = w;
     let retention = before + after + grace;
     // Per range: stream time; the stores: (is left, key) -> [(ts, value)] in arrival order;
     // the outer store: (ts, side byte (right 0, left 1), key) -> values.
     let mut time: BTreeMap<usize, i64> = BTreeMap::new();
+    // Per input (left, right): the partition's stream time.
+    let mut partition = [i64::MIN; 2];
     let mut stores: BTreeMap<(usize, bool, String), Vec<(i64, String)>> = BTreeMap::new();
     let mut outer: BTreeMap<(usize, i64, u8, String), Vec<String>> = BTreeMap::new();
     let mut out = Vec::new();
@@ -195,8 +198,11 @@ fn oracle(kind: Kind, w: (i64, i64, i64), p: usize, input: &[Input]) -> Vec<(Str
     for (left, key, value, ts) in input {
         let (left, ts) = (*left, *ts);
         let r = range_of(key_hash(key.as_bytes()), p);
+        let p_time = &mut partition[usize::from(left)];
+        *p_time = (*p_time).max(ts);
         let st = time.entry(r).or_insert(i64::MIN);
-        *st = (*st).max(ts);
+        let advanced = *p_time > *st;
+        *st = (*st).max(*p_time);
         let st = *st;
         // This side's look-back and look-ahead.
         let (back, ahead) = if left {
@@ -204,7 +210,7 @@ fn oracle(kind: Kind, w: (i64, i64, i64), p: usize, input: &[Input]) -> Vec<(Str
         } else {
             (after, before)
         };
-        if ts == st && kind != Kind::Inner {
+        if advanced && kind != Kind::Inner {
             let due: Vec<_> = outer
                 .range((r, i64::MIN, 0, String::new())..(r + 1, i64::MIN, 0, String::new()))
                 .filter(|((_, t, side, _), _)| {

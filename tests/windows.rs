@@ -571,3 +571,49 @@ fn the_readme_windowed_example_emits_each_window_once() {
     clicks.pipe_input_at("alice".into(), vec![], 75_000);
     assert_eq!(out.read_key_values(), vec![("alice@0".to_string(), 2)]);
 }
+
+/// Lateness and window closes follow the partition's stream time at a record's offset, in
+/// whichever key range its key is, as with one range: at P = 4, `a`'s record at 3 is late (the
+/// partition is at 40) although `a`'s range saw nothing after 1, and `a`'s next records close
+/// `a`'s window [0,10) (a suppression needs an update to reach it: the on-time one at 41).
+/// Before, `a`'s range had its own time: it counted the record at 3, and the window waited for
+/// a record of `a`'s range newer than 15.
+#[test]
+fn lateness_and_window_closes_follow_the_partition_time_in_every_range() {
+    use rill::topology::{key_hash, range_of};
+    // Keys in different ranges at P = 4.
+    let range = |k: &str| range_of(key_hash(k.as_bytes()), 4);
+    let a = "a".to_string();
+    let b = (0..)
+        .map(|i| format!("b{i}"))
+        .find(|k| range(k) != range(&a))
+        .unwrap();
+    for p in [1, 4] {
+        let bld = StreamsBuilder::new();
+        final_counts(&bld);
+        let driver = TestDriver::builder(bld.build().unwrap())
+            .parallelising_factor(p)
+            .build()
+            .unwrap();
+        let input = driver.input_topic("in", StringSerde, StringSerde);
+        let serde = || TimeWindowedSerde::new(StringSerde, 10);
+        let on_close = driver.output_topic("on-close", serde(), I64Serde);
+        let suppressed = driver.output_topic("suppressed", serde(), I64Serde);
+        input.pipe_input_at(a.clone(), "x".into(), 1);
+        input.pipe_input_at(b.clone(), "x".into(), 40);
+        input.pipe_input_at(a.clone(), "x".into(), 3);
+        input.pipe_input_at(a.clone(), "x".into(), 41);
+        assert_eq!(
+            driver.with_stats(|s| s.late_dropped()),
+            2,
+            "P = {p}: late for both counts"
+        );
+        let got = (on_close.read_key_values(), suppressed.read_key_values());
+        let want = vec![(windowed(&a, 0, 10), 1)];
+        assert_eq!(
+            got,
+            (want.clone(), want),
+            "P = {p}: closed by `a`'s next records"
+        );
+    }
+}

@@ -142,6 +142,9 @@ pub struct TaskInstance {
     settled_time: Option<i64>,
     /// The event time of the record `process` took last; `None` when it skipped it.
     last_event_time: Option<i64>,
+    /// The partition's stream time at the offset of the record `process` takes next (see
+    /// [`TaskInstance::set_partition_time`]).
+    partition_time: Option<i64>,
     /// Per window, session or versioned store: the times the sub-task keeps for it.
     clocks: HashMap<String, StoreClock>,
     /// The record cache; `None` when caching is off.
@@ -307,6 +310,7 @@ impl TaskInstance {
             behind_async,
             settled_time: None,
             last_event_time: None,
+            partition_time: None,
             clocks,
             cache: None,
             cacheable,
@@ -404,8 +408,17 @@ impl TaskInstance {
         }
     }
 
-    /// Takes the event time of the record [`process`](Self::process) took last (`None`: skipped
-    /// for an invalid timestamp, not processed since the last take).
+    /// Sets the partition's stream time at the offset of the record [`process`](Self::process)
+    /// takes next: the largest timestamp of the partition's records up to it, all key ranges'.
+    /// The stream time advances to it with that record, so a window closes at the same offset
+    /// as it would with one range (P = 1), whichever range its key is in.
+    pub fn set_partition_time(&mut self, t: Option<i64>) {
+        self.partition_time = t;
+    }
+
+    /// Takes the time the record [`process`](Self::process) took last advanced the stream time
+    /// to: its own, or the partition's at its offset when later (`None`: skipped for an invalid
+    /// timestamp, not processed since the last take).
     pub fn take_event_time(&mut self) -> Option<i64> {
         self.last_event_time.take()
     }
@@ -523,6 +536,7 @@ impl TaskInstance {
         let source = self.source_node(topic)?;
         let topology = Arc::clone(&self.topology);
         self.last_event_time = None;
+        let partition_time = self.partition_time.take();
         if let NodeKind::Source {
             extract,
             on_invalid,
@@ -545,7 +559,8 @@ impl TaskInstance {
                 }
             }
         }
-        let ts = record.timestamp;
+        // The record's time for the stream time: its own, or the partition's at its offset.
+        let ts = partition_time.map_or(record.timestamp, |p| p.max(record.timestamp));
         self.last_event_time = Some(ts);
         let advanced = self.stream_time.is_none_or(|t| ts > t);
         if advanced {

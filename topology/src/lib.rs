@@ -7,7 +7,7 @@
 //!   (`Materialized`, `Grouped`, `Produced`, `Consumed`, `Repartitioned`, `Named`), named as in
 //!   Kafka Streams;
 //! - [`processor`]: the Processor API for custom logic, state access and punctuation;
-//! - [`time`]: event time (timestamp extractors, invalid timestamps, stream time per key range);
+//! - [`time`]: event time (timestamp extractors, invalid timestamps, the partition's stream time at each key range);
 //! - [`window`]: windows, windowed aggregations, window and session stores, emit-final;
 //! - [`graph`] and [`exec`]: the processor graph and how one sub-task runs it;
 //! - [`cache`]: the record cache that collapses an aggregation's updates per key between commits.

@@ -159,8 +159,8 @@ pub trait ProcessorHost {
     /// A connected window, session or buffer store with its layout, stream time and expiry
     /// position.
     fn timed_store(&mut self, name: &str) -> Result<TimedStore<'_>, StoreError>;
-    /// The sub-task's stream time: the largest timestamp its key range has seen, the record
-    /// being processed included.
+    /// The sub-task's stream time: the partition's stream time at the last record its key range
+    /// took (the record being processed included).
     fn stream_time(&self) -> Option<i64>;
     /// Counts a record a windowed operation dropped because its windows had closed.
     fn late_record_dropped(&mut self, store: &str);
@@ -241,8 +241,9 @@ impl<'a> TaskContext<'a> {
         VersionedStore::new(self.host.timed_store(name)?, name, key_serde, value_serde)
     }
 
-    /// The sub-task's stream time: the largest record timestamp its key range has seen, the
-    /// current record included (Kafka Streams' `currentStreamTimeMs`); `None` before any record.
+    /// The sub-task's stream time: the partition's stream time (largest record timestamp) at the
+    /// last record its key range took, the current record included (Kafka Streams'
+    /// `currentStreamTimeMs`); `None` before any record.
     pub fn current_stream_time(&self) -> Option<i64> {
         self.host.stream_time()
     }

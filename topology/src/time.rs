@@ -22,33 +22,31 @@
 //! [`WallclockTimestampExtractor::extract`] as the extractor gives every record the system time
 //! (processing-time semantics; not reproducible either).
 //!
-//! # Stream time: per key range, not per partition
+//! # Stream time: the partition's, as each key range reaches it
 //!
-//! Stream time is the largest timestamp a **key range** (a sub-task) has seen, advanced in offset
-//! order as its records are processed; the range commits it with its state and progress in one
-//! batch, and resumes from it after a restart or a move. Windows use it as Kafka Streams does:
-//! a record is *late* when every window it falls in has closed (window end + grace at or below
-//! stream time), and is then dropped and counted in `rill_late_records_dropped_total`; emit-final
-//! results are released when stream time passes a window's end + grace.
+//! Windows use stream time as Kafka Streams does: a record is *late* when every window it falls
+//! in has closed (window end + grace at or below stream time), and is then dropped and counted in
+//! `rill_late_records_dropped_total`; emit-final results are released when stream time passes a
+//! window's end + grace.
 //!
 //! Kafka Streams keeps stream time per task (per partition): every record of the partition
-//! advances it. rill runs the ranges of one partition concurrently, so a range sees only its own
-//! keys' records, and its stream time is the largest timestamp **among them**. What this changes:
+//! advances it. rill runs the ranges of one partition concurrently, each over its own keys'
+//! records. The engine, which hands a partition's records to the ranges in offset order, notes
+//! the partition's stream time at each record's offset (the largest timestamp up to it, every
+//! range's records included) and hands it over with the record; the range's stream time moves to
+//! it before the record runs, and is committed with the range's state and progress. So:
 //!
-//! - **Determinism.** A range's records arrive in offset order whatever the scheduling, so its
-//!   stream time, and with it every late/on-time decision and every emit-final release, is the
-//!   same in a replay after a crash as in the first run. A partition-wide stream time would
-//!   depend on how the ranges' work interleaved.
-//! - **What P changes.** At P = 1 the one range is the whole partition: Kafka Streams' semantics.
-//!   At P > 1 a range's stream time is at most the partition's, so a record is late relative to
-//!   *its range's* stream time: some records that P = 1 drops are accepted at higher P, and a
-//!   window closes (emit-final) only when a record of the same range moves that range's stream
-//!   time past it. When grace covers the input's out-of-orderness (no record is late at P = 1:
-//!   each record's timestamp is above the partition's stream time at its arrival minus grace),
-//!   no record is late at any P, and every window's result is the same at every P; only the
-//!   moment an emit-final result is released differs.
-//! - **Idle ranges.** A range whose keys stop arriving keeps its windows open; Kafka Streams has
-//!   the same issue per partition. A later record of any key in the range closes them.
+//! - **Same decisions as P = 1.** A record is late, and a window closes, at the same offset as
+//!   with one range (Kafka Streams' semantics), whatever the factor.
+//! - **Determinism.** The time a record carries depends on the offsets before it only, not on
+//!   how the ranges' work interleaved, so a replay after a crash decides the same.
+//! - **After a restart** an engine knows the partition's time from the offset it began reading
+//!   at (the lowest any range resumes from); each range also resumes with its committed time. A
+//!   range behind the others may therefore, until the partition passes where the range furthest
+//!   on resumed, accept a record that P = 1 drops; it never drops one P = 1 accepts.
+//! - **Quiet ranges** (rill differs, issue 42): a range learns the partition's time with a record
+//!   of its own keys, so a window of a range whose keys stop arriving closes with that range's
+//!   next record, not with the partition's next one as in Kafka Streams.
 
 use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};

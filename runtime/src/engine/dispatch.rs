@@ -75,6 +75,13 @@ impl Engine {
             _ => null_key_hash(offset),
         };
         let running = task.is_running() && !task.held;
+        // Taken now, counted only once the record is queued or skipped (not handed back).
+        let event_time = self.shared.topology.event_time(&source.topic, &raw);
+        let partition_time = match task.partition_times[topic_index] {
+            _ if event_time < 0 => task.partition_times[topic_index],
+            Some(t) => Some(t.max(event_time)),
+            None => Some(event_time),
+        };
         let tracker = &mut task.trackers[topic_index];
         // Skip when the range that held this hash (under any past factor) already applied it.
         let applied = task.resume[topic_index]
@@ -84,6 +91,7 @@ impl Engine {
                 .iter()
                 .any(|(r, offsets)| r.contains(hash) && offsets.contains(&offset));
         if applied {
+            task.partition_times[topic_index] = partition_time;
             task.metrics.consumed[topic_index].increment(1);
             tracker.skipped(offset);
             self.shared.stats.skipped.fetch_add(1, Ordering::Relaxed);
@@ -98,6 +106,7 @@ impl Engine {
             return Ok(Dispatch::Full(raw));
         }
         tracker.dispatched(index, offset);
+        task.partition_times[topic_index] = partition_time;
         task.metrics.consumed[topic_index].increment(1);
         subtask.push(
             Work::Record(Input {
@@ -105,6 +114,7 @@ impl Engine {
                 offset,
                 raw,
                 hash,
+                partition_time,
             }),
             &self.shared,
         );

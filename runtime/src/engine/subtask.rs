@@ -87,6 +87,9 @@ pub(crate) struct Input {
     pub raw: RawRecord,
     /// The record's routing hash (its key's, or its offset's for a null key).
     pub hash: u64,
+    /// The partition's stream time at this offset (every range's records up to it), as far as
+    /// this engine read the partition.
+    pub partition_time: Option<i64>,
 }
 
 /// Work in a mailbox.
@@ -728,6 +731,7 @@ impl Core {
             offset: input.offset,
         };
         self.take_carried_times(resolved, input.offset);
+        self.instance.set_partition_time(input.partition_time);
         let mut raw = input.raw;
         if source.topic.is_internal() {
             if let Some(o) = Origin::from_headers(&raw.headers) {

@@ -131,6 +131,10 @@ pub(crate) struct Task {
     pub subtasks: Vec<Arc<SubTask>>,
     /// One tracker per source topic of the sub-topology.
     pub trackers: Vec<ProgressTracker>,
+    /// Per source topic: the largest valid timestamp of the records dispatched or skipped so
+    /// far (the partition's stream time from where this engine began reading; a range's own
+    /// committed time covers what came before).
+    pub partition_times: Vec<Option<i64>>,
     /// Per source topic, ranges (possibly of another factor) and the offset each had applied.
     pub resume: Vec<Vec<(KeyRange, u64)>>,
     /// Per source topic, ranges and offsets above their next offset they had applied too.
@@ -280,6 +284,7 @@ impl Engine {
                 .iter()
                 .map(|_| ProgressTracker::new(ranges(p)))
                 .collect(),
+            partition_times: vec![None; names.len()],
             resume: vec![Vec::new(); names.len()],
             resume_applied: vec![Vec::new(); names.len()],
             assigned: vec![false; names.len()],

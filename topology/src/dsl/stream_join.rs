@@ -179,6 +179,10 @@ struct JoinSide<K, VT, VO, VR> {
     grace: i64,
     /// (this value, other value) to the result; `None`: absent.
     pair: Joiner<VT, VO, VR>,
+    /// The stream time of this processor's last scan for closed windows: it scans again once
+    /// stream time has moved past it (Kafka Streams scans at a record whose timestamp is the
+    /// stream time; here a record may move stream time to the partition's, above its own).
+    scanned: Option<i64>,
 }
 
 impl<K, VT, VO, VR> Processor<K, VT, K, VR> for JoinSide<K, VT, VO, VR>
@@ -214,8 +218,9 @@ where
             ts.saturating_sub(self.before).max(0),
             ts.saturating_add(self.after).max(0),
         );
-        if stream_time == ts {
+        if self.scanned.is_none_or(|s| stream_time > s) {
             self.emit_closed(ctx, stream_time, &record.headers)?;
+            self.scanned = Some(stream_time);
         }
         let kb = self.key_serde.serialize(&key)?;
         let vb = self.this_serde.serialize(&record.value)?;
@@ -543,6 +548,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KStream<K, V> {
                 after: windows.after_ms,
                 grace: windows.grace_ms,
                 pair: Arc::new(move |a, b| j(a, b)),
+                scanned: None,
             },
             stores.clone(),
         );
@@ -564,6 +570,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KStream<K, V> {
                 after: windows.before_ms,
                 grace: windows.grace_ms,
                 pair: Arc::new(move |b, a| joiner(a, b)),
+                scanned: None,
             },
             stores,
         );
