@@ -195,6 +195,31 @@ fn oracle(kind: Kind, w: (i64, i64, i64), p: usize, input: &[Input]) -> Vec<(Str
         Kind::Left => left,
         Kind::Outer => true,
     };
+    // Emits range `r`'s unmatched records whose windows closed at stream time `st`.
+    let release = |outer: &mut BTreeMap<(usize, i64, u8, String), Vec<String>>,
+                   out: &mut Vec<(String, String, i64)>,
+                   r: usize,
+                   st: i64| {
+        let due: Vec<_> = outer
+            .range((r, i64::MIN, 0, String::new())..(r + 1, i64::MIN, 0, String::new()))
+            .filter(|((_, t, side, _), _)| {
+                let look = if *side == 1 { after } else { before };
+                t + look + grace < st
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for ((_, t, side, k), values) in due {
+            for v in &values {
+                let value = if side == 1 {
+                    result(Some(v), None)
+                } else {
+                    result(None, Some(v))
+                };
+                out.push((k.clone(), value, t));
+            }
+            outer.remove(&(r, t, side, k));
+        }
+    };
     for (left, key, value, ts) in input {
         let (left, ts) = (*left, *ts);
         let r = range_of(key_hash(key.as_bytes()), p);
@@ -211,25 +236,7 @@ fn oracle(kind: Kind, w: (i64, i64, i64), p: usize, input: &[Input]) -> Vec<(Str
             (after, before)
         };
         if advanced && kind != Kind::Inner {
-            let due: Vec<_> = outer
-                .range((r, i64::MIN, 0, String::new())..(r + 1, i64::MIN, 0, String::new()))
-                .filter(|((_, t, side, _), _)| {
-                    let look = if *side == 1 { after } else { before };
-                    t + look + grace < st
-                })
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            for ((_, t, side, k), values) in due {
-                for v in &values {
-                    let value = if side == 1 {
-                        result(Some(v), None)
-                    } else {
-                        result(None, Some(v))
-                    };
-                    out.push((k.clone(), value, t));
-                }
-                outer.remove(&(r, t, side, k));
-            }
+            release(&mut outer, &mut out, r, st);
         }
         if ts >= st - retention {
             stores
@@ -272,6 +279,20 @@ fn oracle(kind: Kind, w: (i64, i64, i64), p: usize, input: &[Input]) -> Vec<(Str
                     result(None, Some(value))
                 };
                 out.push((key.clone(), value, ts));
+            }
+        }
+        // The TestDriver's ticks after the record: every range takes each input's partition
+        // time (left, then right), releasing what closed.
+        for r in 0..p {
+            for source in [1, 0] {
+                let t = partition[source];
+                let st = time.entry(r).or_insert(i64::MIN);
+                if t > *st {
+                    *st = t;
+                    if kind != Kind::Inner {
+                        release(&mut outer, &mut out, r, t);
+                    }
+                }
             }
         }
     }

@@ -576,6 +576,33 @@ impl TaskInstance {
         delivered
     }
 
+    /// Moves the stream time to `t`, the partition's, without a record (a key range none of
+    /// whose keys arrived since): every processor that holds results until stream time passes
+    /// them releases what closed ([`crate::processor::Processor::on_stream_time`]), in graph
+    /// order, then stream-time punctuations fire. False when the stream time was at `t` already.
+    pub fn advance_stream_time(
+        &mut self,
+        t: i64,
+        env: &mut dyn TaskEnv,
+    ) -> Result<bool, TaskError> {
+        if self.stream_time.is_some_and(|s| s >= t) {
+            return Ok(false);
+        }
+        self.stream_time = Some(t);
+        self.settled_time = Some(self.settled_time.map_or(t, |s| s.max(t)));
+        let meta = RecordMeta::default();
+        for node in 0..self.processors.len() {
+            if self.processors[node].is_none() {
+                continue;
+            }
+            // Not caused by a record: what a node releases is forwarded under its own key.
+            env.clear_routing_hash();
+            self.run_node(node, &meta, env, |p, host| p.on_stream_time(host))?;
+        }
+        self.punctuate_nodes(PunctuationType::StreamTime, t, None, env)?;
+        Ok(true)
+    }
+
     /// Fires every punctuation of `kind` that is due at `now`.
     pub fn punctuate(
         &mut self,

@@ -516,6 +516,14 @@ pub trait Processor<KIn, VIn, KOut, VOut>: Send {
     ) -> Result<(), ProcessError> {
         Ok(())
     }
+    /// Called when the stream time moved without a record: the partition's time reached a key
+    /// range none of whose keys arrived (see `rill_topology::time`). Release what closed.
+    fn on_stream_time(
+        &mut self,
+        _ctx: &mut ProcessorContext<'_, KOut, VOut>,
+    ) -> Result<(), ProcessError> {
+        Ok(())
+    }
 }
 
 /// A processor whose record types are erased, as the graph runs it.
@@ -535,6 +543,10 @@ pub trait ErasedProcessor: Send {
         timestamp: i64,
         host: &mut dyn ProcessorHost,
     ) -> Result<(), ProcessError>;
+    /// See [`Processor::on_stream_time`].
+    fn on_stream_time(&mut self, _host: &mut dyn ProcessorHost) -> Result<(), ProcessError> {
+        Ok(())
+    }
 }
 
 /// Adapts a typed [`Processor`] to [`ErasedProcessor`].
@@ -582,6 +594,10 @@ where
     ) -> Result<(), ProcessError> {
         self.inner
             .punctuate(kind, timestamp, &mut ProcessorContext::new(host))
+    }
+
+    fn on_stream_time(&mut self, host: &mut dyn ProcessorHost) -> Result<(), ProcessError> {
+        self.inner.on_stream_time(&mut ProcessorContext::new(host))
     }
 }
 

@@ -44,9 +44,15 @@
 //!   at (the lowest any range resumes from); each range also resumes with its committed time. A
 //!   range behind the others may therefore, until the partition passes where the range furthest
 //!   on resumed, accept a record that P = 1 drops; it never drops one P = 1 accepts.
-//! - **Quiet ranges** (rill differs, issue 42): a range learns the partition's time with a record
-//!   of its own keys, so a window of a range whose keys stop arriving closes with that range's
-//!   next record, not with the partition's next one as in Kafka Streams.
+//! - **Quiet ranges.** A range none of whose keys arrived lately is handed the partition's time
+//!   without a record (a *tick*: every 100 ms while records flow, before every commit, after
+//!   every record in the TestDriver), and takes the offset it carries as its own (none of its
+//!   records lies below it). Emit-final windows and sessions, suppression, stream-stream joins'
+//!   unmatched records and stream-time punctuations then release what closed
+//!   (`Processor::on_stream_time`), as one range would have at the partition's records. Where
+//!   rill differs: that release comes with the next tick, up to 100 ms of wall-clock time after
+//!   the partition's record, and a sub-topology with an async stage takes no ticks (its open
+//!   records hold the settled time back; its windows close with its own records).
 
 use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};

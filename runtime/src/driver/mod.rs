@@ -303,6 +303,8 @@ impl Inner {
     /// Processes until no record is in flight and every repartition record has been consumed.
     fn settle(&mut self) -> Result<(), DriverError> {
         loop {
+            // Every range knows the partition's time after each record, as at P = 1.
+            self.engine.tick_quiet_ranges();
             self.wait_idle()?;
             let mut moved = false;
             for topic in self.sink.topics() {

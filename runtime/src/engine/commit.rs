@@ -89,6 +89,7 @@ impl Engine {
     /// Asks every sub-task to range-commit after the records dispatched so far; a range whose
     /// outputs are still in flight writes at a later commit (step 2 of the protocol).
     pub fn request_commit(&mut self) {
+        self.tick_quiet_ranges();
         for task in self.tasks.values() {
             for s in &task.subtasks {
                 let work = Work::Commit {
@@ -103,6 +104,7 @@ impl Engine {
     /// Asks every sub-task to range-commit everything dispatched so far, waiting for its
     /// outputs; [`Engine::wait_idle`] then returns once all of it is durable.
     pub fn request_durable_commit(&mut self) {
+        self.tick_quiet_ranges();
         for task in self.tasks.values() {
             for s in &task.subtasks {
                 let work = Work::Commit {

@@ -77,11 +77,7 @@ impl Engine {
         let running = task.is_running() && !task.held;
         // Taken now, counted only once the record is queued or skipped (not handed back).
         let event_time = self.shared.topology.event_time(&source.topic, &raw);
-        let partition_time = match task.partition_times[topic_index] {
-            _ if event_time < 0 => task.partition_times[topic_index],
-            Some(t) => Some(t.max(event_time)),
-            None => Some(event_time),
-        };
+        let partition_time = task.clocks[topic_index].with(event_time);
         let tracker = &mut task.trackers[topic_index];
         // Skip when the range that held this hash (under any past factor) already applied it.
         let applied = task.resume[topic_index]
@@ -91,7 +87,7 @@ impl Engine {
                 .iter()
                 .any(|(r, offsets)| r.contains(hash) && offsets.contains(&offset));
         if applied {
-            task.partition_times[topic_index] = partition_time;
+            task.clocks[topic_index].passed(offset, partition_time, None);
             task.metrics.consumed[topic_index].increment(1);
             tracker.skipped(offset);
             self.shared.stats.skipped.fetch_add(1, Ordering::Relaxed);
@@ -106,7 +102,7 @@ impl Engine {
             return Ok(Dispatch::Full(raw));
         }
         tracker.dispatched(index, offset);
-        task.partition_times[topic_index] = partition_time;
+        task.clocks[topic_index].passed(offset, partition_time, Some(index));
         task.metrics.consumed[topic_index].increment(1);
         subtask.push(
             Work::Record(Input {
@@ -119,6 +115,26 @@ impl Engine {
             &self.shared,
         );
         Ok(Dispatch::Queued)
+    }
+
+    /// Hands every key range the partition's stream time it has not seen yet (a range none of
+    /// whose keys arrived since): it releases the windows that closed, as one range (P = 1)
+    /// would have at the partition's last record. Done before every commit (every
+    /// `commit.interval.ms`), and by the TestDriver after every record.
+    pub fn tick_quiet_ranges(&mut self) {
+        for task in self.tasks.values_mut() {
+            if !task.is_running() || task.held {
+                continue;
+            }
+            for (source, clock) in task.clocks.iter_mut().enumerate() {
+                let (Some(time), next) = (clock.time, clock.next) else {
+                    continue;
+                };
+                for r in clock.owed(task.subtasks.len()) {
+                    task.subtasks[r].push(Work::Tick { source, next, time }, &self.shared);
+                }
+            }
+        }
     }
 
     /// How the sub-topology that reads `topic` reads it, when it reads other topics too.

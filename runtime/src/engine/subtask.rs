@@ -108,6 +108,14 @@ pub(crate) enum Work {
         done: Sender<()>,
     },
     Punctuate(i64),
+    /// The partition of source `source` reached offset `next` (exclusive) with stream time
+    /// `time`, and none of the range's records below `next` is still to come: a quiet range
+    /// moves on with the partition (see [`super::Engine::tick_quiet_ranges`]).
+    Tick {
+        source: usize,
+        next: u64,
+        time: i64,
+    },
     /// Under `exactly_once_v2`: seal what was processed for the instance's transaction, then
     /// park until it commits (see [`super::transaction`]). Queued at the front of the mailbox.
     Seal,
@@ -667,6 +675,9 @@ impl Core {
             Work::Settle { .. } if self.defer_durable_commit(Drain::Admitted) => Ok(()),
             Work::Settle { .. } => self.commit(id, true, shared),
             Work::Seal => self.commit(id, false, shared),
+            // With an async stage, open records hold the settled time back: they move it.
+            Work::Tick { .. } if self.asyncs.is_some() => Ok(()),
+            Work::Tick { source, next, time } => self.tick(id, source, next, time, shared),
             Work::Punctuate(now) => {
                 // No origin: wall-clock outputs depend on time, so a replay cannot reproduce
                 // them; downstream applies them at least once.
@@ -681,6 +692,34 @@ impl Core {
                 settle_unsourced(r, "a wall-clock punctuation", id, shared)
             }
         }
+    }
+
+    /// Takes the partition's stream time `time` at `next` of source `source` (see
+    /// [`Work::Tick`]): the range has applied every record of its keys below `next`, so its
+    /// offset moves there, and windows that closed are released.
+    fn tick(
+        &mut self,
+        id: &SubTaskId,
+        source: usize,
+        next: u64,
+        time: i64,
+        shared: &Arc<Shared>,
+    ) -> Result<(), EngineError> {
+        if next == 0 {
+            return Ok(());
+        }
+        if let Some(name) = shared.topic_names(id.sub_topology).get(source) {
+            self.take_carried_times(name, next);
+        }
+        self.advance_processed(source, next - 1);
+        // What the record cache holds reaches the nodes behind it first, with the stream time
+        // it was made at: a suppression must not release a window whose last update waits there.
+        self.flush_cache(id, shared)?;
+        // No origin, as for a punctuation: the tick's offset depends on timing.
+        let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
+        let r = self.instance.advance_stream_time(time, &mut env);
+        env.finish()?;
+        settle_unsourced(r.map(|_| ()), "the partition's stream time", id, shared)
     }
 
     /// Forwards what the record cache holds, before a seal (see `rill_topology::cache`).

@@ -131,10 +131,8 @@ pub(crate) struct Task {
     pub subtasks: Vec<Arc<SubTask>>,
     /// One tracker per source topic of the sub-topology.
     pub trackers: Vec<ProgressTracker>,
-    /// Per source topic: the largest valid timestamp of the records dispatched or skipped so
-    /// far (the partition's stream time from where this engine began reading; a range's own
-    /// committed time covers what came before).
-    pub partition_times: Vec<Option<i64>>,
+    /// Per source topic: the partition's stream time as far as this engine read it.
+    pub clocks: Vec<PartitionClock>,
     /// Per source topic, ranges (possibly of another factor) and the offset each had applied.
     pub resume: Vec<Vec<(KeyRange, u64)>>,
     /// Per source topic, ranges and offsets above their next offset they had applied too.
@@ -159,6 +157,61 @@ pub(crate) struct Task {
     pub restoring: Option<Restoring>,
     /// Metric handles of this task.
     pub metrics: crate::metrics::TaskMetrics,
+}
+
+/// One input partition's stream time, as the engine hands its records to the key ranges.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PartitionClock {
+    /// The largest valid timestamp of the records dispatched or skipped so far (from where this
+    /// engine began reading; a range's own committed time covers what came before).
+    pub time: Option<i64>,
+    /// The offset after the last record dispatched or skipped.
+    pub next: u64,
+    /// Per key range: the time it was last handed (with a record or a tick). Invariant: a
+    /// range whose entry is below `time` has not been told the partition's time yet.
+    pub told: Vec<i64>,
+}
+
+impl PartitionClock {
+    /// The time with a record of timestamp `event_time` (invalid ones, below 0, do not count).
+    pub fn with(&self, event_time: i64) -> Option<i64> {
+        match self.time {
+            _ if event_time < 0 => self.time,
+            Some(t) => Some(t.max(event_time)),
+            None => Some(event_time),
+        }
+    }
+
+    /// Notes a record at `offset` dispatched to range `range` (`None`: skipped), which moved
+    /// the time to `time`.
+    pub fn passed(&mut self, offset: u64, time: Option<i64>, range: Option<usize>) {
+        self.time = time;
+        self.next = self.next.max(offset + 1);
+        if let (Some(r), Some(t)) = (range, time) {
+            if let Some(told) = self.told.get_mut(r) {
+                *told = t;
+            }
+        }
+    }
+
+    /// The ranges (of `ranges`) not told the time yet, marked told: each is owed a tick.
+    pub fn owed(&mut self, ranges: usize) -> Vec<usize> {
+        let Some(t) = self.time else {
+            return Vec::new();
+        };
+        if self.told.len() != ranges {
+            // Another factor: tell every range again (a tick more is harmless).
+            self.told = vec![i64::MIN; ranges];
+        }
+        let mut out = Vec::new();
+        for (r, told) in self.told.iter_mut().enumerate() {
+            if *told < t {
+                *told = t;
+                out.push(r);
+            }
+        }
+        out
+    }
 }
 
 impl Task {
@@ -284,7 +337,7 @@ impl Engine {
                 .iter()
                 .map(|_| ProgressTracker::new(ranges(p)))
                 .collect(),
-            partition_times: vec![None; names.len()],
+            clocks: vec![PartitionClock::default(); names.len()],
             resume: vec![Vec::new(); names.len()],
             resume_applied: vec![Vec::new(); names.len()],
             assigned: vec![false; names.len()],

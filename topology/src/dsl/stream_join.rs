@@ -192,6 +192,20 @@ where
     VO: Datum + Clone,
     VR: Datum + Clone,
 {
+    fn on_stream_time(
+        &mut self,
+        ctx: &mut ProcessorContext<'_, K, VR>,
+    ) -> Result<(), ProcessError> {
+        let Some(now) = ctx.current_stream_time() else {
+            return Ok(());
+        };
+        if self.scanned.is_none_or(|s| now > s) {
+            self.emit_closed(ctx, now, &crate::record::Headers::new())?;
+            self.scanned = Some(now);
+        }
+        Ok(())
+    }
+
     fn process(
         &mut self,
         record: Record<K, VT>,

@@ -94,6 +94,14 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> WindowedAggregation<K
         }
     }
 
+    /// The stream time to release closed windows at, without a record: `None` unless the
+    /// aggregation emits final results and the sub-task has a stream time.
+    pub(crate) fn release_time<KO, VO>(&self, ctx: &ProcessorContext<'_, KO, VO>) -> Option<i64> {
+        (self.emit == EmitStrategy::OnWindowClose)
+            .then(|| ctx.current_stream_time())
+            .flatten()
+    }
+
     /// Writes a window's aggregate; under emit-final, notes it as not released yet.
     pub(crate) fn put_window(
         &self,
@@ -229,6 +237,30 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, Windo
                 None => ctx.forward(r),
             }
         }
+        for (r, hash) in released {
+            ctx.forward_about(r, hash);
+        }
+        Ok(())
+    }
+
+    fn on_stream_time(
+        &mut self,
+        ctx: &mut ProcessorContext<'_, Windowed<K>, A>,
+    ) -> Result<(), ProcessError> {
+        let agg = &self.agg;
+        let Some(now) = agg.release_time(ctx) else {
+            return Ok(());
+        };
+        let size = self.windows.size_ms();
+        let upper = now
+            .saturating_sub(self.windows.grace_ms())
+            .saturating_sub(size);
+        let released = {
+            let mut store = WindowBytes::open(ctx.timed_store(&agg.store)?)?;
+            let released = agg.release_windows(&mut store, upper, size, &Headers::new())?;
+            store.expire()?;
+            released
+        };
         for (r, hash) in released {
             ctx.forward_about(r, hash);
         }

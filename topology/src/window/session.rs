@@ -21,7 +21,7 @@ use super::store::SessionBytes;
 use super::suppress::RETRACT_HEADER;
 use super::{EmitStrategy, Window, WindowError, Windowed};
 use crate::processor::{Datum, ProcessError, Processor, ProcessorContext};
-use crate::record::Record;
+use crate::record::{Headers, Record};
 use crate::time::millis;
 
 /// Sessions of activity separated by more than an inactivity gap (Kafka Streams'
@@ -172,6 +172,32 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, Windo
         for r in out {
             ctx.forward(r);
         }
+        for (r, hash) in released {
+            ctx.forward_about(r, hash);
+        }
+        Ok(())
+    }
+
+    fn on_stream_time(
+        &mut self,
+        ctx: &mut ProcessorContext<'_, Windowed<K>, A>,
+    ) -> Result<(), ProcessError> {
+        let agg = &self.agg;
+        let Some(now) = agg.release_time(ctx) else {
+            return Ok(());
+        };
+        let close = now
+            .saturating_sub(self.windows.grace_ms)
+            .saturating_sub(self.windows.gap_ms);
+        let released = {
+            let mut store = SessionBytes::open(ctx.timed_store(&agg.store)?)?;
+            let taken = store.take_unreleased(close.saturating_sub(1))?;
+            let released = agg.released_records(taken, &Headers::new(), |v, w| {
+                Ok((agg.agg_serde.deserialize(v)?, w.end))
+            })?;
+            store.expire()?;
+            released
+        };
         for (r, hash) in released {
             ctx.forward_about(r, hash);
         }

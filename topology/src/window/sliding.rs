@@ -336,4 +336,28 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, Windo
         }
         Ok(())
     }
+
+    fn on_stream_time(
+        &mut self,
+        ctx: &mut ProcessorContext<'_, Windowed<K>, A>,
+    ) -> Result<(), ProcessError> {
+        let Some(now) = self.agg.release_time(ctx) else {
+            return Ok(());
+        };
+        let d = self.d();
+        let close = now.saturating_sub(self.windows.grace_ms);
+        let released = {
+            let mut store = WindowBytes::open(ctx.timed_store(&self.agg.store)?)?;
+            let upper = close.saturating_sub(1).saturating_sub(d);
+            let released = self
+                .agg
+                .release_windows(&mut store, upper, d, &Headers::new())?;
+            store.expire()?;
+            released
+        };
+        for (r, hash) in released {
+            ctx.forward_about(r, hash);
+        }
+        Ok(())
+    }
 }

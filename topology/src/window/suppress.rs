@@ -331,6 +331,31 @@ impl<K: Datum + Clone, V: Datum + Clone> SuppressProcessor<K, V> {
     }
 }
 
+impl<K: Datum + Clone, V: Datum + Clone> SuppressProcessor<K, V> {
+    /// Takes everything held at a time up to `now - due_after`, oldest first.
+    fn take_due(
+        &mut self,
+        store: &mut dyn KeyValueBytes,
+        now: i64,
+    ) -> Result<Vec<Released<K, V>>, ProcessError> {
+        let upper = now.saturating_sub(self.due_after).checked_add(1);
+        let lo = self.floor.map_or(vec![HELD], |f| held_key(f, &[]));
+        let due = match (upper, self.floor) {
+            (Some(u), Some(f)) if u <= f => Vec::new(),
+            _ => {
+                let to = upper.map_or(vec![HELD + 1], |u| held_key(u, &[]));
+                let entries = store.range(Bound::Included(&lo[..]), Bound::Excluded(&to))?;
+                self.release(store, entries)?
+            }
+        };
+        // Whatever is left is held at `upper` or later.
+        if let Some(u) = upper {
+            self.floor = Some(self.floor.map_or(u, |f| f.max(u)));
+        }
+        Ok(due)
+    }
+}
+
 impl<K: Datum + Clone, V: Datum + Clone> Processor<K, V, K, V> for SuppressProcessor<K, V> {
     fn process(
         &mut self,
@@ -351,21 +376,8 @@ impl<K: Datum + Clone, V: Datum + Clone> Processor<K, V, K, V> for SuppressProce
             } else {
                 self.hold(store, &key, &kb, (record.timestamp, vb))?;
             }
-            // Everything held at a time up to `now - due_after` is due, oldest first.
-            let upper = now.saturating_sub(self.due_after).checked_add(1);
+            let mut due = self.take_due(store, now)?;
             let lo = self.floor.map_or(vec![HELD], |f| held_key(f, &[]));
-            let mut due = match (upper, self.floor) {
-                (Some(u), Some(f)) if u <= f => Vec::new(),
-                _ => {
-                    let to = upper.map_or(vec![HELD + 1], |u| held_key(u, &[]));
-                    let entries = store.range(Bound::Included(&lo[..]), Bound::Excluded(&to))?;
-                    self.release(store, entries)?
-                }
-            };
-            // Whatever is left is held at `upper` or later.
-            if let Some(u) = upper {
-                self.floor = Some(self.floor.map_or(u, |f| f.max(u)));
-            }
             if !self.buffer.is_unbounded() {
                 let mut size = self.held_size(store)?;
                 while self.over(size) {
@@ -389,6 +401,17 @@ impl<K: Datum + Clone, V: Datum + Clone> Processor<K, V, K, V> for SuppressProce
             }
             due
         };
+        for (r, hash) in due {
+            ctx.forward_about(r, hash);
+        }
+        Ok(())
+    }
+
+    fn on_stream_time(&mut self, ctx: &mut ProcessorContext<'_, K, V>) -> Result<(), ProcessError> {
+        let Some(now) = ctx.current_stream_time() else {
+            return Ok(());
+        };
+        let due = self.take_due(ctx.store(&self.store)?, now)?;
         for (r, hash) in due {
             ctx.forward_about(r, hash);
         }
