@@ -18,7 +18,7 @@
 //! when no record is late for only some of its windows, so sliding inputs keep records that are
 //! wholly on time or wholly late at both factors. `PROPTEST_CASES` sets the number of cases.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -124,30 +124,20 @@ fn flush(at: i64) -> Vec<Rec> {
         .collect()
 }
 
-/// Stream time as the engine keeps it: the partition's (the largest timestamp so far), which a
-/// range takes with each of its records; a range keeps what it took last.
-struct Clock {
-    partition: i64,
-    ranges: HashMap<usize, i64>,
-    p: usize,
-}
+/// Stream time as the engine keeps it on the TestDriver: the partition's (the largest
+/// timestamp so far), which every range takes after each record (its own, or a tick).
+struct Clock(i64);
 
 impl Clock {
-    fn new(p: usize) -> Self {
-        Clock {
-            partition: i64::MIN,
-            ranges: HashMap::new(),
-            p,
-        }
+    fn new() -> Self {
+        Clock(i64::MIN)
     }
     fn see(&mut self, r: &Rec) -> i64 {
-        self.partition = self.partition.max(r.ts);
-        let s = self.ranges.entry(range(&r.key, self.p)).or_insert(i64::MIN);
-        *s = (*s).max(self.partition);
-        *s
+        self.0 = self.0.max(r.ts);
+        self.0
     }
-    fn of(&self, key: &str) -> i64 {
-        self.ranges[&range(key, self.p)]
+    fn of(&self) -> i64 {
+        self.0
     }
 }
 
@@ -278,8 +268,8 @@ fn run(topology: &Topology, recs: &[Rec], p: usize, sessions: bool, size: i64) -
 
 // ---- oracles ----
 
-fn time_oracle(recs: &[Rec], p: usize, size: i64, advance: i64, grace: i64) -> Outcome {
-    let mut clock = Clock::new(p);
+fn time_oracle(recs: &[Rec], size: i64, advance: i64, grace: i64) -> Outcome {
+    let mut clock = Clock::new();
     let mut windows = Windows::new();
     let mut late = 0;
     for r in recs {
@@ -299,7 +289,7 @@ fn time_oracle(recs: &[Rec], p: usize, size: i64, advance: i64, grace: i64) -> O
     }
     let closed: Windows = windows
         .iter()
-        .filter(|((k, _, end), _)| *end <= clock.of(k) - grace)
+        .filter(|((_, _, end), _)| *end <= clock.of() - grace)
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     Outcome {
@@ -310,8 +300,8 @@ fn time_oracle(recs: &[Rec], p: usize, size: i64, advance: i64, grace: i64) -> O
     }
 }
 
-fn sliding_oracle(recs: &[Rec], p: usize, d: i64, grace: i64) -> Outcome {
-    let mut clock = Clock::new(p);
+fn sliding_oracle(recs: &[Rec], d: i64, grace: i64) -> Outcome {
+    let mut clock = Clock::new();
     let mut accepted: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
     let mut late = 0;
     for r in recs {
@@ -345,7 +335,7 @@ fn sliding_oracle(recs: &[Rec], p: usize, d: i64, grace: i64) -> Outcome {
     }
     let closed: Windows = windows
         .iter()
-        .filter(|((k, _, end), _)| *end < clock.of(k) - grace)
+        .filter(|((_, _, end), _)| *end < clock.of() - grace)
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     Outcome {
@@ -373,9 +363,9 @@ fn wholly_on_time_or_late(recs: Vec<Rec>, d: i64, grace: i64) -> Vec<Rec> {
         .collect()
 }
 
-fn session_oracle(recs: &[Rec], p: usize, gap: i64, grace: i64) -> Outcome {
+fn session_oracle(recs: &[Rec], gap: i64, grace: i64) -> Outcome {
     let retention = gap + grace;
-    let mut clock = Clock::new(p);
+    let mut clock = Clock::new();
     let mut sessions: BTreeMap<String, Vec<(i64, i64, Bag)>> = BTreeMap::new();
     let mut late = 0;
     let mut before_flush = None;
@@ -386,7 +376,7 @@ fn session_oracle(recs: &[Rec], p: usize, gap: i64, grace: i64) -> Outcome {
                 l.iter()
                     .map(move |(s, e, b)| ((k.clone(), *s, *e), b.clone()))
             })
-            .filter(|((k, _, e), _)| *e >= clock.of(k) - retention)
+            .filter(|((_, _, e), _)| *e >= clock.of() - retention)
             .collect()
     };
     for r in recs {
@@ -416,7 +406,7 @@ fn session_oracle(recs: &[Rec], p: usize, gap: i64, grace: i64) -> Outcome {
             l.iter()
                 .map(move |(s, e, b)| ((k.clone(), *s, *e), b.clone()))
         })
-        .filter(|((k, _, e), _)| *e < clock.of(k) - grace - gap)
+        .filter(|((_, _, e), _)| *e < clock.of() - grace - gap)
         .collect();
     Outcome {
         updates: without_flush(before_flush.unwrap_or_default()),
@@ -433,13 +423,12 @@ fn check(
     recs: &[Rec],
     sessions: bool,
     size: i64,
-    oracle: impl Fn(usize) -> Outcome,
+    want: Outcome,
     within_grace: bool,
 ) {
     let mut seen = Vec::new();
     for p in FACTORS {
         let got = run(topology, recs, p, sessions, size);
-        let want = oracle(p);
         assert_eq!(got, want, "P = {p}, records {recs:?}");
         seen.push(got);
     }
@@ -477,7 +466,7 @@ proptest! {
         let advance = if hop { 4 } else { 10 };
         let w = TimeWindows::of_size_and_grace(ms(10), ms(grace)).advance_by(ms(advance));
         let t = time_topology(w);
-        check(&t, &recs, false, 10, |p| time_oracle(&recs, p, 10, advance, grace), false);
+        check(&t, &recs, false, 10, time_oracle(&recs, 10, advance, grace), false);
     }
 
     #[test]
@@ -486,7 +475,7 @@ proptest! {
     ) {
         let w = TimeWindows::of_size_and_grace(ms(10), ms(grace)).advance_by(ms(5));
         let t = time_topology(w);
-        check(&t, &recs, false, 10, |p| time_oracle(&recs, p, 10, 5, grace), true);
+        check(&t, &recs, false, 10, time_oracle(&recs, 10, 5, grace), true);
     }
 
     #[test]
@@ -495,7 +484,7 @@ proptest! {
     ) {
         let recs = wholly_on_time_or_late(recs, d, grace);
         let t = time_topology(SlidingWindows::of_time_difference_and_grace(ms(d), ms(grace)));
-        check(&t, &recs, false, d, |p| sliding_oracle(&recs, p, d, grace), false);
+        check(&t, &recs, false, d, sliding_oracle(&recs, d, grace), false);
     }
 
     #[test]
@@ -503,7 +492,7 @@ proptest! {
         (d, grace, recs) in (2i64..12, 0i64..6).prop_flat_map(|(d, g)| (Just(d), Just(g), records(g, true)))
     ) {
         let t = time_topology(SlidingWindows::of_time_difference_and_grace(ms(d), ms(grace)));
-        check(&t, &recs, false, d, |p| sliding_oracle(&recs, p, d, grace), true);
+        check(&t, &recs, false, d, sliding_oracle(&recs, d, grace), true);
     }
 
     #[test]
@@ -511,7 +500,7 @@ proptest! {
         (gap, grace, recs) in (1i64..9, 0i64..6).prop_flat_map(|(gap, g)| (Just(gap), Just(g), records(g, false)))
     ) {
         let t = session_topology(SessionWindows::of_inactivity_gap_and_grace(ms(gap), ms(grace)));
-        check(&t, &recs, true, 0, |p| session_oracle(&recs, p, gap, grace), false);
+        check(&t, &recs, true, 0, session_oracle(&recs, gap, grace), false);
     }
 
     #[test]
@@ -519,6 +508,6 @@ proptest! {
         (gap, grace, recs) in (1i64..9, 0i64..6).prop_flat_map(|(gap, g)| (Just(gap), Just(g), records(g, true)))
     ) {
         let t = session_topology(SessionWindows::of_inactivity_gap_and_grace(ms(gap), ms(grace)));
-        check(&t, &recs, true, 0, |p| session_oracle(&recs, p, gap, grace), true);
+        check(&t, &recs, true, 0, session_oracle(&recs, gap, grace), true);
     }
 }

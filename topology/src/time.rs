@@ -46,8 +46,7 @@
 //!   on resumed, accept a record that P = 1 drops; it never drops one P = 1 accepts.
 //! - **Quiet ranges.** A range none of whose keys arrived lately is handed the partition's time
 //!   without a record (a *tick*, before every commit: every `commit.interval.ms`, 100 ms by
-//!   default; after every record in the TestDriver), and takes the offset it carries as its own
-//!   (none of its records lies below it), its record cache flushed first. Emit-final windows and sessions, suppression, stream-stream joins'
+//!   default; after every record in the TestDriver), its record cache flushed first. Emit-final windows and sessions, suppression, stream-stream joins'
 //!   unmatched records and stream-time punctuations then release what closed
 //!   (`Processor::on_stream_time`), as one range would have at the partition's records. Where
 //!   rill differs: that release comes with the next tick, up to `commit.interval.ms` after the

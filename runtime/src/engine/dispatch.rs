@@ -120,7 +120,8 @@ impl Engine {
     /// Hands every key range the partition's stream time it has not seen yet (a range none of
     /// whose keys arrived since): it releases the windows that closed, as one range (P = 1)
     /// would have at the partition's last record. Done before every commit (every
-    /// `commit.interval.ms`), and by the TestDriver after every record.
+    /// `commit.interval.ms`; under `exactly_once_v2` with every transaction), and by the
+    /// TestDriver after every record.
     pub fn tick_quiet_ranges(&mut self) {
         for task in self.tasks.values_mut() {
             if !task.is_running() || task.held {

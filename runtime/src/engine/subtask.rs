@@ -109,8 +109,8 @@ pub(crate) enum Work {
     },
     Punctuate(i64),
     /// The partition of source `source` reached offset `next` (exclusive) with stream time
-    /// `time`, and none of the range's records below `next` is still to come: a quiet range
-    /// moves on with the partition (see [`super::Engine::tick_quiet_ranges`]).
+    /// `time`; every record of the range below `next` is ahead of it in the mailbox: a quiet
+    /// range moves on with the partition (see [`super::Engine::tick_quiet_ranges`]).
     Tick {
         source: usize,
         next: u64,
@@ -695,8 +695,10 @@ impl Core {
     }
 
     /// Takes the partition's stream time `time` at `next` of source `source` (see
-    /// [`Work::Tick`]): the range has applied every record of its keys below `next`, so its
-    /// offset moves there, and windows that closed are released.
+    /// [`Work::Tick`]) and releases the windows that closed. The range's offset stays: moving it
+    /// past a zombie's changelog write lets that write escape its repair (the zombie test in
+    /// `restore_tests`), so a range's committed time may be ahead of its offset, by the
+    /// partition's records in between, none of them its own.
     fn tick(
         &mut self,
         id: &SubTaskId,
@@ -711,7 +713,6 @@ impl Core {
         if let Some(name) = shared.topic_names(id.sub_topology).get(source) {
             self.take_carried_times(name, next);
         }
-        self.advance_processed(source, next - 1);
         // What the record cache holds reaches the nodes behind it first, with the stream time
         // it was made at: a suppression must not release a window whose last update waits there.
         self.flush_cache(id, shared)?;

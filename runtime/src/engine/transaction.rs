@@ -41,6 +41,8 @@ use super::{Engine, EngineError, PartitionProgress};
 impl Engine {
     /// Step 1: asks every running sub-task to seal and park (see the module doc).
     pub fn seal_for_transaction(&mut self) {
+        // Queued behind the records (the seal goes in front): the next transaction takes them.
+        self.tick_quiet_ranges();
         for task in self.tasks.values().filter(|t| t.is_running()) {
             // One still parked (kept so by a revoke) has nothing new to seal.
             for s in task
