@@ -136,6 +136,10 @@ pub struct TaskInstance {
     processors: Vec<Option<Box<dyn ErasedProcessor>>>,
     schedules: Vec<Schedule>,
     stream_time: Option<i64>,
+    /// The stream time records (and carried parts) moved the range to, without ticks
+    /// ([`TaskInstance::advance_stream_time`]): what the range commits. A tick's time may be
+    /// ahead of the range's offset; committed, a merge would judge records below it late.
+    record_time: Option<i64>,
     /// Per node: whether it runs behind an async stage (and so sees `settled_time`).
     behind_async: Vec<bool>,
     /// The stream time of the nodes behind an async stage (see the module doc).
@@ -307,6 +311,7 @@ impl TaskInstance {
             processors,
             schedules,
             stream_time: None,
+            record_time: None,
             behind_async,
             settled_time: None,
             last_event_time: None,
@@ -389,6 +394,16 @@ impl TaskInstance {
             self.settled_time
         } else {
             self.stream_time
+        }
+    }
+
+    /// The stream time the range commits: [`TaskInstance::stream_time`] without what ticks
+    /// added (see `record_time`).
+    pub fn committed_stream_time(&self) -> Option<i64> {
+        if self.has_async() {
+            self.settled_time
+        } else {
+            self.record_time
         }
     }
 
@@ -482,6 +497,7 @@ impl TaskInstance {
     /// Raises the stream time to `t` (a part merged into this range had seen records up to it;
     /// see `rill_state::CarriedOffset::stream_time`); a lower `t` changes nothing.
     pub fn raise_stream_time(&mut self, t: i64) {
+        self.record_time = Some(self.record_time.map_or(t, |r| r.max(t)));
         if self.stream_time.is_some_and(|s| s >= t) {
             return;
         }
@@ -498,6 +514,7 @@ impl TaskInstance {
     /// records after a restart as they would have without one.
     pub fn set_stream_time(&mut self, stream_time: Option<i64>) {
         self.stream_time = stream_time;
+        self.record_time = stream_time;
         self.settled_time = stream_time;
         for s in &mut self.schedules {
             if s.kind == PunctuationType::StreamTime {
@@ -562,6 +579,7 @@ impl TaskInstance {
         // The record's time for the stream time: its own, or the partition's at its offset.
         let ts = partition_time.map_or(record.timestamp, |p| p.max(record.timestamp));
         self.last_event_time = Some(ts);
+        self.record_time = Some(self.record_time.map_or(ts, |r| r.max(ts)));
         let advanced = self.stream_time.is_none_or(|t| ts > t);
         if advanced {
             self.stream_time = Some(ts);

@@ -272,7 +272,7 @@ impl Core {
             lineage: self.lineage.id,
             parent_lineage: self.lineage.parent,
             generation: self.lineage.generation,
-            stream_time: self.instance.stream_time(),
+            stream_time: self.instance.committed_stream_time(),
             store_times: self
                 .instance
                 .observed_times()

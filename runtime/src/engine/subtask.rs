@@ -695,10 +695,10 @@ impl Core {
     }
 
     /// Takes the partition's stream time `time` at `next` of source `source` (see
-    /// [`Work::Tick`]) and releases the windows that closed. The range's offset stays: moving it
-    /// past a zombie's changelog write lets that write escape its repair (the zombie test in
-    /// `restore_tests`), so a range's committed time may be ahead of its offset, by the
-    /// partition's records in between, none of them its own.
+    /// [`Work::Tick`]) and releases the windows that closed. Neither the range's offset nor the
+    /// time it commits move: an offset moved past a zombie's changelog write lets that write
+    /// escape its repair (the zombie test in `restore_tests`), and a time ahead of the offset
+    /// would make a merge judge the other parts' records below it late.
     fn tick(
         &mut self,
         id: &SubTaskId,
