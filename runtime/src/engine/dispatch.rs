@@ -87,7 +87,7 @@ impl Engine {
                 .iter()
                 .any(|(r, offsets)| r.contains(hash) && offsets.contains(&offset));
         if applied {
-            task.clocks[topic_index].passed(offset, partition_time, None);
+            task.clocks[topic_index].passed(partition_time, None);
             task.metrics.consumed[topic_index].increment(1);
             tracker.skipped(offset);
             self.shared.stats.skipped.fetch_add(1, Ordering::Relaxed);
@@ -102,7 +102,7 @@ impl Engine {
             return Ok(Dispatch::Full(raw));
         }
         tracker.dispatched(index, offset);
-        task.clocks[topic_index].passed(offset, partition_time, Some(index));
+        task.clocks[topic_index].passed(partition_time, Some(index));
         task.metrics.consumed[topic_index].increment(1);
         subtask.push(
             Work::Record(Input {
@@ -127,12 +127,12 @@ impl Engine {
             if !task.is_running() || task.held {
                 continue;
             }
-            for (source, clock) in task.clocks.iter_mut().enumerate() {
-                let (Some(time), next) = (clock.time, clock.next) else {
+            for clock in &mut task.clocks {
+                let Some(time) = clock.time else {
                     continue;
                 };
                 for r in clock.owed(task.subtasks.len()) {
-                    task.subtasks[r].push(Work::Tick { source, next, time }, &self.shared);
+                    task.subtasks[r].push(Work::Tick { time }, &self.shared);
                 }
             }
         }

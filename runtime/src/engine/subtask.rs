@@ -108,14 +108,10 @@ pub(crate) enum Work {
         done: Sender<()>,
     },
     Punctuate(i64),
-    /// The partition of source `source` reached offset `next` (exclusive) with stream time
-    /// `time`; every record of the range below `next` is ahead of it in the mailbox: a quiet
-    /// range moves on with the partition (see [`super::Engine::tick_quiet_ranges`]).
-    Tick {
-        source: usize,
-        next: u64,
-        time: i64,
-    },
+    /// A partition the range reads reached stream time `time`; every record of the range that
+    /// moved it there is ahead of it in the mailbox: a quiet range moves on with the partition
+    /// (see [`super::Engine::tick_quiet_ranges`]).
+    Tick { time: i64 },
     /// Under `exactly_once_v2`: seal what was processed for the instance's transaction, then
     /// park until it commits (see [`super::transaction`]). Queued at the front of the mailbox.
     Seal,
@@ -677,7 +673,7 @@ impl Core {
             Work::Seal => self.commit(id, false, shared),
             // With an async stage, open records hold the settled time back: they move it.
             Work::Tick { .. } if self.asyncs.is_some() => Ok(()),
-            Work::Tick { source, next, time } => self.tick(id, source, next, time, shared),
+            Work::Tick { time } => self.tick(id, time, shared),
             Work::Punctuate(now) => {
                 // No origin: wall-clock outputs depend on time, so a replay cannot reproduce
                 // them; downstream applies them at least once.
@@ -694,25 +690,13 @@ impl Core {
         }
     }
 
-    /// Takes the partition's stream time `time` at `next` of source `source` (see
-    /// [`Work::Tick`]) and releases the windows that closed. Neither the range's offset nor the
-    /// time it commits move: an offset moved past a zombie's changelog write lets that write
-    /// escape its repair (the zombie test in `restore_tests`), and a time ahead of the offset
-    /// would make a merge judge the other parts' records below it late.
-    fn tick(
-        &mut self,
-        id: &SubTaskId,
-        source: usize,
-        next: u64,
-        time: i64,
-        shared: &Arc<Shared>,
-    ) -> Result<(), EngineError> {
-        if next == 0 {
-            return Ok(());
-        }
-        if let Some(name) = shared.topic_names(id.sub_topology).get(source) {
-            self.take_carried_times(name, next);
-        }
+    /// Takes the partition's stream time `time` (see [`Work::Tick`]) and releases the windows
+    /// that closed. Neither the range's offset nor the time it commits move: an offset moved
+    /// past a zombie's changelog write lets that write escape its repair (the zombie test in
+    /// `restore_tests`), and a committed time ahead of the offset would make a merge judge the
+    /// other parts' records below it late. For that reason a carried part's time is not taken
+    /// here either: the range takes it when its own offset reaches the part's.
+    fn tick(&mut self, id: &SubTaskId, time: i64, shared: &Arc<Shared>) -> Result<(), EngineError> {
         // What the record cache holds reaches the nodes behind it first, with the stream time
         // it was made at: a suppression must not release a window whose last update waits there.
         self.flush_cache(id, shared)?;

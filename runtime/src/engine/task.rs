@@ -165,8 +165,6 @@ pub(crate) struct PartitionClock {
     /// The largest valid timestamp of the records dispatched or skipped so far (from where this
     /// engine began reading; a range's own committed time covers what came before).
     pub time: Option<i64>,
-    /// The offset after the last record dispatched or skipped.
-    pub next: u64,
     /// Per key range: the time it was last handed (with a record or a tick). Invariant: a
     /// range whose entry is below `time` has not been told the partition's time yet.
     pub told: Vec<i64>,
@@ -182,11 +180,10 @@ impl PartitionClock {
         }
     }
 
-    /// Notes a record at `offset` dispatched to range `range` (`None`: skipped), which moved
-    /// the time to `time`.
-    pub fn passed(&mut self, offset: u64, time: Option<i64>, range: Option<usize>) {
+    /// Notes a record dispatched to range `range` (`None`: skipped), which moved the time to
+    /// `time`.
+    pub fn passed(&mut self, time: Option<i64>, range: Option<usize>) {
         self.time = time;
-        self.next = self.next.max(offset + 1);
         if let (Some(r), Some(t)) = (range, time) {
             if let Some(told) = self.told.get_mut(r) {
                 *told = t;
