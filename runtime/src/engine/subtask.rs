@@ -111,7 +111,9 @@ pub(crate) enum Work {
     /// A partition the range reads reached stream time `time`; every record of the range that
     /// moved it there is ahead of it in the mailbox: a quiet range moves on with the partition
     /// (see [`super::Engine::tick_quiet_ranges`]).
-    Tick { time: i64 },
+    Tick {
+        time: i64,
+    },
     /// Under `exactly_once_v2`: seal what was processed for the instance's transaction, then
     /// park until it commits (see [`super::transaction`]). Queued at the front of the mailbox.
     Seal,
