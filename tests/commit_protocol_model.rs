@@ -122,6 +122,7 @@ fn spec() -> Spec {
             (format!("k{k}"), value, 0)
         },
         cache_bytes: 0,
+        second_input: None,
     }
 }
 

@@ -1,12 +1,14 @@
-//! The commit-protocol model run over rill's stateful features (issue 41): emit-final tumbling
-//! windows and sessions, `suppress` with a bounded buffer, a versioned table, and an aggregation
-//! behind a repartition topic with the record cache on. Each feature meets random input
-//! (timestamps out of order within the grace), crashes at every step of a commit, restarts on
-//! kept and wiped state dirs, zombies, compaction, and live and restart factor changes (split,
-//! merge, factors that do not divide each other), and is compared with the uninterrupted P = 1
-//! run of the same input: the output records as a set (under `at_least_once` a crash may repeat
-//! an output, never change one or lose one), and the aggregation's final state exactly, in the
-//! last member and in one restored from scratch.
+//! The commit-protocol model run over rill's stateful features (issue 41): emit-final tumbling,
+//! hopping and sliding windows and sessions, `suppress` with a bounded buffer, a versioned table,
+//! an aggregation behind a repartition topic with the record cache on, and a Processor-API
+//! punctuator that rewrites every key. Each feature meets random input (timestamps out of order
+//! within the grace), crashes at every step of a commit, restarts on kept and wiped state dirs,
+//! zombies, compaction, and live and restart factor changes (split, merge, factors that do not
+//! divide each other), and is compared with the uninterrupted P = 1 run of the same input: the
+//! output records as a set (under `at_least_once` a crash may repeat an output, never change one
+//! or lose one), as a multiset when nothing crashed and no zombie wrote (nothing may repeat),
+//! and the aggregation's final state exactly, in the last member and in one restored from
+//! scratch.
 //!
 //! Timestamps either fall behind the partition's largest by less than the grace, so they are on
 //! time under any key-range layout, or behind their own key's latest by more than a window and
@@ -66,6 +68,7 @@ fn spec(topology: Topology, stores: Vec<&'static str>) -> Spec {
         internal: Vec::new(),
         record,
         cache_bytes: 0,
+        second_input: None,
     }
 }
 
@@ -94,6 +97,35 @@ fn emit_final_windows() -> Spec {
             .count("windows"),
     );
     spec(b.build().unwrap(), vec!["windows"])
+}
+
+/// Hopping windows of 10 ms advancing by 5 ms with 5 ms of grace, emitted once when closed.
+fn emit_final_hopping_windows() -> Spec {
+    let b = StreamsBuilder::new();
+    windowed_out(
+        b.stream(INPUT, StringSerde, StringSerde)
+            .group_by_key()
+            .windowed_by(tumbling().advance_by(Duration::from_millis(5)))
+            .emit_strategy(EmitStrategy::on_window_close())
+            .count("hopping"),
+    );
+    spec(b.build().unwrap(), vec!["hopping"])
+}
+
+/// Sliding windows of a 10 ms time difference with 5 ms of grace, emitted once when closed.
+fn emit_final_sliding_windows() -> Spec {
+    let b = StreamsBuilder::new();
+    windowed_out(
+        b.stream(INPUT, StringSerde, StringSerde)
+            .group_by_key()
+            .windowed_by(SlidingWindows::of_time_difference_and_grace(
+                Duration::from_millis(10),
+                Duration::from_millis(5),
+            ))
+            .emit_strategy(EmitStrategy::on_window_close())
+            .count("sliding"),
+    );
+    spec(b.build().unwrap(), vec!["sliding"])
 }
 
 /// Sessions with a 3 ms gap and 5 ms of grace, counted and emitted once when closed.
@@ -126,10 +158,7 @@ fn suppressed_windows() -> Spec {
             )),
     );
     let topology = b.build().unwrap();
-    let mut stores: Vec<&'static str> = Vec::new();
-    for s in &topology.sub_topologies()[0].stores {
-        stores.push(Box::leak(s.clone().into_boxed_str()));
-    }
+    let stores = stores_of(&topology);
     Spec {
         cache_bytes: 1 << 20,
         ..spec(topology, stores)
@@ -168,6 +197,7 @@ fn cached_counts() -> Spec {
         internal: vec![Topic::Internal("by-value-repartition".into())],
         record,
         cache_bytes: 1 << 20,
+        second_input: None,
     }
 }
 
@@ -220,6 +250,71 @@ fn touched_counts() -> Spec {
         .process("touch", || TouchedCounts, &["touched"])
         .to_with(OUTPUT, Produced::with(StringSerde, I64Serde));
     spec(b.build().unwrap(), vec!["touched"])
+}
+
+/// The other input of the joins.
+const RIGHT: &str = "right";
+
+/// Every store of the first sub-topology of `topology`.
+fn stores_of(topology: &Topology) -> Vec<&'static str> {
+    topology.sub_topologies()[0]
+        .stores
+        .iter()
+        .map(|s| &*Box::leak(s.clone().into_boxed_str()))
+        .collect()
+}
+
+/// A spec whose records alternate between [`INPUT`] and [`RIGHT`].
+fn two_inputs(topology: Topology) -> Spec {
+    let stores = stores_of(&topology);
+    Spec {
+        second_input: Some(RIGHT),
+        ..spec(topology, stores)
+    }
+}
+
+/// [`INPUT`] left-joined with [`RIGHT`] within 10 ms (5 ms of grace) to [`OUTPUT`] as `l+r`,
+/// `l+null` for a left record that met nothing once its window closed.
+fn stream_left_join() -> Spec {
+    let b = StreamsBuilder::new();
+    let left = b.stream(INPUT, StringSerde, StringSerde);
+    let right = b.stream(RIGHT, StringSerde, StringSerde);
+    left.left_join_windowed(
+        &right,
+        |l: String, r: Option<String>| format!("{l}+{}", r.unwrap_or_else(|| "null".into())),
+        JoinWindows::of_time_difference_and_grace(
+            Duration::from_millis(10),
+            Duration::from_millis(5),
+        ),
+        StreamJoined::default(),
+    )
+    .to_with(OUTPUT, Produced::with(StringSerde, StringSerde));
+    two_inputs(b.build().unwrap())
+}
+
+/// The tables of [`INPUT`] and [`RIGHT`] outer-joined into the store `joined`.
+fn table_outer_join() -> Spec {
+    let b = StreamsBuilder::new();
+    let left = b.table(
+        INPUT,
+        StringSerde,
+        StringSerde,
+        Materialized::with(StringSerde, StringSerde).with_name("left"),
+    );
+    let right = b.table(
+        RIGHT,
+        StringSerde,
+        StringSerde,
+        Materialized::with(StringSerde, StringSerde).with_name("right"),
+    );
+    left.outer_join(
+        &right,
+        |l: Option<String>, r: Option<String>| {
+            format!("{}+{}", l.unwrap_or_default(), r.unwrap_or_default())
+        },
+        Materialized::with(StringSerde, StringSerde).with_name("joined"),
+    );
+    two_inputs(b.build().unwrap())
 }
 
 /// The distinct (key, value) records on [`OUTPUT`].
@@ -347,6 +442,16 @@ proptest! {
     }
 
     #[test]
+    fn emit_final_hopping_windows_are_each_emitted_with_the_sequential_count(factor in 1usize..4, ops in ops()) {
+        check(&emit_final_hopping_windows(), Compare::Outputs, factor, ops)?;
+    }
+
+    #[test]
+    fn emit_final_sliding_windows_are_each_emitted_with_the_sequential_count(factor in 1usize..4, ops in ops()) {
+        check(&emit_final_sliding_windows(), Compare::Outputs, factor, ops)?;
+    }
+
+    #[test]
     fn emit_final_sessions_are_each_emitted_with_the_sequential_count(factor in 1usize..4, ops in ops()) {
         check(&emit_final_sessions(), Compare::Outputs, factor, ops)?;
     }
@@ -369,6 +474,16 @@ proptest! {
     #[test]
     fn cached_counts_end_in_the_sequential_state(factor in 1usize..4, ops in ops()) {
         check(&cached_counts(), Compare::Store("counts"), factor, ops)?;
+    }
+
+    #[test]
+    fn a_stream_left_join_emits_the_sequential_results(factor in 1usize..4, ops in ops()) {
+        check(&stream_left_join(), Compare::Outputs, factor, ops)?;
+    }
+
+    #[test]
+    fn a_table_outer_join_ends_in_the_sequential_state(factor in 1usize..4, ops in ops()) {
+        check(&table_outer_join(), Compare::Store("joined"), factor, ops)?;
     }
 
     #[test]
@@ -638,4 +753,22 @@ fn regression_a_merge_does_not_take_a_ticks_time() {
         check(&emit_final_windows(), Compare::Outputs, 1, ops.clone()).unwrap();
         check(&suppressed_windows(), Compare::Outputs, 1, ops.clone()).unwrap();
     }
+}
+
+/// Found by this model: the dispatcher kept a stream time per input topic, so at P = 3 a
+/// join's range judged a record of one side by that side's time only, while P = 1 (and Kafka
+/// Streams) takes the task's time over both inputs: the range kept a right record P = 1 had
+/// expired, and a late left record met it (`v4+v4` instead of `v4+null`).
+#[test]
+fn regression_a_join_shares_the_tasks_stream_time_across_its_inputs() {
+    let ops = vec![
+        Op::Produce(vec![(0, 0), (0, 0), (0, 0), (0, 0)]),
+        Op::Produce(vec![(0, 2), (0, 3), (0, 3), (0, 2)]),
+        Op::Produce(vec![(4, 1), (4, LATE), (0, LATE), (5, 3), (4, LATE)]),
+        Op::ChangeFactor {
+            factor: 3,
+            keep: false,
+        },
+    ];
+    check(&stream_left_join(), Compare::Outputs, 1, ops).unwrap();
 }

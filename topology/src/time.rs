@@ -33,7 +33,8 @@
 //! advances it. rill runs the ranges of one partition concurrently, each over its own keys'
 //! records. The engine, which hands a partition's records to the ranges in offset order, notes
 //! the partition's stream time at each record's offset (the largest timestamp up to it, every
-//! range's records included) and hands it over with the record; the range's stream time moves to
+//! range's records included; for a sub-topology with several inputs, such as a join, the task's
+//! over all of them, as Kafka Streams keeps it) and hands it over with the record; the range's stream time moves to
 //! it before the record runs, and is committed with the range's state and progress. So:
 //!
 //! - **Same decisions as P = 1.** A record is late, and a window closes, at the same offset as

@@ -77,7 +77,7 @@ impl Engine {
         let running = task.is_running() && !task.held;
         // Taken now, counted only once the record is queued or skipped (not handed back).
         let event_time = self.shared.topology.event_time(&source.topic, &raw);
-        let partition_time = task.clocks[topic_index].with(event_time);
+        let partition_time = task.clock.with(event_time);
         let tracker = &mut task.trackers[topic_index];
         // Skip when the range that held this hash (under any past factor) already applied it.
         let applied = task.resume[topic_index]
@@ -87,7 +87,7 @@ impl Engine {
                 .iter()
                 .any(|(r, offsets)| r.contains(hash) && offsets.contains(&offset));
         if applied {
-            task.clocks[topic_index].passed(partition_time, None);
+            task.clock.passed(partition_time, None);
             task.metrics.consumed[topic_index].increment(1);
             tracker.skipped(offset);
             self.shared.stats.skipped.fetch_add(1, Ordering::Relaxed);
@@ -102,7 +102,7 @@ impl Engine {
             return Ok(Dispatch::Full(raw));
         }
         tracker.dispatched(index, offset);
-        task.clocks[topic_index].passed(partition_time, Some(index));
+        task.clock.passed(partition_time, Some(index));
         task.metrics.consumed[topic_index].increment(1);
         subtask.push(
             Work::Record(Input {
@@ -127,13 +127,11 @@ impl Engine {
             if !task.is_running() || task.held {
                 continue;
             }
-            for clock in &mut task.clocks {
-                let Some(time) = clock.time else {
-                    continue;
-                };
-                for r in clock.owed(task.subtasks.len()) {
-                    task.subtasks[r].push(Work::Tick { time }, &self.shared);
-                }
+            let Some(time) = task.clock.time else {
+                continue;
+            };
+            for r in task.clock.owed(task.subtasks.len()) {
+                task.subtasks[r].push(Work::Tick { time }, &self.shared);
             }
         }
     }

@@ -131,8 +131,9 @@ pub(crate) struct Task {
     pub subtasks: Vec<Arc<SubTask>>,
     /// One tracker per source topic of the sub-topology.
     pub trackers: Vec<ProgressTracker>,
-    /// Per source topic: the partition's stream time as far as this engine read it.
-    pub clocks: Vec<PartitionClock>,
+    /// The task's stream time as far as this engine read it: one for all its source topics,
+    /// as Kafka Streams' task stream time (a join's two sides share it).
+    pub clock: PartitionClock,
     /// Per source topic, ranges (possibly of another factor) and the offset each had applied.
     pub resume: Vec<Vec<(KeyRange, u64)>>,
     /// Per source topic, ranges and offsets above their next offset they had applied too.
@@ -159,7 +160,8 @@ pub(crate) struct Task {
     pub metrics: crate::metrics::TaskMetrics,
 }
 
-/// One input partition's stream time, as the engine hands its records to the key ranges.
+/// A task's stream time (the largest timestamp of its input partitions), as the engine hands
+/// their records to the key ranges.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct PartitionClock {
     /// The largest valid timestamp of the records dispatched or skipped so far (from where this
@@ -334,7 +336,7 @@ impl Engine {
                 .iter()
                 .map(|_| ProgressTracker::new(ranges(p)))
                 .collect(),
-            clocks: vec![PartitionClock::default(); names.len()],
+            clock: PartitionClock::default(),
             resume: vec![Vec::new(); names.len()],
             resume_applied: vec![Vec::new(); names.len()],
             assigned: vec![false; names.len()],
