@@ -298,6 +298,33 @@ fn logs_go_to_stderr_and_stdout_is_the_applications() {
     );
 }
 
+/// Issue 42, item 7: a start logs a handful of lines at `info` (the rebalance lists its
+/// partitions; per-partition assignment and restore lines are `debug`), not one per partition.
+#[test]
+fn a_start_logs_a_handful_of_lines() {
+    let state = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(example("wordcount"))
+        .args(["--seconds", "6"])
+        .env("RILL_LOG", "info")
+        .env("RILL_METRICS_ADDR", "off")
+        .env("RILL_STATE_DIR", state.path())
+        .output()
+        .expect("run wordcount");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let lines = stderr.lines().count();
+    // Configuration, embedded cluster, start, state db, the rebalance, restoring, restored
+    // (a line per batch of partitions that finish together), stop: 8 partitions gave 24 before.
+    assert!(
+        (5..=14).contains(&lines),
+        "{lines} lines from a start and stop of 8 partitions:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("streams-plaintext-input[0,1,2,3] "),
+        "the rebalance line lists the partitions:\n{stderr}"
+    );
+}
+
 /// A demo on the embedded cluster without `state.dir` uses a new temporary dir at each start;
 /// the effective configuration says so instead of the default it does not use.
 #[test]

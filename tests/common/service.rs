@@ -75,7 +75,12 @@ impl Service {
                 // Static membership: a restarted instance takes its partitions back at once.
                 ("RILL_KAFKA_GROUP_INSTANCE_ID", format!("{app}-{name}")),
                 ("RILL_KAFKA_SESSION_TIMEOUT_MS", "6000".into()),
-                ("RILL_LOG", "info".into()),
+                // Tests read the per-partition assignment and restore lines (debug).
+                (
+                    "RILL_LOG",
+                    "info,rill_runtime::kafka::rebalance=debug,rill_runtime::engine::restore=debug"
+                        .into(),
+                ),
             ]
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))

@@ -27,6 +27,21 @@ impl fmt::Display for TopicPartition {
     }
 }
 
+/// Partitions listed per topic for a log line: `words[0,1,2] counts-repartition[3]`.
+pub fn partition_list<'a>(partitions: impl IntoIterator<Item = &'a TopicPartition>) -> String {
+    let mut by_topic: std::collections::BTreeMap<&str, Vec<u32>> = Default::default();
+    for tp in partitions {
+        by_topic.entry(&tp.topic).or_default().push(tp.partition);
+    }
+    let mut out = Vec::with_capacity(by_topic.len());
+    for (topic, mut ps) in by_topic {
+        ps.sort_unstable();
+        let ps: Vec<String> = ps.iter().map(u32::to_string).collect();
+        out.push(format!("{topic}[{}]", ps.join(",")));
+    }
+    out.join(" ")
+}
+
 /// A task: one sub-topology over one input partition, as in Kafka Streams.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TaskId {
@@ -39,5 +54,21 @@ pub struct TaskId {
 impl fmt::Display for TaskId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}_{}", self.sub_topology, self.partition)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partition_list_groups_partitions_by_topic_in_order() {
+        let tps = [
+            TopicPartition::new("b", 2),
+            TopicPartition::new("a", 1),
+            TopicPartition::new("b", 0),
+        ];
+        assert_eq!(partition_list(&tps), "a[1] b[0,2]");
+        assert_eq!(partition_list(&[]), "");
     }
 }

@@ -57,7 +57,7 @@ pub use config::{EngineConfig, RecordErrorHandler};
 pub use dispatch::{Dispatch, SyncedInput};
 pub use error::EngineError;
 pub use factor::{FactorChange, FactorDrain, RangeLoad};
-pub use ids::{TaskId, TopicPartition};
+pub use ids::{partition_list, TaskId, TopicPartition};
 pub use origin::topic_id;
 pub use progress::ProgressTracker;
 pub use stats::EngineStats;

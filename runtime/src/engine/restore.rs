@@ -178,7 +178,7 @@ impl Engine {
                         .flatten()
                         .map(|(_, keys)| keys.len())
                         .sum();
-                    tracing::info!(
+                    tracing::debug!(
                         sub_topology = sub,
                         partition,
                         records,

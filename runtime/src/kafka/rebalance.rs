@@ -31,7 +31,7 @@ use rill_topology::HASH_ID;
 use super::committer::Committer;
 use super::metadata;
 use super::transaction::Transactions;
-use crate::engine::{Engine, PriorClaim, Resume, TopicPartition};
+use crate::engine::{partition_list, Engine, PriorClaim, Resume, TopicPartition};
 
 /// Time allowed for metadata and committed-offset requests.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -131,7 +131,12 @@ impl ConsumerContext for SourceContext {
             consumer.rebalance_protocol(),
             RebalanceProtocol::Cooperative
         );
-        tracing::info!(event = ?err, partitions = tpl.count(), cooperative, "rebalance");
+        let listed: Vec<TopicPartition> = tpl
+            .elements()
+            .iter()
+            .map(|e| TopicPartition::new(e.topic(), e.partition() as u32))
+            .collect();
+        tracing::info!(event = ?err, partitions = %partition_list(&listed), cooperative, "rebalance");
         let result = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => self
                 .on_assign(consumer, tpl)
@@ -296,7 +301,7 @@ impl SourceContext {
         drop(engine);
         let committed_ms = started.elapsed().as_millis() as u64;
         for tp in revoked {
-            tracing::info!(topic = %tp.topic, partition = tp.partition, committed_ms, committed, lost, "partition revoked");
+            tracing::debug!(topic = %tp.topic, partition = tp.partition, committed_ms, committed, lost, "partition revoked");
         }
     }
 
@@ -353,7 +358,7 @@ impl SourceContext {
                     return Err(KafkaError::Subscription(err.to_string()));
                 }
             };
-            tracing::info!(%topic, partition, committed = ?base, start = ?start, generation, "partition assigned");
+            tracing::debug!(%topic, partition, committed = ?base, start = ?start, generation, "partition assigned");
             let offset = start.map_or(Offset::Beginning, |o| Offset::Offset(o as i64));
             tpl.set_partition_offset(&topic, partition as i32, offset)?;
         }
@@ -376,14 +381,18 @@ impl SourceContext {
                 if restoring.insert(TopicPartition::new(e.topic(), e.partition() as u32)) {
                     self.health.restore_started();
                 }
-                tracing::info!(
-                    topic = e.topic(),
-                    partition = e.partition(),
-                    "restoring state (or waiting for co-partitioned inputs) before processing"
-                );
             }
         }
         if pause.count() > 0 {
+            let paused: Vec<TopicPartition> = pause
+                .elements()
+                .iter()
+                .map(|e| TopicPartition::new(e.topic(), e.partition() as u32))
+                .collect();
+            tracing::info!(
+                partitions = %partition_list(&paused),
+                "restoring state (or waiting for co-partitioned inputs) before processing"
+            );
             consumer.pause(&pause)?;
         }
         Ok(())
@@ -439,7 +448,7 @@ impl SourceContext {
         }
         let committed_ms = started.elapsed().as_millis() as u64;
         for tp in &revoked {
-            tracing::info!(topic = %tp.topic, partition = tp.partition, drained_ms, committed_ms, lost, "partition revoked");
+            tracing::debug!(topic = %tp.topic, partition = tp.partition, drained_ms, committed_ms, lost, "partition revoked");
         }
     }
 }

@@ -521,8 +521,8 @@ fn start_restored(
         .collect();
     drop(engine);
     ctx.committer.commit_sync(consumer, &progress);
+    tracing::info!(partitions = %crate::engine::partition_list(&done), "restored: processing");
     for key in &done {
-        tracing::info!(partition = %key, "restored: processing");
         consumer.resume(&single(key))?;
     }
     super::rebalance::wake_fetchers(consumer, &done);
