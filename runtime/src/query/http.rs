@@ -231,9 +231,9 @@ async fn key_route(
     State(q): State<QueryRoutes>,
 ) -> Response {
     serve("keys", q, store, move |q, store| {
-        let bytes = local_key(q, store, &key)?;
         let reader = q.reader(store)?;
         reader.expect_kind("key-value", |k| *k == StoreKind::KeyValue)?;
+        let bytes = local_key(q, store, &key)?;
         let (_, values) = q.renderings.of(store);
         match reader.get(&bytes)? {
             Some((value, served)) => Ok(json!({
@@ -303,13 +303,13 @@ async fn windows_route(
     serve("windows", q, store, move |q, store| {
         let params = Params::parse(store, query.as_deref())?;
         let (from, to) = (params.number("from")?, params.number("to")?);
-        let bytes = local_key(q, store, &key)?;
         let reader = q.reader(store)?;
         let StoreKind::Window(spec) =
             reader.expect_kind("window", |k| matches!(k, StoreKind::Window(_)))?
         else {
             unreachable!("checked above")
         };
+        let bytes = local_key(q, store, &key)?;
         let (_, values) = q.renderings.of(store);
         let per_range = reader.read_timed(Some(&bytes), |t| {
             WindowBytes::open(t)?.fetch(&bytes, from.unwrap_or(i64::MIN), to.unwrap_or(i64::MAX))
