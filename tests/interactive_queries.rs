@@ -79,6 +79,9 @@ fn phases() -> impl Strategy<Value = Vec<Phase>> {
     )
 }
 
+/// Entries of the store, in the order a read answers them.
+type Entries = Vec<(String, i64)>;
+
 /// Checks `read` against `oracle` on `store`.
 fn check(
     store: &ReadOnlyKeyValueStore<String, i64>,
@@ -92,7 +95,7 @@ fn check(
             .map(|(k, v)| (k.clone(), *v))
             .collect()
     };
-    let (got, want): (Vec<(String, i64)>, Vec<(String, i64)>) = match read {
+    let (got, want): (Entries, Entries) = match read {
         Read::Get(i) => {
             let k = key(*i);
             let got = store.get(&k).map_err(e)?.map(|v| (k.clone(), v));
@@ -168,7 +171,7 @@ fn on_driver(phases: &[Phase], from: usize, to: usize, change_after: usize) -> R
 /// A runtime on a new embedded cluster, with the query routes on a free port when `http`.
 fn start(factor: usize, http: bool) -> (Runtime, RunningRuntime) {
     let config = ConfigBuilder::new()
-        .set("application.id", &format!("iq-{}", std::process::id()))
+        .set("application.id", format!("iq-{}", std::process::id()))
         .set("metrics.addr", if http { "127.0.0.1:0" } else { "off" })
         .set("interactive.queries.enabled", http)
         .set("parallelising.factor", factor)

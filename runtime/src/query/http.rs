@@ -405,3 +405,46 @@ fn percent_decode(s: &str) -> Option<String> {
     }
     String::from_utf8(out).ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// Before the runtime has an engine (it binds the endpoint first), a query answers 503 with
+    /// `Retry-After`, in JSON.
+    #[test]
+    fn a_query_before_the_engine_exists_answers_503_with_retry_after() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let router = routes(QueryRoutes::new(StoreRenderings::default()));
+        let server =
+            crate::http::HttpServer::start("127.0.0.1:0".parse().unwrap(), rt.handle(), router)
+                .expect("server");
+        let mut s = std::net::TcpStream::connect(server.local_addr()).expect("connect");
+        write!(
+            s,
+            "GET /stores/counts/keys/a2Fma2E HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        .expect("write");
+        let mut text = String::new();
+        s.read_to_string(&mut text).expect("read");
+        let (head, body) = text.split_once("\r\n\r\n").expect("a head");
+        assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+        assert!(head.to_lowercase().contains("retry-after: 1"), "{head}");
+        assert!(head.contains("application/json"), "{head}");
+        let body: Value = serde_json::from_str(body).expect("JSON");
+        assert_eq!(body["error"], "not_running");
+    }
+
+    #[test]
+    fn query_parameters_are_percent_decoded() {
+        assert_eq!(percent_decode("a%20b+c").as_deref(), Some("a b c"));
+        assert_eq!(percent_decode("%C3%A9").as_deref(), Some("é"));
+        assert_eq!(percent_decode("%ff"), None);
+        assert_eq!(percent_decode("50%").as_deref(), Some("50%"));
+    }
+}

@@ -8,10 +8,51 @@ use std::sync::Arc;
 use rill_topology::serdes::Serde;
 use rill_topology::store::StoreKind;
 use rill_topology::versioned::{VersionedBytes, VersionedRecord};
-use rill_topology::window::store::{SessionBytes, SessionEntries, WindowBytes};
+use rill_topology::window::store::{SessionBytes, SessionEntries, WindowBytes, WindowEntries};
 use rill_topology::window::{Window, Windowed};
 
 use super::{EngineAccess, QueryError, StoreReader};
+
+/// Defines a typed handle over [`Typed`]: its constructor, its reader, and the check of the
+/// store's kind (`$kind` names it, `$pattern` matches it).
+macro_rules! handle {
+    ($(#[$doc:meta])* $name:ident, $kind:literal, $pattern:pat) => {
+        $(#[$doc])*
+        pub struct $name<K, V>(Typed<K, V>);
+
+        impl<K, V> $name<K, V> {
+            /// A view of `store` read through `access`; the store's kind is checked by
+            /// `check` and again by each read.
+            pub fn new(
+                access: Arc<dyn EngineAccess>,
+                store: &str,
+                key_serde: impl Serde<K>,
+                value_serde: impl Serde<V>,
+            ) -> Self {
+                $name(Typed::new(access, store, key_serde, value_serde))
+            }
+
+            /// The underlying byte-level reader.
+            pub fn reader(&self) -> &StoreReader {
+                &self.0.reader
+            }
+
+            /// Fails unless the store exists and is of this handle's kind.
+            pub fn check(&self) -> Result<(), QueryError> {
+                self.0
+                    .reader
+                    .expect_kind($kind, |k| matches!(k, $pattern))
+                    .map(|_| ())
+            }
+
+            /// This handle once [`Self::check`] passed.
+            pub fn checked(self) -> Result<Self, QueryError> {
+                self.check()?;
+                Ok(self)
+            }
+        }
+    };
+}
 
 /// A store's reader and serdes: what every typed handle is made of.
 struct Typed<K, V> {
@@ -67,35 +108,12 @@ impl<K: 'static, V: 'static> Typed<K, V> {
     }
 }
 
-/// A typed, read-only view of a key-value store over this instance's ranges.
-pub struct ReadOnlyKeyValueStore<K, V>(Typed<K, V>);
-
-impl<K, V> ReadOnlyKeyValueStore<K, V> {
-    /// A view of `store` read through `access`; the store's kind is checked on each read.
-    pub fn new(
-        access: Arc<dyn EngineAccess>,
-        store: &str,
-        key_serde: impl Serde<K>,
-        value_serde: impl Serde<V>,
-    ) -> Self {
-        ReadOnlyKeyValueStore(Typed::new(access, store, key_serde, value_serde))
-    }
-}
+handle!(
+    /// A typed, read-only view of a key-value store over this instance's ranges.
+    ReadOnlyKeyValueStore, "key-value", StoreKind::KeyValue
+);
 
 impl<K: 'static, V: 'static> ReadOnlyKeyValueStore<K, V> {
-    /// The underlying byte-level reader.
-    pub fn reader(&self) -> &StoreReader {
-        &self.0.reader
-    }
-
-    /// Fails unless the store exists and is a key-value store.
-    pub fn check(&self) -> Result<(), QueryError> {
-        self.0
-            .reader
-            .expect_kind("key-value", |k| *k == StoreKind::KeyValue)
-            .map(|_| ())
-    }
-
     /// The value of `key` (read in the key's range of each local partition).
     pub fn get(&self, key: &K) -> Result<Option<V>, QueryError> {
         let k = self.0.key_bytes(key)?;
@@ -159,33 +177,12 @@ impl<K: 'static, V: 'static> ReadOnlyKeyValueStore<K, V> {
     }
 }
 
-/// A typed, read-only view of a window store over this instance's ranges.
-pub struct ReadOnlyWindowStore<K, V>(Typed<K, V>);
-
-impl<K, V> ReadOnlyWindowStore<K, V> {
-    /// A view of window store `store` read through `access`; values lose the timestamp the
-    /// DSL's window stores keep.
-    pub fn new(
-        access: Arc<dyn EngineAccess>,
-        store: &str,
-        key_serde: impl Serde<K>,
-        value_serde: impl Serde<V>,
-    ) -> Self {
-        ReadOnlyWindowStore(Typed::new(access, store, key_serde, value_serde))
-    }
-}
+handle!(
+    /// A typed, read-only view of a window store over this instance's ranges.
+    ReadOnlyWindowStore, "window", StoreKind::Window(_)
+);
 
 impl<K: Ord + 'static, V: 'static> ReadOnlyWindowStore<K, V> {
-    /// The underlying byte-level reader.
-    pub fn reader(&self) -> &StoreReader {
-        &self.0.reader
-    }
-
-    /// Fails unless the store exists and is a window store.
-    pub fn check(&self) -> Result<(), QueryError> {
-        self.spec().map(|_| ())
-    }
-
     fn spec(&self) -> Result<rill_topology::store::WindowStoreSpec, QueryError> {
         match self
             .0
@@ -204,7 +201,7 @@ impl<K: Ord + 'static, V: 'static> ReadOnlyWindowStore<K, V> {
         key: Option<&[u8]>,
         from: i64,
         to: i64,
-    ) -> Result<Vec<(Vec<u8>, i64, Vec<u8>)>, QueryError> {
+    ) -> Result<WindowEntries, QueryError> {
         let spec = self.spec()?;
         let per_range = self.0.reader.read_timed(key, |t| {
             let w = WindowBytes::open(t)?;
@@ -264,30 +261,12 @@ impl<K: Ord + 'static, V: 'static> ReadOnlyWindowStore<K, V> {
     }
 }
 
-/// A typed, read-only view of a session store over this instance's ranges.
-pub struct ReadOnlySessionStore<K, V>(Typed<K, V>);
-
-impl<K, V> ReadOnlySessionStore<K, V> {
-    /// A view of session store `store` read through `access`.
-    pub fn new(
-        access: Arc<dyn EngineAccess>,
-        store: &str,
-        key_serde: impl Serde<K>,
-        value_serde: impl Serde<V>,
-    ) -> Self {
-        ReadOnlySessionStore(Typed::new(access, store, key_serde, value_serde))
-    }
-}
+handle!(
+    /// A typed, read-only view of a session store over this instance's ranges.
+    ReadOnlySessionStore, "session", StoreKind::Session(_)
+);
 
 impl<K: Ord + 'static, V: 'static> ReadOnlySessionStore<K, V> {
-    /// Fails unless the store exists and is a session store.
-    pub fn check(&self) -> Result<(), QueryError> {
-        self.0
-            .reader
-            .expect_kind("session", |k| matches!(k, StoreKind::Session(_)))
-            .map(|_| ())
-    }
-
     fn decode(&self, entries: SessionEntries) -> Result<Vec<(Windowed<K>, V)>, QueryError> {
         let mut out = entries
             .into_iter()
@@ -334,33 +313,13 @@ impl<K: Ord + 'static, V: 'static> ReadOnlySessionStore<K, V> {
     }
 }
 
-/// A typed, read-only view of a versioned key-value store (a table materialized with
-/// `Materialized::versioned`) over this instance's ranges.
-pub struct ReadOnlyVersionedStore<K, V>(Typed<K, V>);
-
-impl<K, V> ReadOnlyVersionedStore<K, V> {
-    /// A view of versioned store `store` read through `access`.
-    pub fn new(
-        access: Arc<dyn EngineAccess>,
-        store: &str,
-        key_serde: impl Serde<K>,
-        value_serde: impl Serde<V>,
-    ) -> Self {
-        ReadOnlyVersionedStore(Typed::new(access, store, key_serde, value_serde))
-    }
-}
+handle!(
+    /// A typed, read-only view of a versioned key-value store (a table materialized with
+    /// `Materialized::versioned`) over this instance's ranges.
+    ReadOnlyVersionedStore, "versioned key-value", StoreKind::Versioned(_)
+);
 
 impl<K: 'static, V: 'static> ReadOnlyVersionedStore<K, V> {
-    /// Fails unless the store exists and is a versioned store.
-    pub fn check(&self) -> Result<(), QueryError> {
-        self.0
-            .reader
-            .expect_kind("versioned key-value", |k| {
-                matches!(k, StoreKind::Versioned(_))
-            })
-            .map(|_| ())
-    }
-
     /// The latest version of `key` (`get(key)`).
     pub fn get(&self, key: &K) -> Result<Option<VersionedRecord<V>>, QueryError> {
         self.read(key, None)

@@ -96,9 +96,7 @@ impl RunningRuntime {
         key_serde: impl Serde<K>,
         value_serde: impl Serde<V>,
     ) -> Result<ReadOnlyKeyValueStore<K, V>, QueryError> {
-        let view = ReadOnlyKeyValueStore::new(self.access(), store, key_serde, value_serde);
-        view.check()?;
-        Ok(view)
+        ReadOnlyKeyValueStore::new(self.access(), store, key_serde, value_serde).checked()
     }
 
     /// A typed, read-only view of window store `store` over this instance's ranges.
@@ -108,9 +106,7 @@ impl RunningRuntime {
         key_serde: impl Serde<K>,
         value_serde: impl Serde<V>,
     ) -> Result<ReadOnlyWindowStore<K, V>, QueryError> {
-        let view = ReadOnlyWindowStore::new(self.access(), store, key_serde, value_serde);
-        view.check()?;
-        Ok(view)
+        ReadOnlyWindowStore::new(self.access(), store, key_serde, value_serde).checked()
     }
 
     /// A typed, read-only view of session store `store` over this instance's ranges.
@@ -120,9 +116,7 @@ impl RunningRuntime {
         key_serde: impl Serde<K>,
         value_serde: impl Serde<V>,
     ) -> Result<ReadOnlySessionStore<K, V>, QueryError> {
-        let view = ReadOnlySessionStore::new(self.access(), store, key_serde, value_serde);
-        view.check()?;
-        Ok(view)
+        ReadOnlySessionStore::new(self.access(), store, key_serde, value_serde).checked()
     }
 
     /// A typed, read-only view of versioned store `store` over this instance's ranges.
@@ -132,9 +126,7 @@ impl RunningRuntime {
         key_serde: impl Serde<K>,
         value_serde: impl Serde<V>,
     ) -> Result<ReadOnlyVersionedStore<K, V>, QueryError> {
-        let view = ReadOnlyVersionedStore::new(self.access(), store, key_serde, value_serde);
-        view.check()?;
-        Ok(view)
+        ReadOnlyVersionedStore::new(self.access(), store, key_serde, value_serde).checked()
     }
 
     fn access(&self) -> Arc<dyn EngineAccess> {
