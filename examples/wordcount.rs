@@ -10,6 +10,14 @@
 //! RILL_BOOTSTRAP_SERVERS=127.0.0.1:9092 RILL_PARALLELISING_FACTOR=4 \
 //!     cargo run --release --example wordcount             # a real cluster: only processes, until SIGTERM
 //! ```
+//! While it runs, its counts answer on the metrics port (interactive queries, this instance's
+//! ranges; `RILL_INTERACTIVE_QUERIES_ENABLED=false` turns them off):
+//!
+//! ```sh
+//! curl localhost:9898/stores/counts-store/keys/kafka
+//! curl 'localhost:9898/stores/counts-store/range?from=a&to=m'
+//! ```
+//!
 //! On a real cluster it creates the input and output topics (4 partitions) when they are missing;
 //! existing topics are used as they are.
 //! Settings come from `--config FILE` (TOML), `RILL_CONFIG` and `RILL_*` environment variables
@@ -26,7 +34,9 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::Message;
 use rill::prelude::*;
+use rill::runtime::config::MetricsAddr;
 use rill::runtime::kafka::admin::{client_config, create_topics};
+use rill::runtime::query::Rendering;
 use rill::runtime::{ConfigBuilder, Runtime};
 
 mod common;
@@ -152,10 +162,19 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let config = ConfigBuilder::new()
         .set("application.id", "streams-wordcount")
         .set("parallelising.factor", 4)
+        .set("interactive.queries.enabled", true)
         .with_config_file_and_env(cli.service.config.as_deref())
         .build()?;
     let kafka = config.kafka.clone();
-    let runtime = Runtime::new(topology(&input, &output)?, config)?;
+    let ask = match (&config.metrics_addr, config.interactive_queries_enabled) {
+        (MetricsAddr::On(addr), true) => {
+            Some(format!("curl {addr}/stores/counts-store/keys/kafka"))
+        }
+        _ => None,
+    };
+    let mut runtime = Runtime::new(topology(&input, &output)?, config)?;
+    // `curl` shows the words and counts as text and numbers, not base64.
+    runtime.render_store("counts-store", Rendering::string(), Rendering::i64())?;
     let Some(cluster) = runtime.embedded() else {
         // A real cluster: create the two topics when missing (existing ones are left as they
         // are), then only process, until SIGTERM / SIGINT.
@@ -174,6 +193,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "embedded cluster at {}; feeding demo text (Ctrl-C stops)",
         runtime.bootstrap_servers()
     );
+    if let Some(ask) = ask {
+        println!("ask a count: {ask}");
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let helpers: Vec<_> = [(feed as fn(_, _, _) -> _, input), (show, output)]
         .into_iter()

@@ -25,6 +25,7 @@ pub mod health;
 pub(crate) mod http;
 pub mod kafka;
 pub mod metrics;
+pub mod query;
 pub(crate) mod queue_time;
 pub mod service;
 pub(crate) mod sink;

@@ -78,6 +78,10 @@ pub const ASYNC_RETRIES: &str = "rill_async_retries_total";
 /// Records a task with several inputs took while one of them was empty, after
 /// `max.task.idle.ms` (Kafka Streams' enforced processing).
 pub const ENFORCED_PROCESSING: &str = "rill_enforced_processing_total";
+/// Interactive queries answered over HTTP, by route, store and outcome (see [`crate::query`]).
+pub const QUERIES: &str = "rill_queries_total";
+/// Time to answer one interactive query over HTTP, by route.
+pub const QUERY_LATENCY: &str = "rill_query_latency_seconds";
 
 /// Every metric name above (the README's metric table is checked against it).
 pub const ALL: &[&str] = &[
@@ -106,6 +110,8 @@ pub const ALL: &[&str] = &[
     ASYNC_CALLS_IN_FLIGHT,
     ASYNC_RETRIES,
     ENFORCED_PROCESSING,
+    QUERIES,
+    QUERY_LATENCY,
 ];
 
 /// Bucket bounds of [`PROCESS_LATENCY`], in seconds: 5 µs to 10 s.
@@ -178,6 +184,12 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
                         COMMIT_LATENCY_BUCKETS,
                     )
                 })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(QUERY_LATENCY.into()),
+                        PROCESS_LATENCY_BUCKETS,
+                    )
+                })
                 .and_then(PrometheusBuilder::install_recorder)
                 .map_err(|e| MetricsError(e.to_string()))?;
             describe();
@@ -196,6 +208,16 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
 
 /// Gives every metric its `# HELP` text and unit.
 fn describe() {
+    describe_counter!(
+        QUERIES,
+        Unit::Count,
+        "Interactive queries answered over HTTP, by route (keys, range, windows), store (`unknown` for a name the topology lacks) and outcome (local, not_found, restoring, busy, moved, bad_request, unknown_store, wrong_kind, serde_error, store_error, not_running)."
+    );
+    describe_histogram!(
+        QUERY_LATENCY,
+        Unit::Seconds,
+        "Time to answer one interactive query over HTTP, by route."
+    );
     describe_counter!(
         RECORDS_CONSUMED,
         Unit::Count,

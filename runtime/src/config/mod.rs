@@ -188,6 +188,8 @@ pub struct Config {
     pub state_corruption_handler: CorruptionHandler,
     /// Whether the admin routes are served (`admin.enabled`).
     pub admin_enabled: bool,
+    /// Whether the interactive-query routes are served (`interactive.queries.enabled`).
+    pub interactive_queries_enabled: bool,
     /// How long the service waits with no broker connection up before it stops (`None`: for
     /// ever).
     pub brokers_unavailable_timeout: Option<Duration>,
@@ -330,6 +332,9 @@ settings! {
     "admin.enabled" => admin_enabled: bool = false,
         shown "`false`",
         doc "serve the admin routes on metrics.addr (`POST /admin/parallelising-factor`)";
+    "interactive.queries.enabled" => interactive_queries_enabled: bool = false,
+        shown "`false`",
+        doc "serve reads of the stores on metrics.addr (`GET /stores/{store}/keys/{key}`, `/range`, `/windows/{key}`; this instance's ranges only)";
 }
 
 /// One mebibyte.
@@ -553,6 +558,7 @@ impl ConfigBuilder {
             production_handler: s.production_handler,
             state_corruption_handler: s.state_corruption_handler,
             admin_enabled: s.admin_enabled,
+            interactive_queries_enabled: s.interactive_queries_enabled,
             brokers_unavailable_timeout: s
                 .brokers_unavailable_timeout_ms
                 .map(|ms| Duration::from_millis(ms.0)),

@@ -123,6 +123,10 @@ impl Config {
         );
         put("admin.enabled", self.admin_enabled.to_string());
         put(
+            "interactive.queries.enabled",
+            self.interactive_queries_enabled.to_string(),
+        );
+        put(
             "brokers.unavailable.timeout.ms",
             self.brokers_unavailable_timeout
                 .map_or_else(|| "unset".into(), |d| d.as_millis().to_string()),

@@ -439,10 +439,13 @@ impl TestDriver {
         value_serde: impl Serde<V>,
     ) -> TestStore<K, V> {
         TestStore {
-            inner: self.inner.clone(),
             store: store.to_string(),
-            key_serde: Box::new(key_serde),
-            value_serde: Box::new(value_serde),
+            view: crate::query::ReadOnlyKeyValueStore::new(
+                self.inner.clone(),
+                store,
+                key_serde,
+                value_serde,
+            ),
         }
     }
 
@@ -457,10 +460,13 @@ impl TestDriver {
         value_serde: impl Serde<V>,
     ) -> TestWindowStore<K, V> {
         TestWindowStore {
-            inner: self.inner.clone(),
             store: store.to_string(),
-            key_serde: Box::new(key_serde),
-            value_serde: Box::new(value_serde),
+            view: crate::query::ReadOnlyWindowStore::new(
+                self.inner.clone(),
+                store,
+                key_serde,
+                value_serde,
+            ),
         }
     }
 
@@ -473,10 +479,13 @@ impl TestDriver {
         value_serde: impl Serde<V>,
     ) -> TestSessionStore<K, V> {
         TestSessionStore {
-            inner: self.inner.clone(),
             store: store.to_string(),
-            key_serde: Box::new(key_serde),
-            value_serde: Box::new(value_serde),
+            view: crate::query::ReadOnlySessionStore::new(
+                self.inner.clone(),
+                store,
+                key_serde,
+                value_serde,
+            ),
         }
     }
 
@@ -490,10 +499,13 @@ impl TestDriver {
         value_serde: impl Serde<V>,
     ) -> TestVersionedStore<K, V> {
         TestVersionedStore {
-            inner: self.inner.clone(),
             store: store.to_string(),
-            key_serde: Box::new(key_serde),
-            value_serde: Box::new(value_serde),
+            view: crate::query::ReadOnlyVersionedStore::new(
+                self.inner.clone(),
+                store,
+                key_serde,
+                value_serde,
+            ),
         }
     }
 

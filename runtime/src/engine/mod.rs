@@ -33,7 +33,7 @@ mod record_errors;
 mod replay;
 pub mod restore;
 mod stats;
-mod subtask;
+pub(crate) mod subtask;
 pub mod task;
 pub mod transaction;
 

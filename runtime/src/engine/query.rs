@@ -1,11 +1,15 @@
 //! Reads of the stores of the running sub-tasks, for the TestDriver and interactive queries: a
 //! key is read in the range of its hash in every partition; a scan visits every range.
 
+use std::ops::Bound;
+use std::sync::Arc;
+
 use rill_topology::store::{Entries, StoreError, StoreKind, TimedStore};
 use rill_topology::{key_hash, range_of};
 
-use super::subtask::Core;
-use super::{Engine, EngineError};
+use super::subtask::{Core, SubTask};
+use super::{Engine, EngineError, TaskId};
+use crate::query::QueryError;
 
 impl Engine {
     /// Every entry of `store` over all assigned sub-tasks, in no particular order.
@@ -102,6 +106,98 @@ impl Core {
         match self.state.as_mut().and_then(|s| s.store(store)) {
             Some(s) => s.get(key),
             None => Ok(None),
+        }
+    }
+}
+
+/// The local ranges of one store a read visits, taken under the engine lock and checked again
+/// after the read (see [`crate::query`], "What a read waits for").
+pub(crate) struct RangeSnapshot {
+    /// The sub-tasks read, each with its task's parallelising factor.
+    pub ranges: Vec<(Arc<SubTask>, usize)>,
+}
+
+impl Engine {
+    /// The sub-tasks of `store` a read visits: every running range, or only each partition's
+    /// range of `hash` when given. Fails when the store is unknown (or a global store), or when
+    /// a partition of it is assigned here but restores (or waits for its other inputs).
+    pub(crate) fn query_ranges(
+        &self,
+        store: &str,
+        hash: Option<u64>,
+    ) -> Result<RangeSnapshot, QueryError> {
+        let topology = &self.shared.topology;
+        let Some(sub) = topology
+            .sub_topologies()
+            .iter()
+            .position(|s| s.stores.iter().any(|n| n == store))
+        else {
+            let mut known: Vec<String> = topology
+                .sub_topologies()
+                .iter()
+                .flat_map(|s| s.stores.iter().cloned())
+                .collect();
+            known.sort();
+            return Err(QueryError::UnknownStore {
+                store: store.to_string(),
+                known,
+            });
+        };
+        let mut ranges = Vec::new();
+        let mut restoring = Vec::new();
+        for (id, task) in self.tasks.iter().filter(|(id, _)| id.sub_topology == sub) {
+            if !task.is_running() {
+                restoring.push(id.partition);
+                continue;
+            }
+            let factor = task.subtasks.len();
+            match hash {
+                Some(h) => ranges.push((task.subtasks[range_of(h, factor)].clone(), factor)),
+                None => ranges.extend(task.subtasks.iter().map(|s| (s.clone(), factor))),
+            }
+        }
+        if !restoring.is_empty() {
+            return Err(QueryError::Restoring {
+                store: store.to_string(),
+                partitions: restoring,
+            });
+        }
+        Ok(RangeSnapshot { ranges })
+    }
+
+    /// Whether every range of `snapshot` is still one of its task's ranges: a range is replaced
+    /// (a factor change, a revocation) but never comes back, so a read made between
+    /// [`Engine::query_ranges`] and a `true` here read current ranges.
+    pub(crate) fn query_ranges_current(&self, snapshot: &RangeSnapshot) -> bool {
+        snapshot.ranges.iter().all(|(s, _)| {
+            let id = TaskId {
+                sub_topology: s.id.sub_topology,
+                partition: s.id.partition,
+            };
+            self.tasks
+                .get(&id)
+                .is_some_and(|t| t.subtasks.iter().any(|c| Arc::ptr_eq(c, s)))
+        })
+    }
+
+    /// The kind of `store`, if the topology has it.
+    pub(crate) fn query_store_kind(&self, store: &str) -> Option<StoreKind> {
+        self.shared.topology.store_kind(store)
+    }
+}
+
+impl Core {
+    /// The entries of `store` in this range with keys between `from` and `to`, in key-byte
+    /// order (the write cache included).
+    pub(crate) fn store_range(
+        &mut self,
+        store: &str,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+    ) -> Result<Entries, StoreError> {
+        match self.state.as_mut().and_then(|s| s.store(store)) {
+            Some(s) => s.range(from, to),
+            None => Ok(Vec::new()),
         }
     }
 }

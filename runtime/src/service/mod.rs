@@ -165,6 +165,9 @@ pub enum RuntimeError {
     /// The global tables could not be loaded.
     #[error(transparent)]
     Global(#[from] crate::kafka::global::GlobalError),
+    /// An interactive-query setting names what the topology lacks.
+    #[error(transparent)]
+    Query(#[from] crate::query::QueryError),
     /// The processing thread panicked.
     #[error("the processing thread panicked")]
     Panicked,
@@ -234,6 +237,8 @@ pub struct Runtime {
     config: Config,
     bootstrap: String,
     embedded: Option<EmbeddedCluster>,
+    /// How the interactive-query routes show each store's keys and values.
+    renderings: crate::query::StoreRenderings,
 }
 
 impl Runtime {
@@ -266,7 +271,34 @@ impl Runtime {
             config,
             bootstrap,
             embedded,
+            renderings: Default::default(),
         })
+    }
+
+    /// Shows keys of `store` in the interactive-query routes' URLs and answers with `key`, its
+    /// values with `value` (stores not named here show both as base64); fails for a store the
+    /// topology lacks.
+    pub fn render_store(
+        &mut self,
+        store: &str,
+        key: crate::query::Rendering,
+        value: crate::query::Rendering,
+    ) -> Result<&mut Self, RuntimeError> {
+        if self.topology.store_kind(store).is_none() {
+            return Err(RuntimeError::Query(
+                crate::query::QueryError::UnknownStore {
+                    store: store.to_string(),
+                    known: self
+                        .topology
+                        .sub_topologies()
+                        .iter()
+                        .flat_map(|s| s.stores.iter().cloned())
+                        .collect(),
+                },
+            ));
+        }
+        self.renderings.register(store, key, value);
+        Ok(self)
     }
 
     /// The brokers the runtime talks to (the embedded cluster's when none were configured).
@@ -290,6 +322,7 @@ impl Runtime {
         // Before anything registers metric handles: handles taken earlier would be no-ops.
         let control = ControlPlane::new()?;
         let (factor_control, factor_requests) = FactorControl::new();
+        let queries = crate::query::QueryRoutes::new(self.renderings.clone());
         let http = match c.metrics_addr {
             MetricsAddr::Off => None,
             MetricsAddr::On(addr) => {
@@ -297,6 +330,10 @@ impl Runtime {
                 if c.admin_enabled {
                     routes = routes.merge(elastic::routes(factor_control.clone()));
                     tracing::info!("admin routes enabled: POST /admin/parallelising-factor");
+                }
+                if c.interactive_queries_enabled {
+                    routes = routes.merge(crate::query::routes(queries.clone()));
+                    tracing::info!("interactive queries enabled: GET /stores/{{store}}/keys/{{key}}, /range, /windows/{{key}}");
                 }
                 let server = HttpServer::start(addr, control.handle(), routes)?;
                 tracing::info!(addr = %server.local_addr(), "serving /metrics, /health and /ready");
@@ -428,6 +465,7 @@ impl Runtime {
         }
         crate::kafka::global::start(global_config, engine.global_stores())?;
         let engine = Arc::new(Mutex::new(engine));
+        queries.serve(engine.clone());
         let mut cfg = client_config(&self.bootstrap, &c.kafka);
         // A sub-topology with several inputs needs partition p of each on one member: `range`
         // assigns them together (co-partitioning); other topologies keep incremental rebalancing.

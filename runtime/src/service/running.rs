@@ -15,6 +15,11 @@ use crate::engine::Engine;
 use crate::health::Health;
 use crate::http::HttpServer;
 use crate::kafka::source::SourceError;
+use crate::query::{
+    EngineAccess, QueryError, ReadOnlyKeyValueStore, ReadOnlySessionStore, ReadOnlyVersionedStore,
+    ReadOnlyWindowStore,
+};
+use rill_topology::serdes::Serde;
 
 /// A runtime that is processing; stop it with [`RunningRuntime::shutdown`].
 pub struct RunningRuntime {
@@ -80,6 +85,52 @@ impl RunningRuntime {
             .into_iter()
             .map(|(id, f)| ((id.sub_topology, id.partition), f))
             .collect()
+    }
+
+    /// A typed, read-only view of key-value store `store` over this instance's ranges (Kafka
+    /// Streams' `KafkaStreams#store`); fails for a store the topology lacks or of another kind.
+    /// Reads are safe from any thread; see [`crate::query`] for what they see and wait for.
+    pub fn key_value_store<K: 'static, V: 'static>(
+        &self,
+        store: &str,
+        key_serde: impl Serde<K>,
+        value_serde: impl Serde<V>,
+    ) -> Result<ReadOnlyKeyValueStore<K, V>, QueryError> {
+        ReadOnlyKeyValueStore::new(self.access(), store, key_serde, value_serde).checked()
+    }
+
+    /// A typed, read-only view of window store `store` over this instance's ranges.
+    pub fn window_store<K: Ord + 'static, V: 'static>(
+        &self,
+        store: &str,
+        key_serde: impl Serde<K>,
+        value_serde: impl Serde<V>,
+    ) -> Result<ReadOnlyWindowStore<K, V>, QueryError> {
+        ReadOnlyWindowStore::new(self.access(), store, key_serde, value_serde).checked()
+    }
+
+    /// A typed, read-only view of session store `store` over this instance's ranges.
+    pub fn session_store<K: Ord + 'static, V: 'static>(
+        &self,
+        store: &str,
+        key_serde: impl Serde<K>,
+        value_serde: impl Serde<V>,
+    ) -> Result<ReadOnlySessionStore<K, V>, QueryError> {
+        ReadOnlySessionStore::new(self.access(), store, key_serde, value_serde).checked()
+    }
+
+    /// A typed, read-only view of versioned store `store` over this instance's ranges.
+    pub fn versioned_store<K: 'static, V: 'static>(
+        &self,
+        store: &str,
+        key_serde: impl Serde<K>,
+        value_serde: impl Serde<V>,
+    ) -> Result<ReadOnlyVersionedStore<K, V>, QueryError> {
+        ReadOnlyVersionedStore::new(self.access(), store, key_serde, value_serde).checked()
+    }
+
+    fn access(&self) -> Arc<dyn EngineAccess> {
+        self.engine.clone()
     }
 
     /// Liveness and readiness (the changelog restore holds readiness back through it).

@@ -1,0 +1,352 @@
+//! Interactive queries: read-only reads of a running topology's stores, from code
+//! ([`crate::RunningRuntime::key_value_store`] and its siblings, the TestDriver's store views)
+//! and over HTTP ([`routes`]), served from this instance's ranges.
+//!
+//! # What a read sees
+//!
+//! - A **key** is read in its own range only: in every partition of the store's sub-topology
+//!   assigned here, the range `range_of(key_hash(key), factor)` of that partition's task. The
+//!   partition a key lives in is decided by whoever produced the record (the partitioner), which
+//!   this instance does not know, so each local partition's range of the key is asked in turn.
+//! - A **scan** (`range`, `prefix_scan`, `all`, window `fetch_all`) visits every local range of
+//!   every local partition and merges their entries in the order of the serialized keys.
+//! - Each range is read as its sub-task left it **between two batches**: every record the range
+//!   processed so far, including writes still in its write cache that no range commit has made
+//!   durable yet (read-your-writes of the processing side, as Kafka Streams' stores without
+//!   KIP-892). Such a write is lost by a crash and applied again when the range replays its
+//!   records, so after a crash a read may briefly see an older value than it saw before. A read
+//!   never sees part of one record's writes. Under `exactly_once_v2` a read sees writes of the
+//!   transaction in progress too.
+//! - Ranges are read one after the other, each at its own point: a scan is not a snapshot of
+//!   the whole store at one instant.
+//! - Only **local** state: partitions assigned to other instances are not visited (the answer
+//!   says which partitions and ranges served it). Finding and asking the owner of a key is a
+//!   later step (see [`http`]'s `Locate`).
+//! - A store with a partition assigned here that restores from its changelog (or waits for its
+//!   co-partitioned inputs) answers [`QueryError::Restoring`]: retry later. Global stores are
+//!   not served yet ([`QueryError::UnknownStore`]).
+//!
+//! # What a read waits for, and what waits for a read
+//!
+//! 1. Under the engine lock (shared with the source loop: dispatch, commits, rebalances), the
+//!    read takes the list of ranges to visit ([`crate::engine`]'s `query_ranges`) and lets the
+//!    lock go. It waits at most [`ENGINE_WAIT`] for that lock ([`QueryError::Busy`] after).
+//! 2. Each range is read under that sub-task's `Core` lock, which the sub-task's job holds for a
+//!    whole batch (up to 256 mailbox items, a range commit among them, which waits for the
+//!    producer's acknowledgements). So a read waits for the batch in progress, at most
+//!    [`RANGE_WAIT`] ([`QueryError::Busy`] after); processing of that range waits for the read
+//!    of that range only (a lookup in the write cache, then one RocksDB read or iterator over
+//!    the range's column family); other ranges, and dispatch, do not wait at all.
+//! 3. Under the engine lock again, the read checks that every range it read is still its task's
+//!    (a factor change or a revocation replaces ranges, and replaced ranges never come back); if
+//!    not, it starts over, at most [`ATTEMPTS`] times ([`QueryError::Moved`] after).
+
+mod http;
+mod render;
+mod stores;
+
+use std::ops::Bound;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rill_topology::key_hash;
+use rill_topology::serdes::SerdeError;
+use rill_topology::store::{StoreError, StoreKind, TimedStore};
+use rill_topology::KeyRange;
+
+use crate::engine::Engine;
+
+pub use http::{routes, LocalOnly, Locate, Owner, QueryRoutes, DEFAULT_LIMIT};
+pub use render::{Rendering, StoreRenderings};
+pub use stores::{
+    ReadOnlyKeyValueStore, ReadOnlySessionStore, ReadOnlyVersionedStore, ReadOnlyWindowStore,
+};
+
+/// Longest a read waits for the engine lock.
+pub const ENGINE_WAIT: Duration = Duration::from_secs(2);
+/// Longest a read waits for one range's batch in progress to end.
+pub const RANGE_WAIT: Duration = Duration::from_secs(2);
+/// Reads of ranges that were replaced meanwhile before giving up.
+pub const ATTEMPTS: usize = 3;
+/// What a retryable error tells HTTP clients to wait (`Retry-After`).
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Why a query could not be answered.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    /// No sub-topology of the topology has a store of that name.
+    #[error("no store `{store}` (stores: {})", known.join(", "))]
+    UnknownStore {
+        /// The name asked for.
+        store: String,
+        /// The stores that can be queried.
+        known: Vec<String>,
+    },
+    /// The store holds another kind of data than the handle asked for.
+    #[error("store `{store}` is a {actual} store, not a {expected} store; open it with the matching accessor")]
+    WrongKind {
+        /// The store.
+        store: String,
+        /// What the caller asked for.
+        expected: &'static str,
+        /// What the store is.
+        actual: &'static str,
+    },
+    /// Partitions of the store assigned here restore from the changelog (or wait for their
+    /// co-partitioned inputs): no answer could be complete yet.
+    #[error("store `{store}` is being restored (partitions {partitions:?}): retry shortly")]
+    Restoring {
+        /// The store.
+        store: String,
+        /// The partitions not serving yet.
+        partitions: Vec<u32>,
+    },
+    /// The engine or a range stayed busy longer than a read waits.
+    #[error("store `{store}` is busy ({what}): retry shortly")]
+    Busy {
+        /// The store.
+        store: String,
+        /// What did not let go.
+        what: &'static str,
+    },
+    /// The ranges kept changing under the read (factor changes, rebalances).
+    #[error("the ranges of store `{store}` changed during the read {ATTEMPTS} times (a rebalance or a factor change): retry shortly")]
+    Moved {
+        /// The store.
+        store: String,
+    },
+    /// The runtime is not processing yet (or any more).
+    #[error("the runtime is not running: retry shortly")]
+    NotRunning,
+    /// A key or value did not (de)serialize with the handle's serdes.
+    #[error("store `{store}`: the {what} does not (de)serialize: {source}")]
+    Serde {
+        /// The store.
+        store: String,
+        /// `key`, `value` or `prefix`.
+        what: &'static str,
+        /// The serde failure.
+        #[source]
+        source: SerdeError,
+    },
+    /// The store itself failed (RocksDB, a corrupt entry).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl QueryError {
+    /// How long to wait before asking again, for errors that pass by themselves.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            QueryError::Restoring { .. }
+            | QueryError::Busy { .. }
+            | QueryError::Moved { .. }
+            | QueryError::NotRunning => Some(RETRY_AFTER),
+            _ => None,
+        }
+    }
+
+    /// A short, fixed name of the error, for metric labels.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            QueryError::UnknownStore { .. } => "unknown_store",
+            QueryError::WrongKind { .. } => "wrong_kind",
+            QueryError::Restoring { .. } => "restoring",
+            QueryError::Busy { .. } => "busy",
+            QueryError::Moved { .. } => "moved",
+            QueryError::NotRunning => "not_running",
+            QueryError::Serde { .. } => "serde_error",
+            QueryError::Store(_) => "store_error",
+        }
+    }
+}
+
+/// Access to the engine whose stores are read: the running runtime's and the TestDriver's.
+pub trait EngineAccess: Send + Sync {
+    /// Runs `f` on the engine under its lock; fails when the lock cannot be had in time (or
+    /// the engine is gone).
+    fn with_engine(&self, f: &mut dyn FnMut(&Engine)) -> Result<(), QueryError>;
+}
+
+impl EngineAccess for parking_lot::Mutex<Engine> {
+    fn with_engine(&self, f: &mut dyn FnMut(&Engine)) -> Result<(), QueryError> {
+        let engine = self.try_lock_for(ENGINE_WAIT).ok_or(QueryError::Busy {
+            store: String::new(),
+            what: "the engine",
+        })?;
+        f(&engine);
+        Ok(())
+    }
+}
+
+/// Where an answer was read: the partition and the key range of this instance that served it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Served {
+    /// The input partition of the task.
+    pub partition: u32,
+    /// The index of the range among the task's ranges.
+    pub index: usize,
+    /// The task's parallelising factor when read.
+    pub factor: usize,
+    /// The key range.
+    pub range: KeyRange,
+}
+
+/// A key-value entry as a scan found it.
+pub type ServedEntry = (Vec<u8>, Vec<u8>, Served);
+
+/// Byte-level reads of one store over this instance's ranges (what the typed handles and the
+/// HTTP routes are made of).
+#[derive(Clone)]
+pub struct StoreReader {
+    access: Arc<dyn EngineAccess>,
+    store: String,
+}
+
+impl StoreReader {
+    /// Reads `store` through `access`.
+    pub fn new(access: Arc<dyn EngineAccess>, store: &str) -> Self {
+        StoreReader {
+            access,
+            store: store.to_string(),
+        }
+    }
+
+    /// The store's name.
+    pub fn store(&self) -> &str {
+        &self.store
+    }
+
+    /// The store's kind; [`QueryError::UnknownStore`] when the topology has none of that name.
+    pub fn kind(&self) -> Result<StoreKind, QueryError> {
+        let mut kind = None;
+        let mut ranges = Ok(());
+        self.access.with_engine(&mut |e| {
+            kind = e.query_store_kind(&self.store);
+            // Names the known stores when absent (and sees global stores as unknown).
+            ranges = e.query_ranges(&self.store, Some(0)).map(|_| ());
+        })?;
+        match (kind, ranges) {
+            (_, Err(e @ QueryError::UnknownStore { .. })) | (None, Err(e)) => Err(e),
+            (Some(k), _) => Ok(k),
+            (None, Ok(())) => Err(QueryError::UnknownStore {
+                store: self.store.clone(),
+                known: Vec::new(),
+            }),
+        }
+    }
+
+    /// Fails unless the store is of a kind `accept` takes (`expected` names it).
+    pub fn expect_kind(
+        &self,
+        expected: &'static str,
+        accept: impl Fn(&StoreKind) -> bool,
+    ) -> Result<StoreKind, QueryError> {
+        let kind = self.kind()?;
+        if accept(&kind) {
+            Ok(kind)
+        } else {
+            Err(QueryError::WrongKind {
+                store: self.store.clone(),
+                expected,
+                actual: kind.name(),
+            })
+        }
+    }
+
+    /// Runs `read` on every range to visit (every local range, or each partition's range of
+    /// `hash`), each under its sub-task's lock, as the module doc says; the results by range.
+    fn each_range<T>(
+        &self,
+        hash: Option<u64>,
+        mut read: impl FnMut(&mut crate::engine::subtask::Core) -> Result<T, StoreError>,
+    ) -> Result<Vec<(Served, T)>, QueryError> {
+        let fill = |mut e: QueryError| {
+            if let QueryError::Busy { store, .. } = &mut e {
+                store.clone_from(&self.store);
+            }
+            e
+        };
+        for _ in 0..ATTEMPTS {
+            let mut snapshot = None;
+            self.access
+                .with_engine(&mut |e| snapshot = Some(e.query_ranges(&self.store, hash)))
+                .map_err(fill)?;
+            let snapshot = snapshot.expect("with_engine ran")?;
+            let mut out = Vec::with_capacity(snapshot.ranges.len());
+            for (s, factor) in &snapshot.ranges {
+                let mut core = s.core.try_lock_for(RANGE_WAIT).ok_or(QueryError::Busy {
+                    store: self.store.clone(),
+                    what: "a range's batch",
+                })?;
+                let served = Served {
+                    partition: s.id.partition,
+                    index: s.id.index,
+                    factor: *factor,
+                    range: s.id.range,
+                };
+                out.push((served, read(&mut core)?));
+            }
+            let mut current = false;
+            self.access
+                .with_engine(&mut |e| current = e.query_ranges_current(&snapshot))
+                .map_err(fill)?;
+            if current {
+                return Ok(out);
+            }
+        }
+        Err(QueryError::Moved {
+            store: self.store.clone(),
+        })
+    }
+
+    /// The value of serialized `key` and the range that holds it (the first local partition
+    /// whose range of the key has it).
+    pub fn get(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Served)>, QueryError> {
+        let found =
+            self.each_range(Some(key_hash(key)), |core| core.store_get(&self.store, key))?;
+        Ok(found
+            .into_iter()
+            .find_map(|(served, v)| v.map(|v| (v, served))))
+    }
+
+    /// The entries with serialized keys between `from` and `to` of every local range, merged
+    /// in key-byte order.
+    pub fn range(
+        &self,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+    ) -> Result<Vec<ServedEntry>, QueryError> {
+        let per_range = self.each_range(None, |core| core.store_range(&self.store, from, to))?;
+        let mut out: Vec<ServedEntry> = per_range
+            .into_iter()
+            .flat_map(|(served, entries)| entries.into_iter().map(move |(k, v)| (k, v, served)))
+            .collect();
+        // Each range's entries are sorted already; ranges interleave in the key order.
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// Runs `read` on the store opened as a window, session or versioned store in every local
+    /// range, or each partition's range of `key` when given (at the range's stream time, so
+    /// expired entries stay hidden); what each range answered.
+    pub fn read_timed<T>(
+        &self,
+        key: Option<&[u8]>,
+        mut read: impl FnMut(TimedStore<'_>) -> Result<T, StoreError>,
+    ) -> Result<Vec<(Served, T)>, QueryError> {
+        let kind = self.kind()?;
+        let per_range = self.each_range(key.map(key_hash), |core| {
+            let mut answer = None;
+            core.read_timed_store(&self.store, kind, &mut |t| {
+                answer = Some(read(t)?);
+                Ok(())
+            })?;
+            Ok(answer)
+        })?;
+        Ok(per_range
+            .into_iter()
+            .filter_map(|(served, a)| a.map(|a| (served, a)))
+            .collect())
+    }
+}
