@@ -32,6 +32,9 @@ pub struct Committer {
     /// The last progress handed to a commit per (topic, partition). Invariant: cleared whenever
     /// a commit fails, so a failed commit is always retried at the next interval.
     committed: Mutex<HashMap<TopicPartition, PartitionProgress>>,
+    /// Per topic, per partition: the offset after the last record the consumer returned. Only
+    /// the source loop's thread writes it (callbacks run inside its `poll`).
+    returned: Mutex<HashMap<String, Vec<u64>>>,
 }
 
 fn is_coordinator_busy(e: &KafkaError) -> bool {
@@ -43,6 +46,50 @@ fn is_coordinator_busy(e: &KafkaError) -> bool {
 }
 
 impl Committer {
+    /// Notes that the consumer returned the record at `offset` of `topic`/`partition`.
+    pub fn note_returned(&self, topic: &str, partition: u32, offset: u64) {
+        let mut returned = self.returned.lock();
+        let per_partition = match returned.get_mut(topic) {
+            Some(p) => p,
+            None => returned.entry(topic.to_string()).or_default(),
+        };
+        let i = partition as usize;
+        if per_partition.len() <= i {
+            per_partition.resize(i + 1, 0);
+        }
+        per_partition[i] = offset + 1;
+    }
+
+    /// Moves the offset of each partition that has committed every record the consumer
+    /// returned past what the consumer skipped after them without returning it: transaction
+    /// markers and aborted records (`read_committed`). Kafka Streams commits the consumer's
+    /// position there too, so a transactional input shows no lag of one per partition.
+    pub fn past_unreturned<C: ConsumerContext>(
+        &self,
+        consumer: &BaseConsumer<C>,
+        progress: &mut [PartitionProgress],
+    ) {
+        let Ok(positions) = consumer.position() else {
+            return;
+        };
+        let returned = self.returned.lock();
+        for p in progress {
+            let caught_up = returned
+                .get(&p.topic)
+                .and_then(|ps| ps.get(p.partition as usize))
+                .is_some_and(|&r| r == p.low_watermark);
+            let position = positions
+                .find_partition(&p.topic, p.partition as i32)
+                .and_then(|e| match e.offset() {
+                    Offset::Offset(o) if o >= 0 => Some(o as u64),
+                    _ => None,
+                });
+            if let (true, Some(position)) = (caught_up, position) {
+                skip_to(p, position);
+            }
+        }
+    }
+
     /// Forgets what was committed (after a failed commit), so the next commit sends everything.
     pub fn forget(&self) {
         self.committed.lock().clear();
@@ -129,6 +176,21 @@ impl Committer {
     }
 }
 
+/// Moves `p` to `position` when it is ahead: every offset in between holds nothing the
+/// consumer returns, so no range has anything there to apply.
+fn skip_to(p: &mut PartitionProgress, position: u64) {
+    if position <= p.low_watermark {
+        return;
+    }
+    p.low_watermark = position;
+    for (_, next) in &mut p.ranges {
+        *next = (*next).max(position);
+    }
+    for ((_, next), applied) in p.ranges.iter().zip(&mut p.applied) {
+        applied.retain(|o| o > next);
+    }
+}
+
 /// A synchronous commit that gives up after `within` (`OperationTimedOut`): the answer comes
 /// on a queue of its own, which is dropped unread if it is late.
 fn commit_within<C: ConsumerContext>(
@@ -186,6 +248,25 @@ mod tests {
             applied: Vec::new(),
             hash_id: rill_topology::HASH_ID,
         }
+    }
+
+    /// Offsets the consumer skipped after a partition's last returned record (transaction
+    /// markers) are committed past: the low watermark and every range behind move there, and
+    /// applied offsets at or below a range's new offset go.
+    #[test]
+    fn a_caught_up_partition_skips_to_the_position() {
+        let mut p = progress(10, [10, 14]);
+        p.applied = vec![vec![], vec![16]];
+        skip_to(&mut p, 12);
+        assert_eq!(p.low_watermark, 12);
+        assert_eq!(p.ranges.iter().map(|r| r.1).collect::<Vec<_>>(), [12, 14]);
+        assert_eq!(p.applied, [Vec::<u64>::new(), vec![16]]);
+        skip_to(&mut p, 16);
+        assert_eq!(p.ranges.iter().map(|r| r.1).collect::<Vec<_>>(), [16, 16]);
+        assert_eq!(p.applied, [Vec::<u64>::new(), Vec::new()]);
+        let before = p.clone();
+        skip_to(&mut p, 3);
+        assert_eq!(p, before, "a position behind changes nothing");
     }
 
     /// A synchronous commit that gets no answer (no coordinator: nothing listens at the

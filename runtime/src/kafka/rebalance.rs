@@ -285,7 +285,14 @@ impl SourceContext {
             *self.roll_back.lock() = Some("partitions were lost".into());
             false
         } else {
-            match tx.commit(&self.engine, consumer, false, true, self.drain_timeout) {
+            match tx.commit(
+                &self.engine,
+                consumer,
+                &self.committer,
+                false,
+                true,
+                self.drain_timeout,
+            ) {
                 Ok(_) => true,
                 Err(e) => {
                     tracing::warn!(error = %e, "the transaction did not commit during a revoke");

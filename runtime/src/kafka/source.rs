@@ -260,18 +260,26 @@ pub fn run(
                 engine.publish_metrics(&ctx.high_watermarks.lock());
             }
             if let Some(tx) = &ctx.transactions {
-                match tx.commit(&ctx.engine, consumer, true, false, ctx.drain_timeout) {
+                match tx.commit(
+                    &ctx.engine,
+                    consumer,
+                    &ctx.committer,
+                    true,
+                    false,
+                    ctx.drain_timeout,
+                ) {
                     Ok(_) => continue,
                     // An engine stopped by a failed transaction rolls back (see below).
                     Err(TransactionError::Engine(e)) => break Err(SourceError::Engine(e)),
                     Err(e) => break Err(SourceError::Transaction(e)),
                 }
             }
-            let progress = {
+            let mut progress = {
                 let mut engine = ctx.engine.lock();
                 engine.request_commit();
                 engine.collect_progress()
             };
+            ctx.committer.past_unreturned(consumer, &mut progress);
             if let Err(e) = ctx.committer.commit(consumer, &progress, CommitMode::Async) {
                 tracing::warn!(error = %e, "offset commit failed (will retry)");
                 crate::metrics::record_error("offset_commit");
@@ -304,7 +312,14 @@ pub fn run(
         // Commit what was processed (the rest of the mailboxes replays after a restart), or
         // nothing when stopping on an error.
         let committed = match &result {
-            Ok(()) => tx.commit(&ctx.engine, consumer, false, true, ctx.drain_timeout),
+            Ok(()) => tx.commit(
+                &ctx.engine,
+                consumer,
+                &ctx.committer,
+                false,
+                true,
+                ctx.drain_timeout,
+            ),
             Err(_) => Err(TransactionError::Aborted("stopping on an error".into())),
         };
         if let Err(e) = committed {
@@ -317,7 +332,7 @@ pub fn run(
         return result;
     }
     // Drain and commit what was processed, whether stopping cleanly or on an error.
-    let progress = {
+    let mut progress = {
         let mut engine = ctx.engine.lock();
         engine.request_durable_commit();
         if !engine.wait_idle(ctx.drain_timeout) {
@@ -327,6 +342,7 @@ pub fn run(
         engine.collect_progress()
     };
     if !consumer.assignment_lost() {
+        ctx.committer.past_unreturned(consumer, &mut progress);
         ctx.committer.commit_sync(consumer, &progress);
     }
     result
@@ -341,6 +357,7 @@ fn take(
 ) -> Result<(), SourceError> {
     let (topic, partition) = (m.topic(), m.partition() as u32);
     let offset = m.offset() as u64;
+    ctx.committer.note_returned(topic, partition, offset);
     let raw = raw_record(&m);
     // Lock order: time_sync, then engine.
     let admitted = ctx

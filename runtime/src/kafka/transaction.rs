@@ -124,6 +124,7 @@ impl Transactions {
         &self,
         engine: &Mutex<Engine>,
         consumer: &BaseConsumer<C>,
+        committer: &super::committer::Committer,
         resume: bool,
         force: bool,
         timeout: Duration,
@@ -164,7 +165,8 @@ impl Transactions {
             std::thread::sleep(Duration::from_millis(1));
         }
         let sealed = started.elapsed();
-        let progress = engine.lock().prepare_transaction();
+        let mut progress = engine.lock().prepare_transaction();
+        committer.past_unreturned(consumer, &mut progress);
         let offsets = offsets(&progress)?;
         if offsets.count() > 0 {
             let group = consumer.group_metadata().ok_or_else(|| {

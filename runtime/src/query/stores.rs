@@ -196,12 +196,7 @@ impl<K: Ord + 'static, V: 'static> ReadOnlyWindowStore<K, V> {
 
     /// Raw (key, start, value) entries from `from` to `to`, of `key`'s ranges only when given,
     /// values without the DSL's timestamp.
-    fn entries(
-        &self,
-        key: Option<&[u8]>,
-        from: i64,
-        to: i64,
-    ) -> Result<WindowEntries, QueryError> {
+    fn entries(&self, key: Option<&[u8]>, from: i64, to: i64) -> Result<WindowEntries, QueryError> {
         let spec = self.spec()?;
         let per_range = self.0.reader.read_timed(key, |t| {
             let w = WindowBytes::open(t)?;
