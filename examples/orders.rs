@@ -66,7 +66,6 @@ fn topology(input: &str, output: &str, check_ms: u64) -> Result<Topology, Topolo
     checked
         .group_by_key_with(Grouped::with(StringSerde, JsonSerde::<Order>::new()))
         .aggregate(
-            "customer-totals-store",
             CustomerTotals::default,
             |_customer, order: Order, mut t: CustomerTotals| {
                 t.orders += 1;
@@ -74,7 +73,8 @@ fn topology(input: &str, output: &str, check_ms: u64) -> Result<Topology, Topolo
                 t.largest_cents = t.largest_cents.max(order.amount_cents);
                 t
             },
-            JsonSerde::<CustomerTotals>::new(),
+            Materialized::with(StringSerde, JsonSerde::<CustomerTotals>::new())
+                .with_name("customer-totals-store"),
         )
         .to_stream()
         .to(output);

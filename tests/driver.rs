@@ -182,8 +182,8 @@ fn option_objects_name_stores_and_choose_serdes() {
     by_word.count("counts").to_stream().to("counts-out");
     by_word
         .reduce(
-            Materialized::named("longest").with_value_serde(JsonSerde::<String>::new()),
             |a: String, b: String| if b.len() > a.len() { b } else { a },
+            Materialized::named("longest").with_value_serde(JsonSerde::<String>::new()),
         )
         .to_stream()
         .to_with(
@@ -373,7 +373,7 @@ fn long_sum_topology() -> Topology {
     builder
         .stream("in", StringSerde, I64Serde)
         .group_by_key()
-        .reduce("sums", |a, b| a + b)
+        .reduce(|a, b| a + b, "sums")
         .to_stream()
         .to("out");
     builder.build().unwrap()

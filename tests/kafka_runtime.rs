@@ -85,7 +85,7 @@ fn sum_topology(input: &str, output: &str) -> Topology {
     builder
         .stream(input, StringSerde, I64Serde)
         .group_by_key()
-        .reduce("sums", |a, b| a + b)
+        .reduce(|a, b| a + b, "sums")
         .to_stream()
         .to(output);
     builder.build().expect("topology")

@@ -96,7 +96,6 @@ fn digest_topology() -> StreamsBuilder {
             Grouped::with(StringSerde, I64Serde),
         )
         .aggregate(
-            "digests",
             String::new,
             |_k: &String, v: i64, agg: String| {
                 let mut s = format!("{agg},{v}");
@@ -105,7 +104,7 @@ fn digest_topology() -> StreamsBuilder {
                 }
                 s
             },
-            StringSerde,
+            Materialized::with(StringSerde, StringSerde).with_name("digests"),
         )
         .to_stream()
         .to("out");

@@ -38,7 +38,7 @@ fn topology() -> Topology {
             v
         })
         .group_by_key_with(Grouped::with(StringSerde, I64Serde))
-        .reduce("sums", |a, b| a + b)
+        .reduce(|a, b| a + b, "sums")
         .to_stream()
         .to_with("out", Produced::with(StringSerde, I64Serde));
     builder.build().unwrap()

@@ -23,13 +23,12 @@ fn topology() -> Topology {
         .to_stream()
         .to_with("counts", Produced::with(StringSerde, I64Serde));
     by_region.aggregate(
-        "region-sums",
         || 0,
         |_r, s, a| a + s,
         |_r, s, a| a - s,
-        I64Serde,
+        Materialized::named("region-sums").with_value_serde(I64Serde),
     );
-    by_region.reduce("region-reduced", |a, s| a + s, |a, s| a - s);
+    by_region.reduce(|a, s| a + s, |a, s| a - s, "region-reduced");
     users
         .filter_not(|_user, v| v.contains(":-"))
         .group_by(split, Grouped::with(StringSerde, I64Serde))

@@ -85,7 +85,7 @@ fn sliding_windows_hold_the_records_within_the_time_difference() {
             ms(10),
             ms(100),
         ))
-        .reduce("sums", |a, b| a + b)
+        .reduce(|a, b| a + b, "sums")
         .to_stream()
         .to("sums-out");
     let driver = TestDriver::new(b.build().unwrap()).unwrap();

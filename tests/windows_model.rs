@@ -181,10 +181,9 @@ fn time_topology(
 ) -> Topology {
     topology(w, |s: TimeWindowedKStream<String, i64>, store, emit| {
         s.emit_strategy(emit).aggregate(
-            store,
             Vec::new,
             |_k, v, bag| push(bag, v),
-            JsonSerde::<Bag>::new(),
+            Materialized::named(store).with_value_serde(JsonSerde::<Bag>::new()),
         )
     })
 }
@@ -192,11 +191,10 @@ fn time_topology(
 fn session_topology(w: SessionWindows) -> Topology {
     topology(w, |s: SessionWindowedKStream<String, i64>, store, emit| {
         s.emit_strategy(emit).aggregate(
-            store,
             Vec::new,
             |_k, v, bag| push(bag, v),
             |_k, a, b| merge(a, b),
-            JsonSerde::<Bag>::new(),
+            Materialized::named(store).with_value_serde(JsonSerde::<Bag>::new()),
         )
     })
 }

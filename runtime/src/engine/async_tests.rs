@@ -27,7 +27,7 @@ fn joining_topology() -> Arc<Topology> {
             Ok(v)
         })
         .group_by_key_with(Grouped::with(StringSerde, StringSerde))
-        .reduce("joined", |a: String, b: String| format!("{a},{b}"))
+        .reduce(|a: String, b: String| format!("{a},{b}"), "joined")
         .to_stream()
         .to("out");
     Arc::new(b.build().unwrap())

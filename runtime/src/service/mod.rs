@@ -726,7 +726,7 @@ mod tests {
         words.count("counts").to_stream().to("out");
         b.stream("pairs", StringSerde, StringSerde)
             .group_by_key_with(Grouped::with(StringSerde, StringSerde))
-            .reduce("latest", |_a: String, b: String| b)
+            .reduce(|_a: String, b: String| b, "latest")
             .to_stream()
             .to("out");
         let topology = b.build().unwrap();

@@ -116,11 +116,11 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
     }
 
     /// Combines the values of each key with `reducer(aggregate, value)` in the store
-    /// `materialized` names.
+    /// `materialized` names (Kafka Streams' `reduce(Reducer, Materialized)`).
     pub fn reduce(
         &self,
-        materialized: impl Into<Materialized<K, V>>,
         reducer: impl Fn(V, V) -> V + Send + Sync + 'static,
+        materialized: impl Into<Materialized<K, V>>,
     ) -> KTable<K, V> {
         let values = self.stream.value_serde.clone();
         self.aggregate_with(materialized.into(), values, move |_k, v, old| {
@@ -132,20 +132,19 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
     }
 
     /// Folds the values of each key into an aggregate: `initializer()` for a new key, then
-    /// `aggregator(key, value, aggregate)`, kept in the store `materialized` names with
-    /// `agg_serde` (a value serde set on `materialized` takes precedence).
+    /// `aggregator(key, value, aggregate)`, kept in the store `materialized` names with its
+    /// value serde (Kafka Streams' `aggregate(Initializer, Aggregator, Materialized)`:
+    /// `Materialized::with(key_serde, agg_serde).with_name("totals")`; `build` fails without
+    /// the value serde).
     pub fn aggregate<A: Datum + Clone>(
         &self,
-        materialized: impl Into<Materialized<K, A>>,
         initializer: impl Fn() -> A + Send + Sync + 'static,
         aggregator: impl Fn(&K, V, A) -> A + Send + Sync + 'static,
-        agg_serde: impl Serde<A>,
+        materialized: impl Into<Materialized<K, A>>,
     ) -> KTable<K, A> {
-        self.aggregate_with(
-            materialized.into(),
-            Some(Arc::new(agg_serde)),
-            move |k, v, old| Some(aggregator(k, v, old.unwrap_or_else(&initializer))),
-        )
+        self.aggregate_with(materialized.into(), None, move |k, v, old| {
+            Some(aggregator(k, v, old.unwrap_or_else(&initializer)))
+        })
     }
 
     pub(super) fn missing_serde(&self, what: &'static str) {

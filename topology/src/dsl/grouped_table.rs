@@ -142,12 +142,13 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedTable<K, V> {
     }
 
     /// Combines each group's values with `adder(aggregate, value)`, and takes a value that
-    /// leaves the group out with `subtractor(aggregate, value)` (`reduce(adder, subtractor)`).
+    /// leaves the group out with `subtractor(aggregate, value)` (Kafka Streams' `reduce(adder,
+    /// subtractor, Materialized)`).
     pub fn reduce(
         &self,
-        materialized: impl Into<Materialized<K, V>>,
         adder: impl Fn(V, V) -> V + Send + Sync + 'static,
         subtractor: impl Fn(V, V) -> V + Send + Sync + 'static,
+        materialized: impl Into<Materialized<K, V>>,
     ) -> KTable<K, V> {
         self.grouped.aggregate_with(
             materialized.into(),
@@ -168,23 +169,17 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedTable<K, V> {
 
     /// Folds each group's values into an aggregate: `initializer()` for a new group,
     /// `adder(key, value, aggregate)` for a value joining it, `subtractor(key, value,
-    /// aggregate)` for one leaving it (`aggregate(initializer, adder, subtractor)`), kept in the
-    /// store `materialized` names with `agg_serde` (a value serde on `materialized` wins).
+    /// aggregate)` for one leaving it (Kafka Streams' `aggregate(initializer, adder,
+    /// subtractor, Materialized)`), kept in the store `materialized` names with its value serde
+    /// (`build` fails without it).
     pub fn aggregate<A: Datum + Clone>(
         &self,
-        materialized: impl Into<Materialized<K, A>>,
         initializer: impl Fn() -> A + Send + Sync + 'static,
         adder: impl Fn(&K, V, A) -> A + Send + Sync + 'static,
         subtractor: impl Fn(&K, V, A) -> A + Send + Sync + 'static,
-        agg_serde: impl Serde<A>,
+        materialized: impl Into<Materialized<K, A>>,
     ) -> KTable<K, A> {
-        self.aggregate_with(
-            materialized.into(),
-            Some(Arc::new(agg_serde)),
-            initializer,
-            adder,
-            subtractor,
-        )
+        self.aggregate_with(materialized.into(), None, initializer, adder, subtractor)
     }
 
     /// Kafka Streams' `KTableAggregate`: subtract the old value when the group has an aggregate,

@@ -133,6 +133,29 @@ fn option_serdes_stand_in_for_serdes_lost_by_a_type_change() {
     ));
 }
 
+/// Issue 42, item 6: `aggregate` takes Kafka Streams' order (initializer, aggregator,
+/// `Materialized`), and the aggregate's serde comes with `Materialized`: a name alone fails
+/// `build` naming the missing value serde; with the serde it builds.
+#[test]
+fn aggregate_takes_its_serde_from_materialized() {
+    let topology = |materialized: Materialized<String, i64>| {
+        let b = StreamsBuilder::new();
+        b.stream("in", StringSerde, StringSerde)
+            .group_by_key()
+            .aggregate(
+                || 0,
+                |_k, v: String, a: i64| a + v.len() as i64,
+                materialized,
+            );
+        b.build()
+    };
+    assert!(matches!(
+        topology("lengths".into()).unwrap_err(),
+        TopologyError::MissingSerde { what: "value", .. }
+    ));
+    assert!(topology(Materialized::with(StringSerde, I64Serde).with_name("lengths")).is_ok());
+}
+
 #[test]
 fn group_by_needs_the_new_key_serde() {
     let b = StreamsBuilder::new();

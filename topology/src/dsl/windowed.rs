@@ -174,8 +174,8 @@ impl<K: Datum + Clone, V: Datum + Clone> TimeWindowedKStream<K, V> {
     /// Combines the values of each key and window with `reducer(aggregate, value)`.
     pub fn reduce(
         &self,
-        materialized: impl Into<Materialized<K, V>>,
         reducer: impl Fn(V, V) -> V + Send + Sync + 'static,
+        materialized: impl Into<Materialized<K, V>>,
     ) -> KTable<Windowed<K>, V> {
         let values = self.grouped.stream.value_serde.clone();
         self.build(materialized.into(), values, move |_k, v, old| match old {
@@ -185,19 +185,17 @@ impl<K: Datum + Clone, V: Datum + Clone> TimeWindowedKStream<K, V> {
     }
 
     /// Folds the values of each key and window into an aggregate: `initializer()` for a new
-    /// window, then `aggregator(key, value, aggregate)`, stored with `agg_serde`.
+    /// window, then `aggregator(key, value, aggregate)`, stored with `materialized`'s value
+    /// serde (Kafka Streams' `aggregate(Initializer, Aggregator, Materialized)`).
     pub fn aggregate<A: Datum + Clone>(
         &self,
-        materialized: impl Into<Materialized<K, A>>,
         initializer: impl Fn() -> A + Send + Sync + 'static,
         aggregator: impl Fn(&K, V, A) -> A + Send + Sync + 'static,
-        agg_serde: impl Serde<A>,
+        materialized: impl Into<Materialized<K, A>>,
     ) -> KTable<Windowed<K>, A> {
-        self.build(
-            materialized.into(),
-            Some(Arc::new(agg_serde)),
-            move |k, v, old| aggregator(k, v, old.unwrap_or_else(&initializer)),
-        )
+        self.build(materialized.into(), None, move |k, v, old| {
+            aggregator(k, v, old.unwrap_or_else(&initializer))
+        })
     }
 
     fn build<A: Datum + Clone>(
@@ -299,8 +297,8 @@ impl<K: Datum + Clone, V: Datum + Clone> SessionWindowedKStream<K, V> {
     /// combine with `reducer` too.
     pub fn reduce(
         &self,
-        materialized: impl Into<Materialized<K, V>>,
         reducer: impl Fn(V, V) -> V + Send + Sync + 'static,
+        materialized: impl Into<Materialized<K, V>>,
     ) -> KTable<Windowed<K>, V> {
         let values = self.grouped.stream.value_serde.clone();
         let reducer = Arc::new(reducer);
@@ -321,20 +319,20 @@ impl<K: Datum + Clone, V: Datum + Clone> SessionWindowedKStream<K, V> {
 
     /// Folds the values of each session into an aggregate: `initializer()` for a new session,
     /// `aggregator(key, value, aggregate)` per record, and `merger(key, aggregate, other)` when
-    /// a record bridges sessions (Kafka Streams' `aggregate(initializer, aggregator, merger)`).
+    /// a record bridges sessions (Kafka Streams' `aggregate(initializer, aggregator, merger,
+    /// Materialized)`), stored with `materialized`'s value serde.
     pub fn aggregate<A: Datum + Clone>(
         &self,
-        materialized: impl Into<Materialized<K, A>>,
         initializer: impl Fn() -> A + Send + Sync + 'static,
         aggregator: impl Fn(&K, V, A) -> A + Send + Sync + 'static,
         merger: impl Fn(&K, A, A) -> A + Send + Sync + 'static,
-        agg_serde: impl Serde<A>,
+        materialized: impl Into<Materialized<K, A>>,
     ) -> KTable<Windowed<K>, A> {
         let init = Arc::new(initializer);
         let init2 = init.clone();
         self.build(
             materialized.into(),
-            Some(Arc::new(agg_serde)),
+            None,
             move |k, v, old| aggregator(k, v, old.unwrap_or_else(|| init())),
             Arc::new(move |k: &K, merged: Option<A>, s: A| {
                 merger(k, merged.unwrap_or_else(|| init2()), s)
