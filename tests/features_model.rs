@@ -1,20 +1,21 @@
 //! The commit-protocol model run over rill's stateful features (issue 41): emit-final tumbling,
 //! hopping and sliding windows and sessions, `suppress` with a bounded buffer, a versioned table,
-//! an aggregation behind a repartition topic with the record cache on, and a Processor-API
-//! punctuator that rewrites every key. Each feature meets random input (timestamps out of order
-//! within the grace), crashes at every step of a commit, restarts on kept and wiped state dirs,
-//! zombies, compaction, and live and restart factor changes (split, merge, factors that do not
-//! divide each other), and is compared with the uninterrupted P = 1 run of the same input: the
-//! output records as a set (under `at_least_once` a crash may repeat an output, never change one
-//! or lose one), as a multiset when nothing crashed and no zombie wrote (nothing may repeat),
-//! and the aggregation's final state exactly, in the last member and in one restored from
-//! scratch.
+//! an aggregation behind a repartition topic with the record cache on, a stream as a table
+//! (`to_table`), joins of two inputs (stream-stream, stream-versioned table, table-table), and a
+//! Processor-API punctuator that rewrites every key. Each feature meets random input (timestamps
+//! out of order within the grace), crashes at every step of a commit, restarts on kept and wiped
+//! state dirs, zombies, compaction, and live and restart factor changes (split, merge, factors
+//! that do not divide each other), and is compared with the uninterrupted P = 1 run of the same
+//! input: the output records as a set (under `at_least_once` a crash may repeat an output, never
+//! change one or lose one), as a multiset when nothing crashed and no zombie wrote (nothing may
+//! repeat), and the aggregation's final state exactly, in the last member and in one restored
+//! from scratch.
 //!
 //! Timestamps either fall behind the partition's largest by less than the grace, so they are on
 //! time under any key-range layout, or behind their own key's latest by more than a window and
 //! its grace, so they are late under any; far-future records for every key at the end close
-//! every window: the outputs then do not depend on the layout (stream time is per range in
-//! rill). A range whose stream time went back would count a late record into a window it had
+//! every window: the outputs then do not depend on the layout, even where a range's time lags
+//! the partition's (after a restart). A range whose stream time went back would count a late record into a window it had
 //! released.
 //!
 //! Cases: 100 per feature, `PROPTEST_CASES` to change.
@@ -250,6 +251,15 @@ fn touched_counts() -> Spec {
         .process("touch", || TouchedCounts, &["touched"])
         .to_with(OUTPUT, Produced::with(StringSerde, I64Serde));
     spec(b.build().unwrap(), vec!["touched"])
+}
+
+/// Each key's latest value of the stream as a table (`to_table`).
+fn latest_values() -> Spec {
+    let b = StreamsBuilder::new();
+    b.stream(INPUT, StringSerde, StringSerde)
+        .map_values(|v: String| format!("{v}!"))
+        .to_table(Materialized::with(StringSerde, StringSerde).with_name("latest"));
+    spec(b.build().unwrap(), vec!["latest"])
 }
 
 /// The other input of the joins.
@@ -509,6 +519,11 @@ proptest! {
     #[test]
     fn a_table_outer_join_ends_in_the_sequential_state(factor in 1usize..4, ops in ops()) {
         check(&table_outer_join(), Compare::Store("joined"), factor, ops)?;
+    }
+
+    #[test]
+    fn a_stream_as_a_table_ends_in_the_sequential_state(factor in 1usize..4, ops in ops()) {
+        check(&latest_values(), Compare::Store("latest"), factor, ops)?;
     }
 
     #[test]

@@ -156,10 +156,6 @@ impl StreamsBuilder {
                 }
             })
         });
-        let (ks, vs) = (key_serde.clone(), value_serde.clone());
-        let versioned = materialized.history_ms.map(|h| VersionedStoreSpec {
-            history_retention_ms: h,
-        });
         let mut g = self.inner.borrow_mut();
         let store = g.name_or_generated(materialized.name.as_deref(), "table-store");
         let source_name = g.name_or_generated(name.as_deref(), "table-source");
@@ -173,6 +169,35 @@ impl StreamsBuilder {
             },
             vec![],
         );
+        drop(g);
+        self.table_of(
+            source,
+            store,
+            key_serde,
+            value_serde,
+            materialized.history_ms,
+        )
+    }
+
+    /// The table kept in `store` of the `(K, Option<V>)` records of node `parent`: each upserts
+    /// its key, a `None` deletes it (versioned with `history_ms`).
+    pub(super) fn table_of<K, V>(
+        &self,
+        parent: usize,
+        store: String,
+        key_serde: Arc<dyn Serde<K>>,
+        value_serde: Arc<dyn Serde<V>>,
+        history_ms: Option<i64>,
+    ) -> KTable<K, V>
+    where
+        K: Datum + Clone,
+        V: Datum + Clone,
+    {
+        let (ks, vs) = (key_serde.clone(), value_serde.clone());
+        let versioned = history_ms.map(|h| VersionedStoreSpec {
+            history_retention_ms: h,
+        });
+        let mut g = self.inner.borrow_mut();
         let st = store.clone();
         let supplier: Supplier = Arc::new(move || {
             Box::new(Typed::<_, K, Option<V>, K, Change<V>>::new(TableSource {
@@ -193,7 +218,7 @@ impl StreamsBuilder {
                 supplier,
                 stores: vec![store.clone()],
             },
-            vec![source],
+            vec![parent],
         );
         drop(g);
         let changes = KStream {

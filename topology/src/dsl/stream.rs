@@ -6,8 +6,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use super::{
-    decoder, encoder, FnProcessor, Grouped, KGroupedStream, Named, Pred, Produced, Repartitioned,
-    StreamsBuilder,
+    decoder, encoder, FnProcessor, Grouped, KGroupedStream, KTable, Materialized, Named, Pred,
+    Produced, Repartitioned, StreamsBuilder,
 };
 use crate::graph::{Encoder, NodeKind, Supplier, Topic};
 use crate::processor::{
@@ -441,6 +441,48 @@ where
             value_serde: Some(v),
             key_changed: false,
         }
+    }
+
+    /// The table of the latest value of each key of this stream (Kafka Streams'
+    /// `toTable(Materialized)`): each record upserts its key in the store `materialized` names
+    /// (with its serdes, default the stream's), as [`StreamsBuilder::table`] does for a topic.
+    /// After a key change upstream the records go through `<application.id>-<store>-repartition`
+    /// first, so each key lands in one task.
+    pub fn to_table(&self, materialized: impl Into<Materialized<K, V>>) -> KTable<K, V> {
+        let materialized = materialized.into();
+        let hint = "Materialized::with(key_serde, value_serde), or KStream::group_by_key_with";
+        let store = self
+            .builder
+            .inner
+            .borrow_mut()
+            .name_or_generated(materialized.name.as_deref(), "to-table-store");
+        let Some((k, v)) = self.serdes_or_error(
+            materialized.key_serde.clone(),
+            materialized.value_serde.clone(),
+            hint,
+        ) else {
+            return self.builder.table_of(
+                self.node,
+                store,
+                Arc::new(super::NoSerde),
+                Arc::new(super::NoSerde),
+                None,
+            );
+        };
+        let upstream = if self.key_changed {
+            KStream {
+                builder: self.builder.clone(),
+                node: self.through_repartition_topic(&store, k.clone(), v.clone()),
+                key_serde: Some(k.clone()),
+                value_serde: Some(v.clone()),
+                key_changed: false,
+            }
+        } else {
+            self.clone()
+        };
+        let upserts = upstream.values_op("to-table", |v: V| Some(Some(v)));
+        self.builder
+            .table_of(upserts.node, store, k, v, materialized.history_ms)
     }
 
     /// Groups by the current key; repartitions first if an upstream operation changed the key.
