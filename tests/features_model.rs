@@ -1,8 +1,8 @@
 //! The commit-protocol model run over rill's stateful features (issue 41): emit-final tumbling,
 //! hopping and sliding windows and sessions, `suppress` with a bounded buffer, a versioned table,
 //! an aggregation behind a repartition topic with the record cache on, a stream as a table
-//! (`to_table`), joins of two inputs (stream-stream, stream-versioned table, table-table), and a
-//! Processor-API punctuator that rewrites every key. Each feature meets random input (timestamps
+//! (`to_table`), two inputs (stream-stream, stream-versioned table and table-table joins, a
+//! cogroup), and a Processor-API punctuator that rewrites every key. Each feature meets random input (timestamps
 //! out of order within the grace), crashes at every step of a commit, restarts on kept and wiped
 //! state dirs, zombies, compaction, and live and restart factor changes (split, merge, factors
 //! that do not divide each other), and is compared with the uninterrupted P = 1 run of the same
@@ -322,6 +322,22 @@ fn stream_versioned_table_join() -> Spec {
     two_inputs(b.build().unwrap())
 }
 
+/// [`INPUT`] and [`RIGHT`] cogrouped into one total per key in the store `totals`: 1 per input
+/// record, 100 per right one.
+fn cogrouped_totals() -> Spec {
+    let b = StreamsBuilder::new();
+    let right = b.stream(RIGHT, StringSerde, StringSerde).group_by_key();
+    b.stream(INPUT, StringSerde, StringSerde)
+        .group_by_key()
+        .cogroup(|_k: &String, _v: String, t: i64| t + 1)
+        .cogroup(&right, |_k: &String, _v: String, t: i64| t + 100)
+        .aggregate(
+            || 0,
+            Materialized::with(StringSerde, I64Serde).with_name("totals"),
+        );
+    two_inputs(b.build().unwrap())
+}
+
 /// The tables of [`INPUT`] and [`RIGHT`] outer-joined into the store `joined`.
 fn table_outer_join() -> Spec {
     let b = StreamsBuilder::new();
@@ -524,6 +540,11 @@ proptest! {
     #[test]
     fn a_stream_as_a_table_ends_in_the_sequential_state(factor in 1usize..4, ops in ops()) {
         check(&latest_values(), Compare::Store("latest"), factor, ops)?;
+    }
+
+    #[test]
+    fn cogrouped_totals_end_in_the_sequential_state(factor in 1usize..4, ops in ops()) {
+        check(&cogrouped_totals(), Compare::Store("totals"), factor, ops)?;
     }
 
     #[test]

@@ -32,8 +32,8 @@ pub mod versioned;
 pub mod window;
 
 pub use dsl::{
-    Consumed, Grouped, KGroupedStream, KStream, KTable, Materialized, Named, Produced,
-    Repartitioned, SessionWindowedKStream, Split, StreamsBuilder, TimeWindowedKStream,
+    CogroupedKStream, Consumed, Grouped, KGroupedStream, KStream, KTable, Materialized, Named,
+    Produced, Repartitioned, SessionWindowedKStream, Split, StreamsBuilder, TimeWindowedKStream,
     TopologyError,
 };
 pub use graph::{OrderSensitive, Topic, Topology};
@@ -49,8 +49,8 @@ pub use record::{Headers, RawRecord, Record, PARTITION_HEADER};
 /// The names most applications need.
 pub mod prelude {
     pub use crate::dsl::{
-        Consumed, GlobalKTable, Grouped, JoinWindows, KGroupedStream, KStream, KTable,
-        Materialized, Named, Produced, Repartitioned, SessionWindowedKStream, StreamJoined,
+        CogroupedKStream, Consumed, GlobalKTable, Grouped, JoinWindows, KGroupedStream, KStream,
+        KTable, Materialized, Named, Produced, Repartitioned, SessionWindowedKStream, StreamJoined,
         StreamsBuilder, TimeWindowedKStream, TopologyError,
     };
     pub use crate::graph::Topology;

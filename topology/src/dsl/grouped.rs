@@ -25,7 +25,7 @@ pub struct KGroupedStream<K, V> {
 
 /// The aggregation step of a `count`, `reduce` or `aggregate`: the new aggregate from a value
 /// and the old aggregate (`None`: the key has none any more; its entry is deleted).
-type AggregateFn<K, V, A> = Arc<dyn Fn(&K, V, Option<A>) -> Option<A> + Send + Sync>;
+pub(super) type AggregateFn<K, V, A> = Arc<dyn Fn(&K, V, Option<A>) -> Option<A> + Send + Sync>;
 
 /// What `KGroupedStream::resolve` hands back when a serde is missing: the store name and the
 /// value serde to chain on with (the error itself is recorded on the builder).
@@ -54,11 +54,14 @@ impl<K, V> Clone for KGroupedStream<K, V> {
     }
 }
 
-struct AggregateProcessor<K, V, A> {
-    store: String,
-    key_serde: Arc<dyn Serde<K>>,
-    agg_serde: Arc<dyn Serde<A>>,
-    step: AggregateFn<K, V, A>,
+pub(super) struct AggregateProcessor<K, V, A> {
+    pub store: String,
+    pub key_serde: Arc<dyn Serde<K>>,
+    pub agg_serde: Arc<dyn Serde<A>>,
+    pub step: AggregateFn<K, V, A>,
+    /// Updates go through the record cache (not when several nodes update one store: their
+    /// cached updates of a key could leave in another order than they were made).
+    pub cached: bool,
 }
 
 impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, K, A>
@@ -88,22 +91,24 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, K, A>
         let bytes = self.agg_serde.serialize(&new)?;
         ctx.store(&self.store)?.put(&key_bytes, &bytes)?;
         let size = key_bytes.len() + bytes.len();
-        ctx.forward_cached(
-            key_bytes,
-            size,
-            Record {
-                key: Some(key),
-                value: new,
-                timestamp: record.timestamp,
-                headers: record.headers,
-            },
-        );
+        let out = Record {
+            key: Some(key),
+            value: new,
+            timestamp: record.timestamp,
+            headers: record.headers,
+        };
+        if self.cached {
+            ctx.forward_cached(key_bytes, size, out);
+        } else {
+            ctx.forward(out);
+        }
         Ok(())
     }
 }
 
 /// Where a `build` error points users who lack a serde for an aggregation.
-const SERDE_HINT: &str = "Grouped::with in group_by / group_by_key_with, or Materialized::with";
+pub(super) const SERDE_HINT: &str =
+    "Grouped::with in group_by / group_by_key_with, or Materialized::with";
 
 impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
     /// Counts records per key in the store `materialized` names (`count("counts")`).
@@ -173,6 +178,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
                 key_serde: ks.clone(),
                 agg_serde: aserde.clone(),
                 step: step.clone(),
+                cached: true,
             }))
         });
         let node = self.add_aggregation(&r, StoreKind::KeyValue, supplier);
@@ -275,7 +281,11 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
 
     /// The source node reading the repartitioned records: the grouping's shared topic when it is
     /// named, else `<store>-repartition`. `None` when a serde is missing (an error is recorded).
-    fn repartition_source(&self, store: &str, key_serde: Arc<dyn Serde<K>>) -> Option<usize> {
+    pub(super) fn repartition_source(
+        &self,
+        store: &str,
+        key_serde: Arc<dyn Serde<K>>,
+    ) -> Option<usize> {
         if let Some(node) = self.repartitioned.get() {
             return Some(node);
         }

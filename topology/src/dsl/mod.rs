@@ -49,6 +49,7 @@ use crate::window::WindowError;
 pub mod async_stage;
 pub mod builder;
 pub mod change;
+pub mod cogroup;
 pub mod fk_join;
 pub mod global_table;
 pub mod grouped;
@@ -64,6 +65,7 @@ pub mod windowed;
 
 pub use builder::StreamsBuilder;
 pub use change::{Change, ChangeSerde};
+pub use cogroup::CogroupedKStream;
 pub use global_table::GlobalKTable;
 pub use grouped::KGroupedStream;
 pub use grouped_table::KGroupedTable;
