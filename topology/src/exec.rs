@@ -27,7 +27,8 @@ use std::time::Duration;
 use crate::cache::{CacheBudget, Cached, RecordCache, Update};
 use crate::graph::{AsyncFn, AsyncOutput, NodeKind, Topic, Topology};
 use crate::processor::{
-    ErasedProcessor, ErasedRecord, ProcessError, ProcessorHost, PunctuationType, RecordMeta,
+    Cancellable, ErasedProcessor, ErasedRecord, ProcessError, ProcessorHost, PunctuationType,
+    RecordMeta,
 };
 use crate::record::RawRecord;
 use crate::serdes::SerdeError;
@@ -125,6 +126,7 @@ struct Schedule {
     interval_ms: i64,
     kind: PunctuationType,
     next: Option<i64>,
+    handle: Cancellable,
 }
 
 /// The processors of one sub-task, ready to take records of its sub-topology.
@@ -135,6 +137,10 @@ pub struct TaskInstance {
     /// of other sub-topologies.
     processors: Vec<Option<Box<dyn ErasedProcessor>>>,
     schedules: Vec<Schedule>,
+    /// The number the next schedule gets (its handle's).
+    next_schedule: u64,
+    /// The schedule whose punctuation runs now.
+    firing: Option<Cancellable>,
     stream_time: Option<i64>,
     /// The stream time records (and carried parts) moved the range to, without ticks
     /// ([`TaskInstance::advance_stream_time`]): what the range commits. A tick's time may be
@@ -170,7 +176,12 @@ struct Host<'a> {
     cached: Option<Vec<(Vec<u8>, usize, ErasedRecord)>>,
     meta: &'a RecordMeta,
     stores: &'a [String],
-    requested: Vec<(i64, PunctuationType)>,
+    /// Schedules asked for during this call, with their handles.
+    requested: Vec<(i64, PunctuationType, Cancellable)>,
+    /// The number of the next schedule of the sub-task.
+    next_schedule: &'a mut u64,
+    /// The schedule whose punctuation runs (during `punctuate`).
+    firing: Option<&'a Cancellable>,
     topology: &'a Topology,
     stream_time: Option<i64>,
     clocks: &'a mut HashMap<String, StoreClock>,
@@ -241,10 +252,16 @@ impl ProcessorHost for Host<'_> {
     fn late_record_dropped(&mut self, store: &str) {
         self.env.late_dropped(store);
     }
-    fn schedule(&mut self, interval: Duration, kind: PunctuationType) {
+    fn schedule(&mut self, interval: Duration, kind: PunctuationType) -> Cancellable {
         // Clocks count i64 milliseconds; an interval beyond that range would never fire anyway.
         let ms = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
-        self.requested.push((ms.max(1), kind));
+        let handle = Cancellable::new(*self.next_schedule);
+        *self.next_schedule += 1;
+        self.requested.push((ms.max(1), kind, handle.clone()));
+        handle
+    }
+    fn punctuation(&self) -> Option<&Cancellable> {
+        self.firing
     }
     fn record_dropped(&mut self, reason: &'static str) {
         self.env.dropped(reason);
@@ -268,6 +285,7 @@ impl TaskInstance {
         let mut processors: Vec<Option<Box<dyn ErasedProcessor>>> =
             (0..topology.nodes.len()).map(|_| None).collect();
         let mut schedules = Vec::new();
+        let mut next_schedule = 0;
         let mut clocks = HashMap::new();
         let meta = RecordMeta::default();
         for &n in &sub.nodes {
@@ -280,6 +298,8 @@ impl TaskInstance {
                     meta: &meta,
                     stores,
                     requested: Vec::new(),
+                    next_schedule: &mut next_schedule,
+                    firing: None,
                     topology: &topology,
                     stream_time: None,
                     clocks: &mut clocks,
@@ -291,11 +311,12 @@ impl TaskInstance {
                 schedules.extend(
                     host.requested
                         .into_iter()
-                        .map(|(interval_ms, kind)| Schedule {
+                        .map(|(interval_ms, kind, handle)| Schedule {
                             node: n,
                             interval_ms,
                             kind,
                             next: None,
+                            handle,
                         }),
                 );
                 processors[n] = Some(p);
@@ -310,6 +331,8 @@ impl TaskInstance {
             sub_topology,
             processors,
             schedules,
+            next_schedule,
+            firing: None,
             stream_time: None,
             record_time: None,
             behind_async,
@@ -465,7 +488,7 @@ impl TaskInstance {
     pub fn wall_clock_interval(&self) -> Option<u64> {
         self.schedules
             .iter()
-            .filter(|s| s.kind == PunctuationType::WallClockTime)
+            .filter(|s| s.kind == PunctuationType::WallClockTime && !s.handle.is_cancelled())
             .map(|s| s.interval_ms.max(1) as u64)
             .min()
     }
@@ -641,9 +664,13 @@ impl TaskInstance {
         env: &mut dyn TaskEnv,
     ) -> Result<(), TaskError> {
         let meta = RecordMeta::default();
+        self.schedules.retain(|s| !s.handle.is_cancelled());
         for i in 0..self.schedules.len() {
             let s = &mut self.schedules[i];
-            if s.kind != kind || behind.is_some_and(|b| self.behind_async[s.node] != b) {
+            if s.kind != kind
+                || s.handle.is_cancelled()
+                || behind.is_some_and(|b| self.behind_async[s.node] != b)
+            {
                 continue;
             }
             // Stream time fires at multiples of the interval: where the next punctuation falls
@@ -664,7 +691,9 @@ impl TaskInstance {
             // Not caused by the record that advanced stream time: writes follow their keys.
             let record_hash = env.routing_hash();
             env.clear_routing_hash();
+            self.firing = Some(s.handle.clone());
             let r = self.run_node(node, &meta, env, |p, host| p.punctuate(kind, now, host));
+            self.firing = None;
             tag_writes(env, record_hash);
             r?;
         }
@@ -762,6 +791,8 @@ impl TaskInstance {
                 meta,
                 stores,
                 requested: Vec::new(),
+                next_schedule: &mut self.next_schedule,
+                firing: self.firing.as_ref(),
                 topology: &topology,
                 stream_time,
                 clocks: &mut self.clocks,
@@ -773,6 +804,15 @@ impl TaskInstance {
                     node: n.name.clone(),
                     source,
                 })?;
+            for (interval_ms, kind, handle) in host.requested {
+                self.schedules.push(Schedule {
+                    node,
+                    interval_ms,
+                    kind,
+                    next: None,
+                    handle,
+                });
+            }
             (host.out, host.cached)
         };
         let (outputs, cached) = outputs;

@@ -41,7 +41,7 @@ pub use keyrange::{
     kafka_partition, key_hash, range_of, ranges, KeyRange, HASH_ID, OFFSET_HASH_ID,
 };
 pub use processor::{
-    FixedKeyContext, FixedKeyProcessor, FixedKeyRecord, Processor, ProcessorContext,
+    Cancellable, FixedKeyContext, FixedKeyProcessor, FixedKeyRecord, Processor, ProcessorContext,
     PunctuationType, TaskContext,
 };
 pub use record::{Headers, RawRecord, Record, PARTITION_HEADER};
@@ -55,7 +55,7 @@ pub mod prelude {
     };
     pub use crate::graph::Topology;
     pub use crate::processor::{
-        FixedKeyContext, FixedKeyProcessor, FixedKeyRecord, ProcessError, Processor,
+        Cancellable, FixedKeyContext, FixedKeyProcessor, FixedKeyRecord, ProcessError, Processor,
         ProcessorContext, PunctuationType,
     };
     pub use crate::record::{Headers, Record};

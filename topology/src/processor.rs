@@ -6,6 +6,8 @@
 
 use std::any::Any;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::record::{Headers, Record};
@@ -164,8 +166,12 @@ pub trait ProcessorHost {
     fn stream_time(&self) -> Option<i64>;
     /// Counts a record a windowed operation dropped because its windows had closed.
     fn late_record_dropped(&mut self, store: &str);
-    /// Registers a punctuation every `interval` (only honoured during `init`).
-    fn schedule(&mut self, interval: Duration, kind: PunctuationType);
+    /// Registers a punctuation every `interval`, from `init` or later.
+    fn schedule(&mut self, interval: Duration, kind: PunctuationType) -> Cancellable;
+    /// The schedule whose punctuation runs now (`None` outside `punctuate`).
+    fn punctuation(&self) -> Option<&Cancellable> {
+        None
+    }
     /// Counts a record the node dropped on purpose (for example a null key).
     fn record_dropped(&mut self, reason: &'static str);
     /// The input record being processed (default values during punctuation).
@@ -255,10 +261,20 @@ impl<'a> TaskContext<'a> {
     }
 
     /// Asks for `punctuate` every `interval` of the given clock (Kafka Streams'
-    /// `schedule(Duration, PunctuationType, Punctuator)`); call it from `init`. Both clocks count
-    /// in whole milliseconds, so the interval is truncated to milliseconds, and is at least 1 ms.
-    pub fn schedule(&mut self, interval: Duration, kind: PunctuationType) {
-        self.host.schedule(interval, kind);
+    /// `schedule(Duration, PunctuationType, Punctuator)`), from `init`, `process` or
+    /// `punctuate`; the handle cancels it, and [`ProcessorContext::punctuation`] tells which of
+    /// several schedules fired. Both clocks count in whole milliseconds, so the interval is
+    /// truncated to milliseconds, and is at least 1 ms. Schedules live as long as the sub-task's
+    /// processors: after a restart or a factor change only those `init` makes exist again (as
+    /// in Kafka Streams, where a task's punctuators are not restored either).
+    pub fn schedule(&mut self, interval: Duration, kind: PunctuationType) -> Cancellable {
+        self.host.schedule(interval, kind)
+    }
+
+    /// The schedule whose punctuation runs now, during `punctuate`: compare it with the
+    /// handles `schedule` returned to tell several schedules apart.
+    pub fn punctuation(&self) -> Option<Cancellable> {
+        self.host.punctuation().cloned()
     }
 
     /// Counts a record dropped on purpose, under `reason` (a metric label).
@@ -616,3 +632,40 @@ mod tests {
         assert!(unerase::<i64, i64>(erase(Record::new("k".to_string(), 1i64))).is_err());
     }
 }
+
+/// A scheduled punctuation (Kafka Streams' `Cancellable`): [`Cancellable::cancel`] stops it;
+/// two handles are equal when they name the same schedule.
+#[derive(Clone, Debug)]
+pub struct Cancellable {
+    id: u64,
+    /// Set once by `cancel`; the sub-task drops the schedule before its next punctuation.
+    cancelled: Arc<AtomicBool>,
+}
+
+impl Cancellable {
+    /// A handle for the schedule numbered `id` (unique within its sub-task).
+    pub fn new(id: u64) -> Self {
+        Cancellable {
+            id,
+            cancelled: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Stops the punctuation: it does not fire again.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`Cancellable::cancel`] was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Relaxed)
+    }
+}
+
+impl PartialEq for Cancellable {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for Cancellable {}
