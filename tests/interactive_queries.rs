@@ -5,7 +5,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
@@ -291,33 +290,7 @@ proptest! {
     }
 }
 
-/// GET `path`: the status code and the JSON body.
-fn get_json(addr: SocketAddr, path: &str) -> (u16, Value) {
-    let (status, body) = common::http::get(addr, path);
-    let code = status
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("status line {status:?}"));
-    let json = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: body {body:?}: {e}"));
-    (code, json)
-}
-
-/// GET `path` until it answers `want` (the runtime may still be assigning or applying).
-fn await_status(addr: SocketAddr, path: &str, want: u16) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let (code, body) = get_json(addr, path);
-        if code == want {
-            return body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{path}: {code} {body}, want {want}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+use common::http::{await_status, get_json};
 
 /// The routes' status codes and bodies on a running runtime, and the typed errors from code.
 #[test]

@@ -60,3 +60,32 @@ pub fn sum(text: &str, name: &str, with: &[&str]) -> Option<f64> {
     }
     found
 }
+
+/// GET `path`: the status code and the JSON body.
+pub fn get_json(addr: SocketAddr, path: &str) -> (u16, serde_json::Value) {
+    let (status, body) = get(addr, path);
+    let code = status
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("status line {status:?}"));
+    let json = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: body {body:?}: {e}"));
+    (code, json)
+}
+
+/// GET `path` until it answers `want` (a runtime may still be assigning, applying, restoring or
+/// rebalancing: 503 and 404-moved are retried, as a client would), for at most 60 s.
+pub fn await_status(addr: SocketAddr, path: &str, want: u16) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (code, body) = get_json(addr, path);
+        if code == want {
+            return body;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{path}: {code} {body}, want {want}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -52,7 +52,7 @@ mod tests;
 
 use kafka::check_kafka;
 use redact::redact;
-use setting::{parse, AppId, MaxOpenFiles, Whole};
+use setting::{parse, AppId, ApplicationServer, MaxOpenFiles, Whole};
 use source::{parse_toml, DeError, Flat};
 
 use crate::engine::RecordErrorHandler;
@@ -190,6 +190,9 @@ pub struct Config {
     pub admin_enabled: bool,
     /// Whether the interactive-query routes are served (`interactive.queries.enabled`).
     pub interactive_queries_enabled: bool,
+    /// `host:port` other instances and clients reach this one at (`application.server`);
+    /// `None`: not published, not queryable from other instances.
+    pub application_server: Option<String>,
     /// How long the service waits with no broker connection up before it stops (`None`: for
     /// ever).
     pub brokers_unavailable_timeout: Option<Duration>,
@@ -334,7 +337,10 @@ settings! {
         doc "serve the admin routes on metrics.addr (`POST /admin/parallelising-factor`)";
     "interactive.queries.enabled" => interactive_queries_enabled: bool = false,
         shown "`false`",
-        doc "serve reads of the stores on metrics.addr (`GET /stores/{store}/keys/{key}`, `/range`, `/windows/{key}`; this instance's ranges only)";
+        doc "serve reads of the stores on metrics.addr (`GET /stores/{store}/keys/{key}`, `/range`, `/windows/{key}`; keys owned by another instance are forwarded to it, see `application.server`; `GET /metadata`)";
+    "application.server" => application_server: Option<ApplicationServer> = None,
+        shown "`unset`",
+        doc "Kafka Streams' key: the `host:port` other instances of the application and clients reach this one's HTTP endpoint at (its `metrics.addr`, as seen from them); published with the partitions this instance owns in the compacted topic `<application.id>-endpoints`, so that any instance tells the owner of a key (`query_metadata_for_key`, `GET /metadata`) and forwards a key query to it; unset, this instance is not published and nothing is forwarded to it";
 }
 
 /// One mebibyte.
@@ -559,6 +565,7 @@ impl ConfigBuilder {
             state_corruption_handler: s.state_corruption_handler,
             admin_enabled: s.admin_enabled,
             interactive_queries_enabled: s.interactive_queries_enabled,
+            application_server: s.application_server.map(|a| a.0),
             brokers_unavailable_timeout: s
                 .brokers_unavailable_timeout_ms
                 .map(|ms| Duration::from_millis(ms.0)),

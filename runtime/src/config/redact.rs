@@ -127,6 +127,12 @@ impl Config {
             self.interactive_queries_enabled.to_string(),
         );
         put(
+            "application.server",
+            self.application_server
+                .clone()
+                .unwrap_or_else(|| "unset".into()),
+        );
+        put(
             "brokers.unavailable.timeout.ms",
             self.brokers_unavailable_timeout
                 .map_or_else(|| "unset".into(), |d| d.as_millis().to_string()),

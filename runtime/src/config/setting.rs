@@ -42,6 +42,36 @@ impl Setting for AppId {
     }
 }
 
+/// `application.server`: `host:port`, where host is a name, an IPv4 address or a bracketed
+/// IPv6 address and port is 1 to 65535 (what other instances put in a URL's authority).
+#[derive(Debug)]
+pub(super) struct ApplicationServer(pub(super) String);
+
+impl Setting for ApplicationServer {
+    fn parse(text: &str) -> Result<Self, String> {
+        let what = || {
+            "`host:port` other instances reach this one's HTTP endpoint at (instance-1.example:9898, 10.0.0.5:9898, [::1]:9898)".to_string()
+        };
+        let text = text.trim();
+        let (host, port) = text.rsplit_once(':').ok_or_else(what)?;
+        let port_ok = port.parse::<u16>().is_ok_and(|p| p > 0);
+        let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+            None => {
+                !host.is_empty()
+                    && host
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || ".-_".contains(c))
+            }
+        };
+        if port_ok && host_ok {
+            Ok(ApplicationServer(text.to_string()))
+        } else {
+            Err(what())
+        }
+    }
+}
+
 /// A whole number of at least `MIN`.
 #[derive(Debug)]
 pub(super) struct Whole<const MIN: u64>(pub(super) u64);

@@ -435,3 +435,41 @@ fn exactly_once_v2_is_accepted_with_brokers_and_refused_where_it_cannot_hold() {
         .to_string();
     assert!(e.contains("at_least_once or exactly_once_v2"), "{e}");
 }
+
+#[test]
+fn application_server_takes_host_and_port_and_names_the_key_otherwise() {
+    let base = ConfigBuilder::new().set("application.id", "a");
+    for good in [
+        "localhost:9898",
+        "10.0.0.5:1",
+        "node-1.example.com:65535",
+        "[::1]:9898",
+    ] {
+        let c = base
+            .clone()
+            .set("application.server", good)
+            .build()
+            .unwrap_or_else(|e| panic!("{good}: {e}"));
+        assert_eq!(c.application_server.as_deref(), Some(good));
+    }
+    for bad in [
+        "localhost",
+        ":9898",
+        "host:0",
+        "host:99999",
+        "a b:1",
+        "[zz]:1",
+        "h:p",
+    ] {
+        let err = base
+            .clone()
+            .set("application.server", bad)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::BadValue { key, .. } if key == "application.server"),
+            "{bad}: {err:?}"
+        );
+    }
+    assert_eq!(base.build().expect("config").application_server, None);
+}

@@ -119,12 +119,14 @@ pub(crate) struct RangeSnapshot {
 
 impl Engine {
     /// The sub-tasks of `store` a read visits: every running range, or only each partition's
-    /// range of `hash` when given. Fails when the store is unknown (or a global store), or when
-    /// a partition of it is assigned here but restores (or waits for its other inputs).
+    /// range of `hash` when given. Fails when the store is unknown (or a global store), when a
+    /// partition of it is assigned here but restores (or waits for its other inputs), or when
+    /// `owning` (the partition the key's owner must run) is given and not assigned here.
     pub(crate) fn query_ranges(
         &self,
         store: &str,
         hash: Option<u64>,
+        owning: Option<u32>,
     ) -> Result<RangeSnapshot, QueryError> {
         let topology = &self.shared.topology;
         let Some(sub) = topology
@@ -145,6 +147,18 @@ impl Engine {
         };
         let mut ranges = Vec::new();
         let mut restoring = Vec::new();
+        if let Some(p) = owning {
+            let id = TaskId {
+                sub_topology: sub,
+                partition: p,
+            };
+            if !self.tasks.contains_key(&id) {
+                return Err(QueryError::NotOwned {
+                    store: store.to_string(),
+                    partition: p,
+                });
+            }
+        }
         for (id, task) in self.tasks.iter().filter(|(id, _)| id.sub_topology == sub) {
             if !task.is_running() {
                 restoring.push(id.partition);

@@ -10,6 +10,7 @@ pub(crate) mod client_log;
 pub(crate) mod committer;
 pub(crate) mod elastic;
 pub mod embedded;
+pub(crate) mod endpoints;
 pub mod global;
 pub mod metadata;
 pub(crate) mod producer;

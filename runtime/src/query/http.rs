@@ -14,15 +14,33 @@
 //! a store that restores (or a read that found its ranges busy or moving). Reads block (they
 //! wait for a range's batch in progress, see [`super`]), so they run off the async workers.
 //!
-//! Every route first asks [`Locate`] who answers a key. Only this instance does for now (its
-//! local ranges, [`LocalOnly`]); the cross-instance step plugs a locator in that knows the
-//! owners, and forwards a key owned elsewhere where the `Owner::Elsewhere` arm answers today.
+//! - `GET /metadata`: this instance's `application.server` and every instance the endpoint map
+//!   knows ([`super::metadata`]), with the partitions and stores each owns.
+//!
+//! The key routes (`keys`, `windows`) first ask [`Locate`] who owns the key. Without an
+//! endpoint map ([`LocalOnly`]) every local partition's range of the key is read. With one
+//! ([`super::Cluster`]):
+//!
+//! - the key's partition (murmur2 of the serialized key, as Kafka's default partitioner and
+//!   rill's sinks choose it) runs here: the key's range is read in every local partition (as
+//!   without a map), and the read checks under the engine lock that the key's partition is
+//!   still assigned here (else the answer is as below for a partition owned elsewhere);
+//! - another instance owns it: the request is forwarded there (proxy) with the header
+//!   [`FORWARDED_HEADER`] and the caller's `Authorization`, and its answer relayed with
+//!   `"forwarded_by"` added; a request that carries the header is never forwarded again (one
+//!   hop at most): it answers **404** `"error": "moved"` with `"owner"`;
+//! - nobody is known to own it (a rebalance in progress, an owner without
+//!   `application.server`), or the owner does not answer: **503** with `Retry-After`
+//!   (`owner_unknown`, `owner_unreachable`).
+//!
+//! Every key answer names the instance that read it (`served_by.instance`, header
+//! [`SERVED_BY_HEADER`]). Range scans read this instance's partitions only.
 
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -38,16 +56,39 @@ pub const DEFAULT_LIMIT: usize = 1000;
 /// Who answers for a key of a store.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Owner {
-    /// This instance, from its local ranges.
-    Local,
-    /// Another instance (`host:port`, as its `application.server` says).
-    Elsewhere(String),
+    /// This instance, from its local ranges: of the key's partition only when known.
+    Local(Option<u32>),
+    /// Another instance (`host:port`, as its `application.server` says) owns the key's
+    /// partition.
+    Elsewhere {
+        /// Its `application.server`.
+        server: String,
+        /// The key's partition.
+        partition: u32,
+    },
+    /// No instance is known to own the key's partition (a rebalance in progress, an owner
+    /// without `application.server`, an endpoint map still reading).
+    Unknown {
+        /// The key's partition.
+        partition: u32,
+    },
 }
 
-/// Decides which instance answers for a key; the seam of the cross-instance step.
+/// Decides which instance answers for a key; [`super::Cluster`] across instances.
 pub trait Locate: Send + Sync {
     /// The instance that owns `key` (serialized) of `store`.
     fn owner(&self, store: &str, key: &[u8]) -> Owner;
+
+    /// This instance's `application.server`, when set.
+    fn me(&self) -> Option<String> {
+        None
+    }
+
+    /// Whether the endpoint map read its whole topic once, and every published instance;
+    /// `None` when this instance keeps no endpoint map.
+    fn metadata(&self) -> Option<(bool, Vec<super::StreamsMetadata>)> {
+        None
+    }
 }
 
 /// Every key is answered from this instance's ranges.
@@ -55,9 +96,21 @@ pub struct LocalOnly;
 
 impl Locate for LocalOnly {
     fn owner(&self, _store: &str, _key: &[u8]) -> Owner {
-        Owner::Local
+        Owner::Local(None)
     }
 }
+
+/// The header that marks a request one instance forwarded to another (its value: the
+/// forwarding instance's `application.server`, or `unknown`). A forwarded request is never
+/// forwarded again: one hop at most.
+pub const FORWARDED_HEADER: &str = "x-rill-forwarded-by";
+
+/// The header of every key answer that names the instance that read the value.
+pub const SERVED_BY_HEADER: &str = "x-rill-served-by";
+
+/// How long a forward waits to connect to the owner, and for its whole answer.
+const FORWARD_CONNECT: Duration = Duration::from_secs(2);
+const FORWARD_ANSWER: Duration = Duration::from_secs(10);
 
 /// What the query routes read: the engine once the runtime has one, the renderings, the locator.
 #[derive(Clone)]
@@ -78,6 +131,12 @@ impl QueryRoutes {
         }
     }
 
+    /// The same routes, asking `locate` who owns each key.
+    pub fn with_locate(mut self, locate: Arc<dyn Locate>) -> Self {
+        self.locate = locate;
+        self
+    }
+
     /// Starts answering from `engine`.
     pub fn serve(&self, engine: Arc<dyn EngineAccess>) {
         let _ = self.engine.set(engine);
@@ -87,6 +146,11 @@ impl QueryRoutes {
         let access = self.engine.get().ok_or(QueryError::NotRunning)?;
         Ok(StoreReader::new(access.clone(), store))
     }
+
+    /// This instance's name in answers.
+    fn instance(&self) -> String {
+        self.locate.me().unwrap_or_else(|| "local".into())
+    }
 }
 
 /// The routes, to merge into the endpoint's router.
@@ -95,10 +159,11 @@ pub fn routes(q: QueryRoutes) -> Router {
         .route("/stores/{store}/keys/{key}", get(key_route))
         .route("/stores/{store}/range", get(range_route))
         .route("/stores/{store}/windows/{key}", get(windows_route))
+        .route("/metadata", get(metadata_route))
         .with_state(q)
 }
 
-/// An answer that is not a 200.
+/// An answer that is not a local 200: a refusal, or an answer relayed from the owner.
 struct Refusal {
     status: StatusCode,
     outcome: &'static str,
@@ -126,6 +191,7 @@ impl From<QueryError> for Refusal {
             QueryError::Restoring { .. }
             | QueryError::Busy { .. }
             | QueryError::Moved { .. }
+            | QueryError::NotOwned { .. }
             | QueryError::NotRunning => StatusCode::SERVICE_UNAVAILABLE,
         };
         let mut body = json!({ "error": e.outcome(), "message": e.to_string() });
@@ -143,10 +209,10 @@ impl From<QueryError> for Refusal {
     }
 }
 
-/// The JSON of where a value was read.
-fn served_json(s: &Served) -> Value {
+/// The JSON of where a value was read, by `instance`.
+fn served_json(instance: &str, s: &Served) -> Value {
     json!({
-        "instance": "local",
+        "instance": instance,
         "partition": s.partition,
         "range": {
             "index": s.index,
@@ -181,6 +247,11 @@ async fn serve(
         Ok(body) => (StatusCode::OK, "local", body, None),
         Err(r) => (r.status, r.outcome, r.body, r.retry_after),
     };
+    let served_by = body
+        .get("served_by")
+        .and_then(|s| s.get("instance"))
+        .and_then(Value::as_str)
+        .and_then(|s| HeaderValue::from_str(s).ok());
     // A name the topology lacks is not a label: a client could make up any number of them.
     let label = match outcome {
         "unknown_store" => "unknown".to_string(),
@@ -201,11 +272,85 @@ async fn serve(
             .headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
+    if let Some(v) = served_by {
+        response.headers_mut().insert(SERVED_BY_HEADER, v);
+    }
     response
 }
 
-/// Parses `key` with the store's key rendering and checks that this instance answers for it.
-fn local_key(q: &QueryRoutes, store: &str, key: &str) -> Result<Vec<u8>, Refusal> {
+/// How a key request arrived: the path and query to forward, whether another instance
+/// forwarded it already, the credentials to carry on.
+struct Incoming {
+    path: String,
+    forwarded: bool,
+    authorization: Option<String>,
+}
+
+impl Incoming {
+    fn new(uri: &Uri, headers: &HeaderMap) -> Self {
+        Incoming {
+            path: uri
+                .path_and_query()
+                .map_or_else(|| uri.path().to_string(), |p| p.as_str().to_string()),
+            forwarded: headers.contains_key(FORWARDED_HEADER),
+            authorization: headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+        }
+    }
+}
+
+/// Where a key is answered: here (the reader restricted to the key's partition when known),
+/// or the owner's answer relayed (as a [`Refusal`] carrying its status).
+enum Route {
+    Here(Vec<u8>, StoreReader),
+    Relayed(Refusal),
+}
+
+/// 404 `moved`: the key's partition is owned by `owner`, not here.
+fn moved(store: &str, key: &str, partition: u32, owner: &str) -> Refusal {
+    Refusal {
+        status: StatusCode::NOT_FOUND,
+        outcome: "moved",
+        body: json!({ "error": "moved", "store": store, "key": key, "partition": partition,
+            "owner": owner,
+            "message": format!("partition {partition} of key `{key}` is owned by {owner}: ask it") }),
+        retry_after: None,
+    }
+}
+
+/// 503 `owner_unknown`: no instance is known to own the key's partition right now.
+fn owner_unknown(store: &str, key: &str, partition: u32) -> Refusal {
+    Refusal {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        outcome: "owner_unknown",
+        body: json!({ "error": "owner_unknown", "store": store, "key": key, "partition": partition,
+            "message": format!("no instance is known to own partition {partition} of key `{key}` (a rebalance in progress, or an owner without application.server): retry shortly") }),
+        retry_after: Some(super::RETRY_AFTER.as_secs().max(1)),
+    }
+}
+
+/// What to answer for a read here that found the key's partition gone: the new owner's name,
+/// as the locator knows it now.
+fn gone(q: &QueryRoutes, store: &str, key: &str, bytes: &[u8], partition: u32) -> Refusal {
+    match q.locate.owner(store, bytes) {
+        Owner::Elsewhere { server, partition } => moved(store, key, partition, &server),
+        Owner::Unknown { partition } => owner_unknown(store, key, partition),
+        // Assigned again meanwhile.
+        Owner::Local(_) => owner_unknown(store, key, partition),
+    }
+}
+
+/// Parses `key` with the store's key rendering and decides who answers it: this instance, or
+/// the owner (the request forwarded once; a forwarded request found elsewhere answers moved).
+fn route_key(
+    q: &QueryRoutes,
+    store: &str,
+    key: &str,
+    reader: StoreReader,
+    incoming: &Incoming,
+) -> Result<Route, Refusal> {
     let (rendering, _) = q.renderings.of(store);
     let bytes = rendering.parse(key).map_err(|e| {
         Refusal::bad_request(
@@ -214,44 +359,182 @@ fn local_key(q: &QueryRoutes, store: &str, key: &str) -> Result<Vec<u8>, Refusal
         )
     })?;
     match q.locate.owner(store, &bytes) {
-        Owner::Local => Ok(bytes),
-        // The cross-instance step forwards here instead.
-        Owner::Elsewhere(instance) => Err(Refusal {
-            status: StatusCode::NOT_IMPLEMENTED,
-            outcome: "elsewhere",
-            body: json!({ "error": "elsewhere", "instance": instance,
-                "message": format!("key `{key}` is owned by {instance}; forwarding is not built yet") }),
-            retry_after: None,
-        }),
+        Owner::Local(None) => Ok(Route::Here(bytes, reader)),
+        Owner::Local(Some(p)) => Ok(Route::Here(bytes, reader.owning(p))),
+        Owner::Unknown { partition } => Err(owner_unknown(store, key, partition)),
+        Owner::Elsewhere { server, partition } if incoming.forwarded => {
+            Err(moved(store, key, partition, &server))
+        }
+        Owner::Elsewhere { server, partition } => Ok(Route::Relayed(relay(
+            q, store, key, partition, &server, incoming,
+        ))),
     }
+}
+
+/// Forwards the request to `server` and relays its answer, with `forwarded_by` added.
+fn relay(
+    q: &QueryRoutes,
+    store: &str,
+    key: &str,
+    partition: u32,
+    server: &str,
+    incoming: &Incoming,
+) -> Refusal {
+    let me = q.instance();
+    match forward(
+        server,
+        &incoming.path,
+        &me,
+        incoming.authorization.as_deref(),
+    ) {
+        Ok((status, retry_after, body)) => {
+            let mut body: Value = serde_json::from_str(&body).unwrap_or_else(
+                |_| json!({ "error": "bad_answer", "message": format!("{server} answered {status} with a body that is not JSON") }),
+            );
+            if let Some(o) = body.as_object_mut() {
+                o.insert("forwarded_by".into(), json!(me));
+            }
+            let outcome = match (status, body.get("error").and_then(Value::as_str)) {
+                (200, _) => "forwarded",
+                (_, Some("moved")) => "moved",
+                _ => "forwarded_refused",
+            };
+            Refusal {
+                status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+                outcome,
+                body,
+                retry_after,
+            }
+        }
+        Err(e) => Refusal {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            outcome: "owner_unreachable",
+            body: json!({ "error": "owner_unreachable", "store": store, "key": key,
+                "partition": partition, "owner": server,
+                "message": format!("the owner {server} of partition {partition} did not answer: {e}; retry shortly") }),
+            retry_after: Some(super::RETRY_AFTER.as_secs().max(1)),
+        },
+    }
+}
+
+/// `GET path` at `server` over HTTP/1.1 (one request per connection, as rill's endpoint
+/// answers), marked forwarded; the status, `Retry-After` and body of its answer.
+fn forward(
+    server: &str,
+    path: &str,
+    me: &str,
+    authorization: Option<&str>,
+) -> Result<(u16, Option<u64>, String), String> {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<_> = server
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve: {e}"))?
+        .collect();
+    let mut last = String::from("no address");
+    let mut stream = None;
+    for a in addrs {
+        match std::net::TcpStream::connect_timeout(&a, FORWARD_CONNECT) {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => last = format!("connect {a}: {e}"),
+        }
+    }
+    let mut s = stream.ok_or(last)?;
+    s.set_read_timeout(Some(FORWARD_ANSWER))
+        .map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(FORWARD_ANSWER))
+        .map_err(|e| e.to_string())?;
+    let auth = authorization.map_or_else(String::new, |a| format!("Authorization: {a}\r\n"));
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {server}\r\nConnection: close\r\n{FORWARDED_HEADER}: {me}\r\n{auth}\r\n"
+    )
+    .map_err(|e| format!("write: {e}"))?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).map_err(|e| format!("read: {e}"))?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or("an answer without a head")?;
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse::<u16>().ok())
+        .ok_or("an answer without a status")?;
+    let retry_after = lines
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("retry-after"))
+        .and_then(|(_, v)| v.trim().parse().ok());
+    Ok((status, retry_after, body.to_string()))
 }
 
 async fn key_route(
     Path((store, key)): Path<(String, String)>,
     State(q): State<QueryRoutes>,
+    uri: Uri,
+    headers: HeaderMap,
 ) -> Response {
+    let incoming = Incoming::new(&uri, &headers);
     serve("keys", q, store, move |q, store| {
         let reader = q.reader(store)?;
         reader.expect_kind("key-value", |k| *k == StoreKind::KeyValue)?;
-        let bytes = local_key(q, store, &key)?;
+        let (bytes, reader) = match route_key(q, store, &key, reader, &incoming)? {
+            Route::Here(bytes, reader) => (bytes, reader),
+            Route::Relayed(answer) => return Err(answer),
+        };
         let (_, values) = q.renderings.of(store);
-        match reader.get(&bytes)? {
+        let found = match reader.get(&bytes) {
+            Err(QueryError::NotOwned { partition, .. }) => {
+                return Err(gone(q, store, &key, &bytes, partition))
+            }
+            found => found?,
+        };
+        match found {
             Some((value, served)) => Ok(json!({
                 "store": store,
                 "key": key,
                 "value": values.render(&value),
-                "served_by": served_json(&served),
+                "served_by": served_json(&q.instance(), &served),
             })),
             None => Err(Refusal {
                 status: StatusCode::NOT_FOUND,
                 outcome: "not_found",
                 body: json!({ "error": "key_not_found", "store": store, "key": key,
+                    "served_by": { "instance": q.instance() },
                     "message": format!("key `{key}` is not in store `{store}` on this instance's ranges") }),
                 retry_after: None,
             }),
         }
     })
     .await
+}
+
+/// `GET /metadata`: this instance and every instance the endpoint map knows, with the
+/// partitions and stores each owns.
+async fn metadata_route(State(q): State<QueryRoutes>) -> Response {
+    let body = match q.locate.metadata() {
+        Some((caught_up, all)) => json!({
+            "instance": q.locate.me(),
+            "caught_up": caught_up,
+            "instances": all,
+        }),
+        None => json!({
+            "instance": q.locate.me(),
+            "caught_up": false,
+            "instances": [],
+            "message": "this instance keeps no endpoint map (application.server unset and interactive queries off)",
+        }),
+    };
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        format!("{body}\n"),
+    )
+        .into_response()
 }
 
 async fn range_route(
@@ -287,7 +570,7 @@ async fn range_route(
             .iter()
             .take(limit)
             .map(|(k, v, served)| {
-                json!({ "key": keys.render(k), "value": values.render(v), "served_by": served_json(served) })
+                json!({ "key": keys.render(k), "value": values.render(v), "served_by": served_json(&q.instance(), served) })
             })
             .collect();
         Ok(json!({ "store": store, "count": shown.len(), "truncated": truncated, "entries": shown }))
@@ -299,7 +582,10 @@ async fn windows_route(
     Path((store, key)): Path<(String, String)>,
     RawQuery(query): RawQuery,
     State(q): State<QueryRoutes>,
+    uri: Uri,
+    headers: HeaderMap,
 ) -> Response {
+    let incoming = Incoming::new(&uri, &headers);
     serve("windows", q, store, move |q, store| {
         let params = Params::parse(store, query.as_deref())?;
         let (from, to) = (params.number("from")?, params.number("to")?);
@@ -309,15 +595,24 @@ async fn windows_route(
         else {
             unreachable!("checked above")
         };
-        let bytes = local_key(q, store, &key)?;
+        let (bytes, reader) = match route_key(q, store, &key, reader, &incoming)? {
+            Route::Here(bytes, reader) => (bytes, reader),
+            Route::Relayed(answer) => return Err(answer),
+        };
         let (_, values) = q.renderings.of(store);
-        let per_range = reader.read_timed(Some(&bytes), |t| {
+        let per_range = match reader.read_timed(Some(&bytes), |t| {
             WindowBytes::open(t)?.fetch(&bytes, from.unwrap_or(i64::MIN), to.unwrap_or(i64::MAX))
-        })?;
+        }) {
+            Err(QueryError::NotOwned { partition, .. }) => {
+                return Err(gone(q, store, &key, &bytes, partition))
+            }
+            r => r?,
+        };
+        let instance = q.instance();
         let mut windows: Vec<(i64, Value)> = per_range
             .iter()
             .flat_map(|(served, found)| {
-                let values = &values;
+                let (values, instance) = (&values, &instance);
                 found.iter().map(move |(start, v)| {
                     // The DSL's window stores keep the window's timestamp before the value.
                     let v = if spec.timestamped { v.get(8..).unwrap_or_default() } else { v };
@@ -325,7 +620,7 @@ async fn windows_route(
                         "start": start,
                         "end": start.saturating_add(spec.window_size_ms),
                         "value": values.render(v),
-                        "served_by": served_json(served),
+                        "served_by": served_json(instance, served),
                     }))
                 })
             })

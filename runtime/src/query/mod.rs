@@ -20,8 +20,9 @@
 //! - Ranges are read one after the other, each at its own point: a scan is not a snapshot of
 //!   the whole store at one instant.
 //! - Only **local** state: partitions assigned to other instances are not visited (the answer
-//!   says which partitions and ranges served it). Finding and asking the owner of a key is a
-//!   later step (see [`http`]'s `Locate`).
+//!   says which partitions and ranges served it). Over HTTP, with the endpoint map of
+//!   [`metadata`] (`application.server`), a key is read in its own partition only, at the
+//!   instance that owns it: another instance forwards the request there (see [`http`]).
 //! - A store with a partition assigned here that restores from its changelog (or waits for its
 //!   co-partitioned inputs) answers [`QueryError::Restoring`]: retry later. Global stores are
 //!   not served yet ([`QueryError::UnknownStore`]).
@@ -41,7 +42,9 @@
 //!    (a factor change or a revocation replaces ranges, and replaced ranges never come back); if
 //!    not, it starts over, at most [`ATTEMPTS`] times ([`QueryError::Moved`] after).
 
+mod cluster;
 mod http;
+pub mod metadata;
 mod render;
 mod stores;
 
@@ -56,7 +59,9 @@ use rill_topology::KeyRange;
 
 use crate::engine::Engine;
 
-pub use http::{routes, LocalOnly, Locate, Owner, QueryRoutes, DEFAULT_LIMIT};
+pub use cluster::{Cluster, StoreSource};
+pub use http::{routes, LocalOnly, Locate, Owner, QueryRoutes, DEFAULT_LIMIT, FORWARDED_HEADER};
+pub use metadata::{KeyQueryMetadata, StreamsMetadata};
 pub use render::{Rendering, StoreRenderings};
 pub use stores::{
     ReadOnlyKeyValueStore, ReadOnlySessionStore, ReadOnlyVersionedStore, ReadOnlyWindowStore,
@@ -115,6 +120,17 @@ pub enum QueryError {
         /// The store.
         store: String,
     },
+    /// The partition of the key is not assigned to this instance (any more): see
+    /// [`KeyQueryMetadata`] for its owner.
+    #[error(
+        "partition {partition} of store `{store}` is not assigned to this instance (any more)"
+    )]
+    NotOwned {
+        /// The store.
+        store: String,
+        /// The key's partition.
+        partition: u32,
+    },
     /// The runtime is not processing yet (or any more).
     #[error("the runtime is not running: retry shortly")]
     NotRunning,
@@ -141,6 +157,7 @@ impl QueryError {
             QueryError::Restoring { .. }
             | QueryError::Busy { .. }
             | QueryError::Moved { .. }
+            | QueryError::NotOwned { .. }
             | QueryError::NotRunning => Some(RETRY_AFTER),
             _ => None,
         }
@@ -154,6 +171,7 @@ impl QueryError {
             QueryError::Restoring { .. } => "restoring",
             QueryError::Busy { .. } => "busy",
             QueryError::Moved { .. } => "moved",
+            QueryError::NotOwned { .. } => "moved",
             QueryError::NotRunning => "not_running",
             QueryError::Serde { .. } => "serde_error",
             QueryError::Store(_) => "store_error",
@@ -201,6 +219,9 @@ pub type ServedEntry = (Vec<u8>, Vec<u8>, Served);
 pub struct StoreReader {
     access: Arc<dyn EngineAccess>,
     store: String,
+    /// The partition this instance must run for the read to answer (the key's partition, as
+    /// its owner checks at answer time).
+    partition: Option<u32>,
 }
 
 impl StoreReader {
@@ -209,7 +230,17 @@ impl StoreReader {
         StoreReader {
             access,
             store: store.to_string(),
+            partition: None,
         }
+    }
+
+    /// The same reader, answering only while `partition` is assigned here
+    /// ([`QueryError::NotOwned`] otherwise; checked under the engine lock with the ranges to
+    /// read). A key is still looked up in every local partition's range of it: a topic written
+    /// with another partitioner than murmur2 keeps its keys readable where they are.
+    pub fn owning(mut self, partition: u32) -> Self {
+        self.partition = Some(partition);
+        self
     }
 
     /// The store's name.
@@ -224,7 +255,7 @@ impl StoreReader {
         self.access.with_engine(&mut |e| {
             kind = e.query_store_kind(&self.store);
             // Names the known stores when absent (and sees global stores as unknown).
-            ranges = e.query_ranges(&self.store, Some(0)).map(|_| ());
+            ranges = e.query_ranges(&self.store, Some(0), None).map(|_| ());
         })?;
         match (kind, ranges) {
             (_, Err(e @ QueryError::UnknownStore { .. })) | (None, Err(e)) => Err(e),
@@ -270,7 +301,9 @@ impl StoreReader {
         for _ in 0..ATTEMPTS {
             let mut snapshot = None;
             self.access
-                .with_engine(&mut |e| snapshot = Some(e.query_ranges(&self.store, hash)))
+                .with_engine(&mut |e| {
+                    snapshot = Some(e.query_ranges(&self.store, hash, self.partition))
+                })
                 .map_err(fill)?;
             let snapshot = snapshot.expect("with_engine ran")?;
             let mut out = Vec::with_capacity(snapshot.ranges.len());

@@ -322,7 +322,14 @@ impl Runtime {
         // Before anything registers metric handles: handles taken earlier would be no-ops.
         let control = ControlPlane::new()?;
         let (factor_control, factor_requests) = FactorControl::new();
-        let queries = crate::query::QueryRoutes::new(self.renderings.clone());
+        // Who owns which partitions, across the instances (application.server).
+        let owners = self
+            .endpoints_enabled()
+            .then(|| Arc::new(crate::query::Cluster::new(c.application_server.clone())));
+        let mut queries = crate::query::QueryRoutes::new(self.renderings.clone());
+        if let Some(owners) = &owners {
+            queries = queries.with_locate(owners.clone());
+        }
         let http = match c.metrics_addr {
             MetricsAddr::Off => None,
             MetricsAddr::On(addr) => {
@@ -333,7 +340,7 @@ impl Runtime {
                 }
                 if c.interactive_queries_enabled {
                     routes = routes.merge(crate::query::routes(queries.clone()));
-                    tracing::info!("interactive queries enabled: GET /stores/{{store}}/keys/{{key}}, /range, /windows/{{key}}");
+                    tracing::info!(application_server = ?c.application_server, "interactive queries enabled: GET /stores/{{store}}/keys/{{key}}, /range, /windows/{{key}}, /metadata");
                 }
                 let server = HttpServer::start(addr, control.handle(), routes)?;
                 tracing::info!(addr = %server.local_addr(), "serving /metrics, /health and /ready");
@@ -466,6 +473,26 @@ impl Runtime {
         crate::kafka::global::start(global_config, engine.global_stores())?;
         let engine = Arc::new(Mutex::new(engine));
         queries.serve(engine.clone());
+        let endpoints = match &owners {
+            Some(owners) => {
+                owners.set_stores(self.store_sources(&partitions));
+                owners.serve(engine.clone());
+                let topics: Vec<Vec<String>> = self
+                    .topology
+                    .sub_topologies()
+                    .iter()
+                    .map(|s| s.sources.iter().map(|(t, _)| self.resolve(t)).collect())
+                    .collect();
+                Some(crate::kafka::endpoints::EndpointsChannel::start(
+                    &client_config(&self.bootstrap, &c.kafka),
+                    crate::query::metadata::endpoints_topic(&c.application_id),
+                    owners.clone(),
+                    engine.clone(),
+                    topics,
+                )?)
+            }
+            None => None,
+        };
         let mut cfg = client_config(&self.bootstrap, &c.kafka);
         // A sub-topology with several inputs needs partition p of each on one member: `range`
         // assigns them together (co-partitioning); other topologies keep incremental rebalancing.
@@ -651,8 +678,43 @@ impl Runtime {
             http,
             control,
             factor_control,
+            cluster: owners,
+            endpoints,
             _temp_state: temp_state,
         })
+    }
+
+    /// Whether this instance keeps the endpoint map (and publishes into it with
+    /// `application.server`): with `application.server` or the interactive-query routes.
+    fn endpoints_enabled(&self) -> bool {
+        self.config.application_server.is_some() || self.config.interactive_queries_enabled
+    }
+
+    /// Where each store's records come from, for the owner of a key.
+    fn store_sources(
+        &self,
+        partitions: &BTreeMap<String, u32>,
+    ) -> BTreeMap<String, crate::query::StoreSource> {
+        let mut out = BTreeMap::new();
+        for (i, st) in self.topology.sub_topologies().iter().enumerate() {
+            let topics: Vec<String> = st.sources.iter().map(|(t, _)| self.resolve(t)).collect();
+            let n = topics
+                .iter()
+                .filter_map(|t| partitions.get(t).copied())
+                .max()
+                .unwrap_or(1);
+            for store in &st.stores {
+                out.insert(
+                    store.clone(),
+                    crate::query::StoreSource {
+                        sub_topology: i,
+                        topics: topics.clone(),
+                        partitions: n,
+                    },
+                );
+            }
+        }
+        out
     }
 
     /// Runs until SIGTERM or SIGINT, then drains, commits and returns; a second signal exits at

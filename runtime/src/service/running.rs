@@ -16,8 +16,8 @@ use crate::health::Health;
 use crate::http::HttpServer;
 use crate::kafka::source::SourceError;
 use crate::query::{
-    EngineAccess, QueryError, ReadOnlyKeyValueStore, ReadOnlySessionStore, ReadOnlyVersionedStore,
-    ReadOnlyWindowStore,
+    EngineAccess, KeyQueryMetadata, QueryError, ReadOnlyKeyValueStore, ReadOnlySessionStore,
+    ReadOnlyVersionedStore, ReadOnlyWindowStore, StreamsMetadata,
 };
 use rill_topology::serdes::Serde;
 
@@ -33,6 +33,11 @@ pub struct RunningRuntime {
     pub(super) control: ControlPlane,
     /// Asks the source loop for live changes of the parallelising factor.
     pub(super) factor_control: FactorControl,
+    /// Who owns which partitions across the instances (with `application.server` or the
+    /// query routes).
+    pub(super) cluster: Option<Arc<crate::query::Cluster>>,
+    /// Reads and publishes the endpoints topic; stopped (a tombstone published) after the loop.
+    pub(super) endpoints: Option<crate::kafka::endpoints::EndpointsChannel>,
     /// The throwaway state dir of a demo on the embedded cluster, removed when the runtime is.
     pub(super) _temp_state: Option<tempfile::TempDir>,
 }
@@ -129,6 +134,39 @@ impl RunningRuntime {
         ReadOnlyVersionedStore::new(self.access(), store, key_serde, value_serde).checked()
     }
 
+    /// Where `key` of `store` lives (Kafka Streams' `queryMetadataForKey`): the partition of
+    /// the store's input topic it is in (murmur2 of the serialized key, as rill's sinks and
+    /// Java producers partition), the instance that owns it (`application.server`; this one
+    /// when `local`), and its key range at the owner's factor. Needs `application.server` or
+    /// `interactive.queries.enabled` (the endpoint map); see [`crate::query::metadata`] for
+    /// how current the owner is.
+    pub fn query_metadata_for_key<K>(
+        &self,
+        store: &str,
+        key: &K,
+        key_serde: impl Serde<K>,
+    ) -> Result<KeyQueryMetadata, QueryError> {
+        let cluster = self.cluster.as_ref().ok_or(QueryError::NotRunning)?;
+        let bytes = key_serde
+            .serialize(key)
+            .map_err(|source| QueryError::Serde {
+                store: store.to_string(),
+                what: "key",
+                source,
+            })?;
+        cluster.key_metadata(store, &bytes)
+    }
+
+    /// Every instance of the application the endpoint map knows, with the partitions and stores
+    /// it owns (Kafka Streams' `metadataForAllStreamsClients`); empty without
+    /// `application.server` and `interactive.queries.enabled`.
+    pub fn all_metadata(&self) -> Vec<StreamsMetadata> {
+        self.cluster
+            .as_ref()
+            .map(|c| c.all_metadata())
+            .unwrap_or_default()
+    }
+
     fn access(&self) -> Arc<dyn EngineAccess> {
         self.engine.clone()
     }
@@ -164,6 +202,8 @@ impl RunningRuntime {
             Some(t) => t.join().map_err(|_| RuntimeError::Panicked)?,
             None => Ok(()),
         };
+        // Every task is closed: publish that, then the tombstone.
+        drop(self.endpoints.take());
         self.health.set_stopping();
         tracing::info!("stopped");
         r.map_err(RuntimeError::from)

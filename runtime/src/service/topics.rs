@@ -93,7 +93,26 @@ impl Runtime {
             .chain(&changelogs)
             .map(|(n, _)| n.clone())
             .collect();
+        // The endpoint map's topic: one partition, so its offsets order every instance's records.
+        let endpoints = self
+            .endpoints_enabled()
+            .then(|| crate::query::metadata::endpoints_topic(&self.config.application_id));
+        let mut names = names;
+        names.extend(endpoints.clone());
         let existing = partition_counts(&cfg, &names, REQUEST_TIMEOUT)?;
+        if let Some(name) = &endpoints {
+            if let Some(Some(have)) = existing.get(name) {
+                if *have != 1 {
+                    return Err(RuntimeError::InternalTopic {
+                        topic: name.clone(),
+                        problem: format!(
+                            "has {have} partitions, but the endpoint map needs one (its offsets \
+                             order the instances' records)"
+                        ),
+                    });
+                }
+            }
+        }
         for (name, want) in to_create.iter().chain(&changelogs) {
             if let Some(Some(have)) = existing.get(name) {
                 if have != want {
@@ -111,6 +130,9 @@ impl Runtime {
             Some(cluster) => {
                 for (name, n) in to_create.iter().chain(&changelogs) {
                     cluster.create_topic(name, *n)?;
+                }
+                if let Some(name) = &endpoints {
+                    cluster.create_topic(name, 1)?;
                 }
             }
             None => {
@@ -147,6 +169,14 @@ impl Runtime {
                     ],
                     REQUEST_TIMEOUT,
                 )?;
+                if let Some(name) = &endpoints {
+                    create_topics_with(
+                        &cfg,
+                        &[(name.clone(), 1)],
+                        &[("cleanup.policy", "compact")],
+                        REQUEST_TIMEOUT,
+                    )?;
+                }
             }
         }
         Ok(partitions)
