@@ -37,7 +37,7 @@ pub use driver::{
     TestVersionedStore, TestWindowStore,
 };
 pub use engine::{EngineError, RecordErrorHandler};
-pub use health::Health;
+pub use health::{Health, StateListener, StreamsState};
 pub use http::HttpError;
 pub use kafka::producer::ProducerError;
 pub use kafka::source::SourceError;

@@ -126,6 +126,7 @@ impl ConsumerContext for SourceContext {
         // Revoking waits for sub-tasks: records of the poll burst must have their jobs first.
         crate::engine::Burst::release();
         self.rebalances.fetch_add(1, Ordering::Relaxed);
+        self.health.set_rebalancing(true);
         crate::metrics::record_rebalance();
         let cooperative = matches!(
             consumer.rebalance_protocol(),
@@ -184,6 +185,7 @@ impl ConsumerContext for SourceContext {
             }
             Ok(()) => {}
         }
+        self.health.set_rebalancing(false);
     }
 }
 

@@ -239,6 +239,8 @@ pub struct Runtime {
     embedded: Option<EmbeddedCluster>,
     /// How the interactive-query routes show each store's keys and values.
     renderings: crate::query::StoreRenderings,
+    /// Told each change of the runtime's state.
+    state_listener: Option<crate::health::StateListener>,
 }
 
 impl Runtime {
@@ -272,7 +274,22 @@ impl Runtime {
             bootstrap,
             embedded,
             renderings: Default::default(),
+            state_listener: None,
         })
+    }
+
+    /// Tells `listener(new, old)` each change of the runtime's state once it starts
+    /// (Kafka Streams' `setStateListener`): `Created` -> `Rebalancing` (joining, restoring) ->
+    /// `Running`, back to `Rebalancing` during a rebalance, `PendingShutdown` -> `NotRunning`,
+    /// or `Error`. It runs on the thread that made the change: keep it short.
+    pub fn set_state_listener(
+        &mut self,
+        listener: impl Fn(crate::health::StreamsState, crate::health::StreamsState)
+            + Send
+            + Sync
+            + 'static,
+    ) {
+        self.state_listener = Some(Arc::new(listener));
     }
 
     /// Shows keys of `store` in the interactive-query routes' URLs and answers with `key`, its
@@ -318,7 +335,7 @@ impl Runtime {
     /// Starts processing on a background thread.
     pub fn start(&self) -> Result<RunningRuntime, RuntimeError> {
         let c = &self.config;
-        let health = Arc::new(Health::new());
+        let health = Arc::new(Health::with_listener(self.state_listener.clone()));
         // Before anything registers metric handles: handles taken earlier would be no-ops.
         let control = ControlPlane::new()?;
         let (factor_control, factor_requests) = FactorControl::new();

@@ -171,6 +171,11 @@ impl RunningRuntime {
         self.engine.clone()
     }
 
+    /// The runtime's state (Kafka Streams' `KafkaStreams#state`).
+    pub fn state(&self) -> crate::health::StreamsState {
+        self.health.state()
+    }
+
     /// Liveness and readiness (the changelog restore holds readiness back through it).
     pub fn health(&self) -> &Arc<Health> {
         &self.health
@@ -205,6 +210,7 @@ impl RunningRuntime {
         // Every task is closed: publish that, then the tombstone.
         drop(self.endpoints.take());
         self.health.set_stopping();
+        self.health.set_stopped();
         tracing::info!("stopped");
         r.map_err(RuntimeError::from)
     }
