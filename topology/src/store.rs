@@ -322,6 +322,42 @@ impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
         self.inner.delete(&k)
     }
 
+    /// Sets `key` to `value` unless it has a value, which it returns (Kafka Streams'
+    /// `putIfAbsent`).
+    pub fn put_if_absent(&mut self, key: &K, value: &V) -> Result<Option<V>, StoreError> {
+        match self.get(key)? {
+            Some(old) => Ok(Some(old)),
+            None => self.put(key, value).map(|()| None),
+        }
+    }
+
+    /// Sets every key of `entries` to its value, in order (Kafka Streams' `putAll`).
+    pub fn put_all<'e>(
+        &mut self,
+        entries: impl IntoIterator<Item = (&'e K, &'e V)>,
+    ) -> Result<(), StoreError>
+    where
+        K: 'e,
+        V: 'e,
+    {
+        for (k, v) in entries {
+            self.put(k, v)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the entries of this sub-task's range with keys from `from` to `to` (both
+    /// included, in serialized-key order as [`KeyValueStore::range`]); returns how many. Each
+    /// goes as a delete of its own (a tombstone in the changelog).
+    pub fn delete_range(&mut self, from: &K, to: &K) -> Result<usize, StoreError> {
+        let (f, t) = (self.serdes.key(from)?, self.serdes.key(to)?);
+        let doomed = self.inner.range(Bound::Included(&f), Bound::Included(&t))?;
+        for (k, _) in &doomed {
+            self.inner.delete(k)?;
+        }
+        Ok(doomed.len())
+    }
+
     /// Every entry of this sub-task's range, in key-byte order.
     pub fn all(&self) -> Result<Vec<(K, V)>, StoreError> {
         self.decode(self.inner.all()?)
@@ -367,6 +403,25 @@ impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 42, item 5: `put_if_absent` keeps a present value, `put_all` puts each entry,
+    /// `delete_range` removes exactly the keys of its bounds.
+    #[test]
+    fn put_if_absent_put_all_and_delete_range_do_what_kafka_streams_users_expect() {
+        use crate::serdes::{I64Serde, StringSerde};
+        let mut bytes = MemoryKeyValue::new("s");
+        let mut store = KeyValueStore::new(&mut bytes, &StringSerde, &I64Serde);
+        let keys: Vec<String> = ["a", "b", "c", "d"].iter().map(|k| k.to_string()).collect();
+        let values = [1i64, 2, 3, 4];
+        store.put_all(keys.iter().zip(&values)).unwrap();
+        assert_eq!(store.put_if_absent(&"a".into(), &10).unwrap(), Some(1));
+        assert_eq!(store.put_if_absent(&"e".into(), &5).unwrap(), None);
+        assert_eq!(store.get(&"e".into()).unwrap(), Some(5));
+        assert_eq!(store.delete_range(&"b".into(), &"c".into()).unwrap(), 2);
+        let left: Vec<String> = store.all().unwrap().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(left, ["a", "d", "e"]);
+        assert_eq!(store.delete_range(&"x".into(), &"z".into()).unwrap(), 0);
+    }
 
     #[test]
     fn the_end_of_a_prefix_is_the_next_string_of_its_length() {
