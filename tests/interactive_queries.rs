@@ -239,13 +239,13 @@ fn on_runtime(phases: &[Phase], from: usize, to: usize, change_after: usize) -> 
                 check(&store, &oracle, read).map_err(|e| format!("phase {i}: {e}"))?;
             }
             if i == change_after {
-                // A task that was restoring keeps its factor ("change it again once it runs",
-                // says the change's outcome): ask again until every task has the new one.
+                // A task that was restoring during the change takes the new factor once it
+                // runs (the source changes it then): wait for that, without asking again.
+                running
+                    .set_parallelising_factor(to, None, Duration::from_secs(60))
+                    .map_err(|e| format!("factor {from} -> {to}: {e}"))?;
                 let deadline = Instant::now() + Duration::from_secs(60);
                 loop {
-                    running
-                        .set_parallelising_factor(to, None, Duration::from_secs(60))
-                        .map_err(|e| format!("factor {from} -> {to}: {e}"))?;
                     let factors = running.parallelising_factors();
                     if factors.values().all(|f| *f == to) {
                         break;

@@ -144,7 +144,7 @@ impl Engine {
             } else if task.held {
                 Some("another change of it is in progress")
             } else if task.restoring.is_some() {
-                Some("restoring: change it again once it runs")
+                Some("restoring: it changes once it runs")
             } else if !task.is_running() {
                 // Not started yet (waiting for its other inputs): it starts with the new ranges.
                 for (t, resume) in task.trackers.iter_mut().zip(&task.resume) {
@@ -377,6 +377,25 @@ impl Engine {
     /// The parallelising factor of every assigned task.
     pub fn factors(&self) -> BTreeMap<TaskId, usize> {
         self.tasks.iter().map(|(id, t)| (*id, t.factor)).collect()
+    }
+
+    /// Running tasks whose factor is not the one a live change asked for (they were restoring
+    /// when it came), as (partition, factor wanted), in partition order.
+    pub fn factors_behind(&self) -> Vec<(u32, usize)> {
+        let mut behind: Vec<(u32, usize)> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.is_running() && !t.held)
+            .filter(|(id, _)| {
+                self.factors.contains_key(&id.partition) || self.default_factor.is_some()
+            })
+            .map(|(id, t)| (id.partition, self.factor_of(id.partition), t.factor))
+            .filter(|(_, wanted, has)| wanted != has)
+            .map(|(p, wanted, _)| (p, wanted))
+            .collect();
+        behind.sort_unstable();
+        behind.dedup();
+        behind
     }
 }
 

@@ -50,7 +50,14 @@ pub(crate) struct LiveFactor {
     requests: Receiver<FactorRequest>,
     /// Invariant: at most one change at a time; later requests wait in the channel.
     step: Step,
+    /// When tasks that missed a change (restoring then) were last looked for.
+    caught_up: Instant,
 }
+
+/// How often the loop looks for tasks that missed a live change, and bounds the change it
+/// starts for them.
+const CATCH_UP_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+const CATCH_UP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl LiveFactor {
     /// Idle, taking requests from `requests`.
@@ -58,6 +65,7 @@ impl LiveFactor {
         LiveFactor {
             requests,
             step: Step::Idle,
+            caught_up: Instant::now(),
         }
     }
 
@@ -70,7 +78,7 @@ impl LiveFactor {
         self.step = match std::mem::replace(&mut self.step, Step::Idle) {
             Step::Idle => match self.requests.try_recv() {
                 Ok(req) => begin(ctx, req),
-                Err(_) => Step::Idle,
+                Err(_) => self.catch_up(ctx),
             },
             Step::Draining {
                 mut drain,
@@ -133,6 +141,42 @@ impl LiveFactor {
             }
         };
         Ok(())
+    }
+}
+
+impl LiveFactor {
+    /// Starts the change that tasks restoring during a live change missed, once they run
+    /// (at most every [`CATCH_UP_EVERY`], so a change that keeps failing does not spin).
+    fn catch_up(&mut self, ctx: &SourceContext) -> Step {
+        if ctx.transactions.is_some() || self.caught_up.elapsed() < CATCH_UP_EVERY {
+            return Step::Idle;
+        }
+        self.caught_up = Instant::now();
+        let behind = ctx.engine.lock().factors_behind();
+        let Some(&(_, factor)) = behind.first() else {
+            return Step::Idle;
+        };
+        let partitions = behind
+            .iter()
+            .filter(|(_, f)| *f == factor)
+            .map(|(p, _)| *p)
+            .collect();
+        tracing::info!(
+            factor,
+            ?partitions,
+            "changing the factor of tasks that were restoring during a live change"
+        );
+        // Nobody waits for this change's outcome: its log lines tell it.
+        let (reply, _) = oneshot::channel();
+        begin(
+            ctx,
+            FactorRequest {
+                factor,
+                partitions: Some(partitions),
+                timeout: CATCH_UP_TIMEOUT,
+                reply,
+            },
+        )
     }
 }
 

@@ -520,3 +520,48 @@ mod emit_final;
 mod hashes;
 mod versioned;
 mod zombies;
+
+/// A live factor change that comes while a task restores skips it; once the task runs it is
+/// behind the factor asked for, which `factors_behind` reports (the Kafka source then changes
+/// it), and a change of that partition clears it.
+#[test]
+fn a_task_restoring_during_a_live_change_is_reported_behind_once_it_runs() {
+    let topology = counting();
+    let log = Arc::new(MemoryChangelog::default());
+    let dir = tempfile::tempdir().unwrap();
+    let db = StateDb::open(&StateConfig {
+        dir: dir.path().to_path_buf(),
+        memory_bytes: 16 << 20,
+        create_column_families: Vec::new(),
+        max_open_files: None,
+    })
+    .unwrap();
+    let config = EngineConfig {
+        application_id: "app".into(),
+        parallelising_factor: 2,
+        worker_threads: 2,
+        changelogs: true,
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(topology, config, Some(db), log.clone(), Default::default()).unwrap();
+    e.restore_from(log.clone());
+    e.assign("in", 0, Resume::default()).unwrap();
+    // Still restoring: the restore thread's result is taken only by `finish_restores`.
+    let change = e
+        .set_parallelising_factor(4, None, Duration::from_secs(20))
+        .unwrap();
+    assert!(
+        change
+            .skipped
+            .iter()
+            .any(|(p, why)| *p == 0 && why.contains("restoring")),
+        "{:?}",
+        change.skipped
+    );
+    assert!(e.wait_restored(Duration::from_secs(20)).unwrap());
+    assert_eq!(e.factors_behind(), [(0, 4)]);
+    e.set_parallelising_factor(4, Some(&[0]), Duration::from_secs(20))
+        .unwrap();
+    assert!(e.factors_behind().is_empty());
+    assert!(e.factors().values().all(|f| *f == 4));
+}
