@@ -119,6 +119,22 @@ fn engine(
     prior: PriorClaim,
     generation: i32,
 ) -> Engine {
+    let mut e = restoring_engine(topology, p, dir, log, sink, prior, generation);
+    assert!(e.wait_restored(Duration::from_secs(20)).unwrap());
+    e
+}
+
+/// [`engine`] before its restore finished (the restore thread's result is taken only by
+/// `finish_restores`).
+fn restoring_engine(
+    topology: &Arc<Topology>,
+    p: usize,
+    dir: &Path,
+    log: &Arc<MemoryChangelog>,
+    sink: Arc<dyn RecordSink>,
+    prior: PriorClaim,
+    generation: i32,
+) -> Engine {
     let db = StateDb::open(&StateConfig {
         dir: dir.to_path_buf(),
         memory_bytes: 16 << 20,
@@ -141,7 +157,6 @@ fn engine(
         ..Resume::default()
     };
     e.assign("in", 0, resume).unwrap();
-    assert!(e.wait_restored(Duration::from_secs(20)).unwrap());
     e
 }
 
@@ -526,26 +541,10 @@ mod zombies;
 /// it), and a change of that partition clears it.
 #[test]
 fn a_task_restoring_during_a_live_change_is_reported_behind_once_it_runs() {
-    let topology = counting();
     let log = Arc::new(MemoryChangelog::default());
     let dir = tempfile::tempdir().unwrap();
-    let db = StateDb::open(&StateConfig {
-        dir: dir.path().to_path_buf(),
-        memory_bytes: 16 << 20,
-        create_column_families: Vec::new(),
-        max_open_files: None,
-    })
-    .unwrap();
-    let config = EngineConfig {
-        application_id: "app".into(),
-        parallelising_factor: 2,
-        worker_threads: 2,
-        changelogs: true,
-        ..EngineConfig::default()
-    };
-    let mut e = Engine::new(topology, config, Some(db), log.clone(), Default::default()).unwrap();
-    e.restore_from(log.clone());
-    e.assign("in", 0, Resume::default()).unwrap();
+    let sink: Arc<dyn RecordSink> = log.clone();
+    let mut e = restoring_engine(&counting(), 2, dir.path(), &log, sink, PriorClaim::None, 1);
     // Still restoring: the restore thread's result is taken only by `finish_restores`.
     let change = e
         .set_parallelising_factor(4, None, Duration::from_secs(20))
