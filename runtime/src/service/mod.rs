@@ -663,9 +663,18 @@ impl Runtime {
                         }
                     }
                     tracing::warn!(error = %fatal, "rejoining the group with a new consumer: its tasks resume from their last commits");
+                    // The old consumer closes before the new one joins: left open, its session
+                    // timer rejoins the group by itself (under the same group.instance.id) and
+                    // is handed partitions that nobody polls until max.poll.interval.ms.
+                    drop(consumer);
                     consumer = match join() {
                         Ok(c) => c,
-                        Err(e) => break Err(e.into()),
+                        Err(e) => {
+                            let e = SourceError::from(e);
+                            tracing::error!(error = %e, "processing stopped on an error");
+                            health2.set_failed();
+                            return Err(e);
+                        }
                     };
                 };
                 if let Err(e) = &r {
