@@ -45,19 +45,28 @@ impl ControlPlane {
     /// Makes SIGTERM and SIGINT set `stop` (and mark `health` stopping); a second signal exits
     /// the process with status 130.
     pub fn stop_on_signal(&self, stop: Arc<AtomicBool>, health: Arc<Health>) {
-        self.runtime.spawn(wait_for_signals(stop, health));
+        use tokio::signal::unix::{signal, SignalKind};
+        // Installed here, not in the task: a signal between this call and the task's first poll
+        // is then kept for it instead of killing the process.
+        let _entered = self.runtime.enter();
+        let (Ok(term), Ok(int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::error!("could not install signal handlers");
+            return;
+        };
+        self.runtime
+            .spawn(wait_for_signals(term, int, stop, health));
     }
 }
 
-async fn wait_for_signals(stop: Arc<AtomicBool>, health: Arc<Health>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("could not install signal handlers");
-        return;
-    };
+async fn wait_for_signals(
+    mut term: tokio::signal::unix::Signal,
+    mut int: tokio::signal::unix::Signal,
+    stop: Arc<AtomicBool>,
+    health: Arc<Health>,
+) {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}

@@ -334,6 +334,13 @@ impl Runtime {
 
     /// Starts processing on a background thread.
     pub fn start(&self) -> Result<RunningRuntime, RuntimeError> {
+        self.start_stopping_on_signal(false)
+    }
+
+    /// [`Runtime::start`]; with `on_signal`, SIGTERM and SIGINT stop it cleanly from the moment
+    /// the brokers answered (a signal while the state dir opens or the group is joined must not
+    /// kill the process).
+    fn start_stopping_on_signal(&self, on_signal: bool) -> Result<RunningRuntime, RuntimeError> {
         let c = &self.config;
         let health = Arc::new(Health::with_listener(self.state_listener.clone()));
         // Before anything registers metric handles: handles taken earlier would be no-ops.
@@ -382,6 +389,12 @@ impl Runtime {
         } else {
             (c.state_dir.clone(), None)
         };
+        // From here on a signal stops the service cleanly; while the brokers are awaited above,
+        // it still ends the process at once (nothing has started that needs a drain).
+        let stop = Arc::new(AtomicBool::new(false));
+        if on_signal {
+            control.stop_on_signal(stop.clone(), health.clone());
+        }
         tracing::info!(
             application_id = %c.application_id,
             bootstrap = %self.bootstrap,
@@ -602,7 +615,6 @@ impl Runtime {
             Ok(consumer)
         };
         let mut consumer = join()?;
-        let stop = Arc::new(AtomicBool::new(false));
         let mut auto_factor = c.parallelising_auto.then(|| {
             AutoFactor::new(
                 AutoPolicy {
@@ -746,9 +758,7 @@ impl Runtime {
     /// Runs until SIGTERM or SIGINT, then drains, commits and returns; a second signal exits at
     /// once.
     pub fn run_until_signal(&self) -> Result<(), RuntimeError> {
-        let running = self.start()?;
-        running.stop_on_signal()?;
-        running.join()
+        self.start_stopping_on_signal(true)?.join()
     }
 }
 
