@@ -41,6 +41,7 @@ pub use health::{Health, StateListener, StreamsState};
 pub use http::HttpError;
 pub use kafka::producer::ProducerError;
 pub use kafka::source::SourceError;
+pub use service::uncaught::UncaughtErrorResponse;
 pub use service::{RunningRuntime, Runtime, RuntimeError};
 pub use sink::SinkError;
 

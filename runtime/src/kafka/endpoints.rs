@@ -17,11 +17,22 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use crate::engine::Engine;
 use crate::query::metadata::{Entry, OwnedPartition, ENTRY_VERSION, PUBLISH_EVERY};
 use crate::query::Cluster;
+use crate::service::uncaught::{ShutdownRequest, SHUTDOWN_KEY};
 
 /// Longest the publisher waits for the engine lock per look (it looks again later).
 const ENGINE_WAIT: Duration = Duration::from_millis(20);
 /// Longest a stop waits for the tombstone's acknowledgement.
 const TOMBSTONE_WAIT: Duration = Duration::from_secs(5);
+
+/// Where the channel delivers a shutdown request of another instance
+/// (see [`crate::service::uncaught`]).
+#[derive(Clone)]
+pub struct ShutdownWatch {
+    /// The processing loop's stop flag: set when a request arrives.
+    pub stop: Arc<AtomicBool>,
+    /// The request that arrived (read once the loop stopped).
+    pub requested: Arc<Mutex<Option<ShutdownRequest>>>,
+}
 
 /// The running channel; dropping it stops the thread (publishing a tombstone first).
 pub struct EndpointsChannel {
@@ -32,13 +43,14 @@ pub struct EndpointsChannel {
 impl EndpointsChannel {
     /// Starts reading `topic` into `cluster`'s map and, when `cluster` has an
     /// `application.server`, publishing the tasks of `engine` (`topics[s]`: the input topics of
-    /// sub-topology `s`).
+    /// sub-topology `s`); shutdown requests written after the start go to `shutdown`.
     pub fn start(
         cfg: &ClientConfig,
         topic: String,
         cluster: Arc<Cluster>,
         engine: Arc<Mutex<Engine>>,
         topics: Vec<Vec<String>>,
+        shutdown: Option<ShutdownWatch>,
     ) -> Result<Self, KafkaError> {
         let mut consumer_cfg = cfg.clone();
         consumer_cfg
@@ -71,6 +83,7 @@ impl EndpointsChannel {
                     &cluster,
                     &engine,
                     &topics,
+                    shutdown.as_ref(),
                     &stop2,
                 )
             })
@@ -113,6 +126,7 @@ fn owned(engine: &Engine, topics: &[Vec<String>]) -> Vec<OwnedPartition> {
     out
 }
 
+#[allow(clippy::too_many_arguments)] // the thread's whole context, passed once
 fn run(
     consumer: &BaseConsumer,
     producer: Option<&BaseProducer>,
@@ -120,6 +134,7 @@ fn run(
     cluster: &Cluster,
     engine: &Mutex<Engine>,
     topics: &[Vec<String>],
+    shutdown: Option<&ShutdownWatch>,
     stop: &AtomicBool,
 ) {
     let me = cluster.me().map(str::to_string);
@@ -150,6 +165,20 @@ fn run(
                     let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
                         continue;
                     };
+                    if key == SHUTDOWN_KEY {
+                        // Only a request written after this instance started stops it: the
+                        // latest one stays in the compacted topic for ever.
+                        let fresh = end.is_some_and(|e| m.offset() >= e);
+                        let request = m
+                            .payload()
+                            .and_then(|p| serde_json::from_slice::<ShutdownRequest>(p).ok());
+                        if let (true, Some(request), Some(watch)) = (fresh, request, shutdown) {
+                            tracing::error!(by = %request.by, error = %request.error, "another instance asked every instance to stop: stopping");
+                            *watch.requested.lock() = Some(request);
+                            watch.stop.store(true, Ordering::SeqCst);
+                        }
+                        continue;
+                    }
                     let value = match m.payload() {
                         None => None,
                         Some(p) => match serde_json::from_slice::<Entry>(p) {

@@ -93,6 +93,15 @@ pub enum SourceError {
         /// The bound.
         bound: Duration,
     },
+    /// Another instance's uncaught-error handler asked every instance of the application to
+    /// stop (`UncaughtErrorResponse::ShutdownApplication`); this one committed and left.
+    #[error("instance {by} asked every instance of the application to stop after an error: {error}; fix that error, then start the instances again")]
+    ApplicationShutdown {
+        /// The instance that asked.
+        by: String,
+        /// Its error.
+        error: String,
+    },
     /// A task's input partitions were not all assigned to this member.
     #[error("partition {partition} of {missing:?} is not assigned to this member although partition {partition} of {assigned:?} is: one sub-topology reads them together, so they must be assigned together (co-partitioning); rill asks for the `range` assignor for such topologies, so check `kafka.partition.assignment.strategy` / `kafka.group.remote.assignor` and that the topics have the same partition count")]
     NotCoPartitioned {

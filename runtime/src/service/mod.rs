@@ -55,6 +55,9 @@ use crate::sink::RecordSink;
 
 mod running;
 mod topics;
+pub mod uncaught;
+
+use uncaught::{ShutdownRequest, UncaughtErrorHandler, UncaughtErrorResponse};
 
 pub use running::{exit_code, init_logging, RunningRuntime};
 
@@ -241,6 +244,8 @@ pub struct Runtime {
     renderings: crate::query::StoreRenderings,
     /// Told each change of the runtime's state.
     state_listener: Option<crate::health::StateListener>,
+    /// Decides what an error that stopped processing leads to.
+    uncaught: Option<UncaughtErrorHandler>,
 }
 
 impl Runtime {
@@ -275,6 +280,7 @@ impl Runtime {
             embedded,
             renderings: Default::default(),
             state_listener: None,
+            uncaught: None,
         })
     }
 
@@ -290,6 +296,16 @@ impl Runtime {
             + 'static,
     ) {
         self.state_listener = Some(Arc::new(listener));
+    }
+
+    /// Makes `handler` decide what an error that stops processing leads to (Kafka Streams'
+    /// `setUncaughtExceptionHandler`; see [`uncaught`]). Without one the instance stops
+    /// (`ShutdownClient`).
+    pub fn set_uncaught_error_handler(
+        &mut self,
+        handler: impl Fn(&SourceError) -> UncaughtErrorResponse + Send + Sync + 'static,
+    ) {
+        self.uncaught = Some(Arc::new(handler));
     }
 
     /// Shows keys of `store` in the interactive-query routes' URLs and answers with `key`, its
@@ -392,6 +408,8 @@ impl Runtime {
         // From here on a signal stops the service cleanly; while the brokers are awaited above,
         // it still ends the process at once (nothing has started that needs a drain).
         let stop = Arc::new(AtomicBool::new(false));
+        // A shutdown request of another instance, once the endpoints channel read one.
+        let requested: Arc<Mutex<Option<ShutdownRequest>>> = Arc::default();
         if on_signal {
             control.stop_on_signal(stop.clone(), health.clone());
         }
@@ -519,6 +537,12 @@ impl Runtime {
                     owners.clone(),
                     engine.clone(),
                     topics,
+                    self.uncaught
+                        .is_some()
+                        .then(|| crate::kafka::endpoints::ShutdownWatch {
+                            stop: stop.clone(),
+                            requested: requested.clone(),
+                        }),
                 )?)
             }
             None => None,
@@ -626,6 +650,10 @@ impl Runtime {
             )
         });
         let (stop2, interval, health2) = (stop.clone(), c.commit_interval, health.clone());
+        let uncaught = self.uncaught.clone();
+        let server = c.application_server.clone();
+        let request_cfg = client_config(&self.bootstrap, &c.kafka);
+        let request_topic = crate::query::metadata::endpoints_topic(&c.application_id);
         let thread = std::thread::Builder::new()
             .name("rill-source".into())
             .spawn(move || {
@@ -650,9 +678,30 @@ impl Runtime {
                                 TransactionError::Aborted(_) | TransactionError::Fatal(_),
                             )),
                         ) => e,
+                        Err(e) if !stop2.load(Ordering::SeqCst) => {
+                            let response = match &uncaught {
+                                Some(handler) => {
+                                    let response = handler(e);
+                                    tracing::warn!(error = %e, ?response, "the uncaught-error handler answered");
+                                    response
+                                }
+                                None => UncaughtErrorResponse::ShutdownClient,
+                            };
+                            if response == UncaughtErrorResponse::ShutdownApplication {
+                                let request = ShutdownRequest::after(e, server.as_deref());
+                                if let Err(why) = request.publish(&request_cfg, &request_topic) {
+                                    tracing::error!(error = %why, "could not ask the other instances to stop");
+                                }
+                            }
+                            if response != UncaughtErrorResponse::ReplaceThread {
+                                // Leaving the group fires the last revocation while the engine
+                                // exists.
+                                consumer.unsubscribe();
+                                break r;
+                            }
+                            e
+                        }
                         _ => {
-                            // Leaving the group fires the last revocation while the engine
-                            // exists.
                             consumer.unsubscribe();
                             break r;
                         }
@@ -661,9 +710,10 @@ impl Runtime {
                     if stop2.load(Ordering::SeqCst) || !rejoins.allow() {
                         break r;
                     }
-                    if matches!(r, Err(SourceError::Transaction(_))) {
-                        // Rolled back: every task is closed, so the error that stopped the
-                        // engine (a record refused by the failed transaction) is behind us.
+                    if !matches!(r, Err(SourceError::Fatal { .. })) {
+                        // Rolled back or replaced: every task is closed, so the error that
+                        // stopped the engine (a record refused by the failed transaction, or the
+                        // handler's) is behind us; the record runs again from the last commit.
                         consumer.context().engine.lock().clear_failure();
                     }
                     if let (Err(SourceError::Transaction(TransactionError::Fatal(_))), Some(tx)) =
@@ -688,6 +738,12 @@ impl Runtime {
                             return Err(e);
                         }
                     };
+                };
+                let r = match (r, requested.lock().take()) {
+                    (Ok(()), Some(ShutdownRequest { by, error })) => {
+                        Err(SourceError::ApplicationShutdown { by, error })
+                    }
+                    (r, _) => r,
                 };
                 if let Err(e) = &r {
                     tracing::error!(error = %e, "processing stopped on an error");
@@ -724,8 +780,12 @@ impl Runtime {
 
     /// Whether this instance keeps the endpoint map (and publishes into it with
     /// `application.server`): with `application.server` or the interactive-query routes.
+    /// Whether the endpoints channel runs: for queries, and to carry a shutdown request of the
+    /// uncaught-error handler to every instance.
     fn endpoints_enabled(&self) -> bool {
-        self.config.application_server.is_some() || self.config.interactive_queries_enabled
+        self.config.application_server.is_some()
+            || self.config.interactive_queries_enabled
+            || self.uncaught.is_some()
     }
 
     /// Where each store's records come from, for the owner of a key.
