@@ -198,6 +198,30 @@ impl Engine {
     pub(crate) fn query_store_kind(&self, store: &str) -> Option<StoreKind> {
         self.shared.topology.store_kind(store)
     }
+
+    /// The source topics (as named on the broker) of the sub-topology that holds `store`, in
+    /// the order a range's positions are kept.
+    pub(crate) fn query_source_topics(&self, store: &str) -> Vec<String> {
+        self.shared
+            .topology
+            .sub_topologies()
+            .iter()
+            .find(|s| s.stores.iter().any(|n| n == store))
+            .map(|s| {
+                s.sources
+                    .iter()
+                    .map(|(t, _)| t.resolve(&self.shared.config.application_id))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Core {
+    /// The offset after the last record of source topic `source` this range processed.
+    pub(crate) fn position(&self, source: usize) -> Option<u64> {
+        self.processed.get(source).copied().flatten()
+    }
 }
 
 impl Core {

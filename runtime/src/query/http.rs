@@ -186,13 +186,14 @@ impl From<QueryError> for Refusal {
     fn from(e: QueryError) -> Self {
         let status = match &e {
             QueryError::UnknownStore { .. } => StatusCode::NOT_FOUND,
-            QueryError::WrongKind { .. } => StatusCode::BAD_REQUEST,
+            QueryError::WrongKind { .. } | QueryError::BoundTopic { .. } => StatusCode::BAD_REQUEST,
             QueryError::Serde { .. } | QueryError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
             QueryError::Restoring { .. }
             | QueryError::Busy { .. }
             | QueryError::Moved { .. }
             | QueryError::NotOwned { .. }
-            | QueryError::NotRunning => StatusCode::SERVICE_UNAVAILABLE,
+            | QueryError::NotRunning
+            | QueryError::PositionNotReached { .. } => StatusCode::SERVICE_UNAVAILABLE,
         };
         let mut body = json!({ "error": e.outcome(), "message": e.to_string() });
         match &e {
@@ -209,8 +210,8 @@ impl From<QueryError> for Refusal {
     }
 }
 
-/// The JSON of where a value was read, by `instance`.
-fn served_json(instance: &str, s: &Served) -> Value {
+/// The JSON of where a value was read, by `instance`; `topics`: the store's input topics.
+fn served_json(instance: &str, s: &Served, topics: &[String]) -> Value {
     json!({
         "instance": instance,
         "partition": s.partition,
@@ -220,7 +221,50 @@ fn served_json(instance: &str, s: &Served) -> Value {
             "start": format!("{:#018x}", s.range.start),
             "end": format!("{:#018x}", s.range.end),
         },
+        "position": {
+            "topic": topics.get(s.position_source),
+            "partition": s.partition,
+            "offset": s.position,
+        },
     })
+}
+
+/// Longest a read waits for its position bound unless `wait_ms` says otherwise.
+const DEFAULT_POSITION_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `reader` with the position bound of `?position=<topic>:<partition>:<offset>` (and
+/// `wait_ms`), when given.
+fn bounded(reader: StoreReader, params: &Params<'_>) -> Result<StoreReader, Refusal> {
+    let Some(text) = params.get("position") else {
+        return Ok(reader);
+    };
+    let bad = || {
+        Refusal::bad_request(
+            params.store,
+            format!("`position={text}` is not <topic>:<partition>:<offset>"),
+        )
+    };
+    let mut parts = text.rsplitn(3, ':');
+    let (Some(offset), Some(partition), Some(topic)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad());
+    };
+    let bound = super::PositionBound {
+        topic: topic.to_string(),
+        partition: partition.parse().map_err(|_| bad())?,
+        offset: offset.parse().map_err(|_| bad())?,
+    };
+    let wait = match params.number("wait_ms")? {
+        Some(ms) if ms >= 0 => std::time::Duration::from_millis(ms as u64),
+        Some(ms) => {
+            return Err(Refusal::bad_request(
+                params.store,
+                format!("`wait_ms={ms}` is negative"),
+            ))
+        }
+        None => DEFAULT_POSITION_WAIT,
+    };
+    Ok(reader.at_least(bound, wait))
 }
 
 /// Runs `answer` off the async workers, then counts and times it as `route`.
@@ -487,6 +531,8 @@ async fn key_route(
             Route::Relayed(answer) => return Err(answer),
         };
         let (_, values) = q.renderings.of(store);
+        let reader = bounded(reader, &Params::parse(store, uri.query())?)?;
+        let topics = reader.source_topics()?;
         let found = match reader.get(&bytes) {
             Err(QueryError::NotOwned { partition, .. }) => {
                 return Err(gone(q, store, &key, &bytes, partition))
@@ -498,7 +544,7 @@ async fn key_route(
                 "store": store,
                 "key": key,
                 "value": values.render(&value),
-                "served_by": served_json(&q.instance(), &served),
+                "served_by": served_json(&q.instance(), &served, &topics),
             })),
             None => Err(Refusal {
                 status: StatusCode::NOT_FOUND,
@@ -557,8 +603,9 @@ async fn range_route(
         };
         let (from, to) = (bound("from")?, bound("to")?);
         let limit = params.number("limit")?.map_or(DEFAULT_LIMIT, |n| n as usize);
-        let reader = q.reader(store)?;
+        let reader = bounded(q.reader(store)?, &params)?;
         reader.expect_kind("key-value", |k| *k == StoreKind::KeyValue)?;
+        let topics = reader.source_topics()?;
         let b = |v: &Option<Vec<u8>>| match v {
             Some(v) => std::ops::Bound::Included(v.clone()),
             None => std::ops::Bound::Unbounded,
@@ -570,7 +617,7 @@ async fn range_route(
             .iter()
             .take(limit)
             .map(|(k, v, served)| {
-                json!({ "key": keys.render(k), "value": values.render(v), "served_by": served_json(&q.instance(), served) })
+                json!({ "key": keys.render(k), "value": values.render(v), "served_by": served_json(&q.instance(), served, &topics) })
             })
             .collect();
         Ok(json!({ "store": store, "count": shown.len(), "truncated": truncated, "entries": shown }))
@@ -600,6 +647,8 @@ async fn windows_route(
             Route::Relayed(answer) => return Err(answer),
         };
         let (_, values) = q.renderings.of(store);
+        let reader = bounded(reader, &params)?;
+        let topics = reader.source_topics()?;
         let per_range = match reader.read_timed(Some(&bytes), |t| {
             WindowBytes::open(t)?.fetch(&bytes, from.unwrap_or(i64::MIN), to.unwrap_or(i64::MAX))
         }) {
@@ -612,7 +661,7 @@ async fn windows_route(
         let mut windows: Vec<(i64, Value)> = per_range
             .iter()
             .flat_map(|(served, found)| {
-                let (values, instance) = (&values, &instance);
+                let (values, instance, topics) = (&values, &instance, &topics);
                 found.iter().map(move |(start, v)| {
                     // The DSL's window stores keep the window's timestamp before the value.
                     let v = if spec.timestamped { v.get(8..).unwrap_or_default() } else { v };
@@ -620,7 +669,7 @@ async fn windows_route(
                         "start": start,
                         "end": start.saturating_add(spec.window_size_ms),
                         "value": values.render(v),
-                        "served_by": served_json(instance, served),
+                        "served_by": served_json(instance, served, topics),
                     }))
                 })
             })

@@ -23,6 +23,10 @@
 //!   says which partitions and ranges served it). Over HTTP, with the endpoint map of
 //!   [`metadata`] (`application.server`), a key is read in its own partition only, at the
 //!   instance that owns it: another instance forwards the request there (see [`http`]).
+//! - A read can carry a [`PositionBound`] ([`StoreReader::at_least`]): in the bound's partition,
+//!   it waits until the key's range applied the bound's record (read-your-writes). Positions are
+//!   per range, not per store as in IQv2: a record of another key may sit in another range, so a
+//!   bound names a record of the key read. Every [`Served`] carries the range's position.
 //! - A store with a partition assigned here that restores from its changelog (or waits for its
 //!   co-partitioned inputs) answers [`QueryError::Restoring`]: retry later. Global stores are
 //!   not served yet ([`QueryError::UnknownStore`]).
@@ -73,6 +77,8 @@ pub const ENGINE_WAIT: Duration = Duration::from_secs(2);
 pub const RANGE_WAIT: Duration = Duration::from_secs(2);
 /// Reads of ranges that were replaced meanwhile before giving up.
 pub const ATTEMPTS: usize = 3;
+/// How often a read with a position bound looks at the range's position again.
+const POSITION_POLL: Duration = Duration::from_millis(2);
 /// What a retryable error tells HTTP clients to wait (`Retry-After`).
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -134,6 +140,32 @@ pub enum QueryError {
     /// The runtime is not processing yet (or any more).
     #[error("the runtime is not running: retry shortly")]
     NotRunning,
+    /// A position bound's topic is not an input of the store's sub-topology.
+    #[error("store `{store}` is not fed by topic `{topic}` (its inputs: {}): a position bound names an input topic of the store", known.join(", "))]
+    BoundTopic {
+        /// The store.
+        store: String,
+        /// The topic the bound named.
+        topic: String,
+        /// The store's input topics.
+        known: Vec<String>,
+    },
+    /// The key's range had not applied the bound's offset within the wait.
+    #[error("store `{store}`: offset {offset} of {topic}[{partition}] was not applied within {wait_ms} ms (the key's range is at {reached:?}): retry, or wait longer")]
+    PositionNotReached {
+        /// The store.
+        store: String,
+        /// The bound's topic.
+        topic: String,
+        /// The bound's partition.
+        partition: u32,
+        /// The bound's offset.
+        offset: u64,
+        /// The offset after the last record of that topic the range applied.
+        reached: Option<u64>,
+        /// How long the read waited.
+        wait_ms: u64,
+    },
     /// A key or value did not (de)serialize with the handle's serdes.
     #[error("store `{store}`: the {what} does not (de)serialize: {source}")]
     Serde {
@@ -158,7 +190,8 @@ impl QueryError {
             | QueryError::Busy { .. }
             | QueryError::Moved { .. }
             | QueryError::NotOwned { .. }
-            | QueryError::NotRunning => Some(RETRY_AFTER),
+            | QueryError::NotRunning
+            | QueryError::PositionNotReached { .. } => Some(RETRY_AFTER),
             _ => None,
         }
     }
@@ -173,6 +206,8 @@ impl QueryError {
             QueryError::Moved { .. } => "moved",
             QueryError::NotOwned { .. } => "moved",
             QueryError::NotRunning => "not_running",
+            QueryError::BoundTopic { .. } => "bad_request",
+            QueryError::PositionNotReached { .. } => "position_timeout",
             QueryError::Serde { .. } => "serde_error",
             QueryError::Store(_) => "store_error",
         }
@@ -208,6 +243,24 @@ pub struct Served {
     pub factor: usize,
     /// The key range.
     pub range: KeyRange,
+    /// The range's position when read: the offset after the last record it applied of the
+    /// partition of its input topic `position_source` (an index into
+    /// [`StoreReader::source_topics`]: the bound's topic, or the first input).
+    pub position: Option<u64>,
+    /// Which input topic `position` is of.
+    pub position_source: usize,
+}
+
+/// A read waits until the key's range has applied this record (IQv2's `PositionBound`, per
+/// key range: name the offset of a record of the key read, as read-your-writes does).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PositionBound {
+    /// An input topic of the store's sub-topology (as named on the broker).
+    pub topic: String,
+    /// Its partition (the task whose range is read).
+    pub partition: u32,
+    /// The record's offset.
+    pub offset: u64,
 }
 
 /// A key-value entry as a scan found it.
@@ -222,6 +275,9 @@ pub struct StoreReader {
     /// The partition this instance must run for the read to answer (the key's partition, as
     /// its owner checks at answer time).
     partition: Option<u32>,
+    /// What the ranges of the bound's partition must have applied first, and how long a read
+    /// waits for it.
+    bound: Option<(PositionBound, Duration)>,
 }
 
 impl StoreReader {
@@ -231,7 +287,24 @@ impl StoreReader {
             access,
             store: store.to_string(),
             partition: None,
+            bound: None,
         }
+    }
+
+    /// The same reader, waiting up to `wait` in each range of `bound.partition` it reads until
+    /// that range applied `bound.offset` of `bound.topic` ([`QueryError::PositionNotReached`]
+    /// after).
+    pub fn at_least(mut self, bound: PositionBound, wait: Duration) -> Self {
+        self.bound = Some((bound, wait));
+        self
+    }
+
+    /// The store's input topics, in the order of [`Served::position_source`].
+    pub fn source_topics(&self) -> Result<Vec<String>, QueryError> {
+        let mut topics = Vec::new();
+        self.access
+            .with_engine(&mut |e| topics = e.query_source_topics(&self.store))?;
+        Ok(topics)
     }
 
     /// The same reader, answering only while `partition` is assigned here
@@ -298,6 +371,21 @@ impl StoreReader {
             }
             e
         };
+        let source = match &self.bound {
+            None => 0,
+            Some((bound, _)) => {
+                let known = self.source_topics().map_err(fill)?;
+                known
+                    .iter()
+                    .position(|t| *t == bound.topic)
+                    .ok_or_else(|| QueryError::BoundTopic {
+                        store: self.store.clone(),
+                        topic: bound.topic.clone(),
+                        known: known.clone(),
+                    })?
+            }
+        };
+        let started = std::time::Instant::now();
         for _ in 0..ATTEMPTS {
             let mut snapshot = None;
             self.access
@@ -312,11 +400,37 @@ impl StoreReader {
                     store: self.store.clone(),
                     what: "a range's batch",
                 })?;
+                if let Some((bound, wait)) = &self.bound {
+                    // The bound's partition only: other partitions hold other records.
+                    while s.id.partition == bound.partition
+                        && core.position(source).is_none_or(|p| p <= bound.offset)
+                    {
+                        if started.elapsed() >= *wait {
+                            return Err(QueryError::PositionNotReached {
+                                store: self.store.clone(),
+                                topic: bound.topic.clone(),
+                                partition: bound.partition,
+                                offset: bound.offset,
+                                reached: core.position(source),
+                                wait_ms: wait.as_millis() as u64,
+                            });
+                        }
+                        // Processing of this range goes on while the read sleeps.
+                        drop(core);
+                        std::thread::sleep(POSITION_POLL);
+                        core = s.core.try_lock_for(RANGE_WAIT).ok_or(QueryError::Busy {
+                            store: self.store.clone(),
+                            what: "a range's batch",
+                        })?;
+                    }
+                }
                 let served = Served {
                     partition: s.id.partition,
                     index: s.id.index,
                     factor: *factor,
                     range: s.id.range,
+                    position: core.position(source),
+                    position_source: source,
                 };
                 out.push((served, read(&mut core)?));
             }

@@ -45,6 +45,13 @@ macro_rules! handle {
                     .map(|_| ())
             }
 
+            /// The same handle, its reads waiting up to `wait` until the key's range applied
+            /// `bound` (read-your-writes; see [`StoreReader::at_least`]).
+            pub fn at_least(self, bound: super::PositionBound, wait: std::time::Duration) -> Self {
+                let Typed { reader, key_serde, value_serde } = self.0;
+                $name(Typed { reader: reader.at_least(bound, wait), key_serde, value_serde })
+            }
+
             /// This handle once [`Self::check`] passed.
             pub fn checked(self) -> Result<Self, QueryError> {
                 self.check()?;
