@@ -155,14 +155,9 @@ impl Shared {
 
     /// The partition of a keyed record written to internal topic `topic`.
     fn internal_partition(&self, topic: &Topic, key: Option<&[u8]>) -> u32 {
-        let n = self.partitions_of(topic).max(1);
+        let n = self.partitions_of(topic);
         match key {
-            Some(k) if self.kafka_partitioned.contains(topic) => {
-                rill_topology::kafka_partition(k, n)
-            }
-            // Not range_of: partitions and ranges must split the hash space independently, or
-            // each partition's records would fall into a few of its ranges.
-            Some(k) => (rill_topology::key_hash(k) % u64::from(n)) as u32,
+            Some(k) => internal_partition_of(k, n, self.kafka_partitioned.contains(topic)),
             None => 0,
         }
     }
@@ -222,6 +217,19 @@ fn routing_hash_id(sub: &SubTopology, order: config::ProcessingOrder) -> u32 {
 }
 
 /// Internal topics that a sub-topology reads beside user topics.
+/// The partition of `key` among `n` of an internal topic: Kafka's default partitioner's when
+/// the topic is read beside user topics (`kafka_partitioned`), the key hash's otherwise.
+pub(crate) fn internal_partition_of(key: &[u8], n: u32, kafka_partitioned: bool) -> u32 {
+    let n = n.max(1);
+    if kafka_partitioned {
+        rill_topology::kafka_partition(key, n)
+    } else {
+        // Not range_of: partitions and ranges must split the hash space independently, or
+        // each partition's records would fall into a few of its ranges.
+        (rill_topology::key_hash(key) % u64::from(n)) as u32
+    }
+}
+
 fn kafka_partitioned(topology: &Topology) -> std::collections::HashSet<Topic> {
     topology
         .sub_topologies()

@@ -21,6 +21,9 @@ pub struct StoreSource {
     pub topics: Vec<String>,
     /// Their partition count.
     pub partitions: u32,
+    /// Whether its records are partitioned as Kafka's default partitioner does (a user topic
+    /// among the inputs), rather than by rill's key hash (repartition topics read alone).
+    pub kafka_partitioned: bool,
 }
 
 /// Who owns what, for this instance: the [`Locate`] of the query routes once the endpoints
@@ -104,7 +107,10 @@ impl Cluster {
     pub fn key_metadata(&self, store: &str, key: &[u8]) -> Result<KeyQueryMetadata, QueryError> {
         let source = self.source(store)?;
         let topic = source.topics.first().map_or("", String::as_str);
-        let partition = partition_for(key, source.partitions);
+        let partition = match source.kafka_partitioned {
+            true => partition_for(key, source.partitions),
+            false => crate::engine::internal_partition_of(key, source.partitions, false),
+        };
         if let Some(factor) = self.local_factor(source.sub_topology, partition)? {
             return Ok(KeyQueryMetadata::new(
                 store,

@@ -21,8 +21,9 @@
 //! endpoint map ([`LocalOnly`]) every local partition's range of the key is read. With one
 //! ([`super::Cluster`]):
 //!
-//! - the key's partition (murmur2 of the serialized key, as Kafka's default partitioner and
-//!   rill's sinks choose it) runs here: the key's range is read in every local partition (as
+//! - the key's partition (where the store's input puts it: murmur2 of the serialized key for a
+//!   user topic, rill's key hash for a repartition topic read alone; see
+//!   [`super::StoreSource::kafka_partitioned`]) runs here: the key's range is read in every local partition (as
 //!   without a map), and the read checks under the engine lock that the key's partition is
 //!   still assigned here (else the answer is as below for a partition owned elsewhere);
 //! - another instance owns it: the request is forwarded there (proxy) with the header

@@ -117,7 +117,8 @@ pub struct KeyQueryMetadata {
     pub store: String,
     /// The store's sub-topology's input topic the partition is of.
     pub topic: String,
-    /// The partition of the key (murmur2 of the serialized key, as the sinks partition).
+    /// The partition of the key (where the store's input puts it; see
+    /// [`super::StoreSource::kafka_partitioned`]).
     pub partition: u32,
     /// The owner's `application.server` (Kafka Streams' `activeHost`); `None` when unknown or
     /// when the owner is this instance without `application.server`.

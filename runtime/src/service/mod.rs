@@ -808,6 +808,8 @@ impl Runtime {
                         sub_topology: i,
                         topics: topics.clone(),
                         partitions: n,
+                        // As the engine writes internal topics (`internal_partition_of`).
+                        kafka_partitioned: st.sources.iter().any(|(t, _)| !t.is_internal()),
                     },
                 );
             }
