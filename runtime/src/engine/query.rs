@@ -120,8 +120,9 @@ pub(crate) struct RangeSnapshot {
 impl Engine {
     /// The sub-tasks of `store` a read visits: every running range, or only each partition's
     /// range of `hash` when given. Fails when the store is unknown (or a global store), when a
-    /// partition of it is assigned here but restores (or waits for its other inputs), or when
-    /// `owning` (the partition the key's owner must run) is given and not assigned here.
+    /// partition of it is assigned here but restores (or waits for its other inputs; with
+    /// `owning`, only that partition counts and others restoring are skipped), or when `owning`
+    /// (the partition the key's owner must run) is given and not assigned here.
     pub(crate) fn query_ranges(
         &self,
         store: &str,
@@ -161,7 +162,11 @@ impl Engine {
         }
         for (id, task) in self.tasks.iter().filter(|(id, _)| id.sub_topology == sub) {
             if !task.is_running() {
-                restoring.push(id.partition);
+                // A read routed to its key's partition does not wait for the others: the key
+                // lives there unless its producer used another partitioner than the router's.
+                if owning.is_none_or(|p| p == id.partition) {
+                    restoring.push(id.partition);
+                }
                 continue;
             }
             let factor = task.subtasks.len();

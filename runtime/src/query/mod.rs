@@ -28,8 +28,10 @@
 //!   per range, not per store as in IQv2: a record of another key may sit in another range, so a
 //!   bound names a record of the key read. Every [`Served`] carries the range's position.
 //! - A store with a partition assigned here that restores from its changelog (or waits for its
-//!   co-partitioned inputs) answers [`QueryError::Restoring`]: retry later. Global stores are
-//!   not served yet ([`QueryError::UnknownStore`]).
+//!   co-partitioned inputs) answers [`QueryError::Restoring`]: retry later. A read routed to its
+//!   key's partition ([`StoreReader::owning`], as the HTTP routes do with the endpoint map)
+//!   waits only for that partition: other partitions that restore are skipped. Global stores
+//!   are not served yet ([`QueryError::UnknownStore`]).
 //!
 //! # What a read waits for, and what waits for a read
 //!

@@ -564,3 +564,28 @@ fn a_task_restoring_during_a_live_change_is_reported_behind_once_it_runs() {
     assert!(e.factors_behind().is_empty());
     assert!(e.factors().values().all(|f| *f == 4));
 }
+
+/// Issue 43: a read routed to its key's partition answers while another partition of the store
+/// restores (a failover's survivor serves its own keys); a scan, or a read routed to the
+/// restoring partition, answers `Restoring`.
+#[test]
+fn a_read_routed_to_a_running_partition_does_not_wait_for_one_that_restores() {
+    let log = Arc::new(MemoryChangelog::default());
+    let dir = tempfile::tempdir().unwrap();
+    let sink: Arc<dyn RecordSink> = log.clone();
+    let mut e = engine(&counting(), 2, dir.path(), &log, sink, PriorClaim::None, 1);
+    // Partition 1 stays restoring: the restore thread's result is taken only by
+    // `finish_restores`.
+    let resume = Resume {
+        claim: PriorClaim::None,
+        generation: 1,
+        ..Resume::default()
+    };
+    e.assign("in", 1, resume).unwrap();
+    let store = counting().sub_topologies()[0].stores[0].clone();
+    let hash = Some(key_hash(b"k"));
+    let restoring = |r: Result<_, crate::query::QueryError>| matches!(r, Err(crate::query::QueryError::Restoring { partitions, .. }) if partitions == [1]);
+    assert!(e.query_ranges(&store, hash, Some(0)).is_ok());
+    assert!(restoring(e.query_ranges(&store, hash, Some(1))));
+    assert!(restoring(e.query_ranges(&store, hash, None)));
+}
