@@ -1,6 +1,7 @@
 //! Kafka I/O: the consumer-group source (`source` loop, `rebalance` protocol, `committer`,
 //! `backpressure`, `time_sync`), the producer sink, the [`broker_watch`] that works around a librdkafka bug, the transaction cycle of `exactly_once_v2` (`transaction`), internal topics ([`admin`]), the commit metadata codec
-//! ([`metadata`]), the changelog reader for restore, and the [`embedded`] cluster.
+//! ([`metadata`]), the changelog reader for restore, the [`embedded`] cluster, and the client of the
+//! streams group protocol ([`streams_group`], not used by the runtime yet).
 
 pub mod admin;
 pub(crate) mod backpressure;
@@ -16,5 +17,6 @@ pub mod metadata;
 pub(crate) mod producer;
 pub(crate) mod rebalance;
 pub(crate) mod source;
+pub mod streams_group;
 pub mod time_sync;
 pub(crate) mod transaction;

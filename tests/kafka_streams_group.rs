@@ -1,0 +1,151 @@
+//! The streams group protocol (KIP-1071, issue 44) against the real broker: rill's client joins
+//! a streams group with the wordcount topology, the broker creates the internal topics and
+//! assigns every task to it, Kafka's own `kafka-streams-groups` tool (`StreamsGroupCommand`)
+//! shows the member, and a leave empties the group. The runtime does not run on this protocol
+//! yet: this is its client, alone.
+//!
+//! Run with `scripts/test`, or after `scripts/kafka start`:
+//! `RILL_TEST_BOOTSTRAP=127.0.0.1:9092 cargo test --test kafka_streams_group -- --ignored`.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use rill::runtime::kafka::streams_group::{
+    Endpoint, Heartbeat, StreamsGroupClient, TaskIds, TopologyDescription,
+};
+
+/// Runs Kafka's `StreamsGroupCommand` (what `kafka-streams-groups.sh` runs) with `args`; its
+/// stdout and stderr.
+fn streams_groups(args: &[&str]) -> String {
+    let home = std::env::var("HOME").expect("HOME");
+    let dir = format!("{home}/.cache/rill/kafka-4.4.0");
+    let classpath = std::fs::read_to_string(format!("{dir}/classpath"))
+        .expect("the broker's classpath (scripts/kafka start writes it)");
+    let out = std::process::Command::new("java")
+        .arg("-cp")
+        .arg(classpath.trim())
+        .arg(format!(
+            "-Dlog4j2.configurationFile={dir}/tools-log4j2.properties"
+        ))
+        .arg("org.apache.kafka.tools.streams.StreamsGroupCommand")
+        .args(["--bootstrap-server", &common::bootstrap()])
+        .args(args)
+        .output()
+        .expect("java");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn tasks(t: &Option<Vec<TaskIds>>) -> BTreeSet<(String, i32)> {
+    t.iter()
+        .flatten()
+        .flat_map(|t| t.partitions.iter().map(|p| (t.subtopology.clone(), *p)))
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test"]
+fn a_member_joins_a_streams_group_gets_every_task_and_leaves() {
+    let app = common::unique("sg");
+    let (input, output) = (common::unique("sg-in"), common::unique("sg-out"));
+    common::create_topic(&input, 4);
+    common::create_topic(&output, 4);
+    let topology = common::wordcount(&input, &output);
+    let repartition = format!("{app}-counts-store-repartition");
+    let partitions = BTreeMap::from([(repartition.clone(), 4)]);
+    let description = TopologyDescription::of(&topology, &app, &partitions);
+    assert_eq!(description.subtopologies.len(), 2, "{description:?}");
+    assert_eq!(
+        description.subtopologies[0].repartition_sink_topics,
+        std::slice::from_ref(&repartition)
+    );
+
+    let mut client =
+        StreamsGroupClient::connect(&common::bootstrap(), &app, Duration::from_secs(10))
+            .expect("the coordinator");
+    let member = format!("rill-member-{}", std::process::id());
+    let mut heartbeat = Heartbeat {
+        group_id: app.clone(),
+        member_id: member.clone(),
+        member_epoch: 0,
+        rebalance_timeout_ms: 30_000,
+        topology: Some(description),
+        active_tasks: Some(Vec::new()),
+        standby_tasks: Some(Vec::new()),
+        warmup_tasks: Some(Vec::new()),
+        process_id: Some(format!("rill-process-{}", std::process::id())),
+        user_endpoint: Some(Endpoint {
+            host: "127.0.0.1".into(),
+            port: 9999,
+        }),
+        ..Heartbeat::default()
+    };
+    let want: BTreeSet<(String, i32)> = ["0", "1"]
+        .iter()
+        .flat_map(|s| (0..4).map(move |p| (s.to_string(), p)))
+        .collect();
+    let mut owned = BTreeSet::new();
+    let mut statuses = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while owned != want {
+        assert!(
+            Instant::now() < deadline,
+            "not every task assigned within 60 s: owned {owned:?}, statuses {statuses:?}"
+        );
+        let r = client.heartbeat(&heartbeat).expect("heartbeat");
+        assert_eq!(r.member_id, member);
+        if let Some(s) = &r.status {
+            statuses.extend(s.iter().cloned());
+        }
+        // Owning at once (nothing to restore or revoke in this test); the broker wants the
+        // three task lists together or none.
+        let assigned = r.active_tasks.is_some();
+        if assigned {
+            owned = tasks(&r.active_tasks);
+        }
+        heartbeat.active_tasks = assigned.then(|| r.active_tasks.clone().unwrap_or_default());
+        heartbeat.standby_tasks = assigned.then(|| r.standby_tasks.clone().unwrap_or_default());
+        heartbeat.warmup_tasks = assigned.then(|| r.warmup_tasks.clone().unwrap_or_default());
+        heartbeat.member_epoch = r.member_epoch;
+        heartbeat.topology = None;
+        heartbeat.process_id = None;
+        heartbeat.user_endpoint = None;
+        std::thread::sleep(Duration::from_millis(
+            (r.heartbeat_interval_ms.clamp(100, 1000)) as u64,
+        ));
+    }
+    assert!(heartbeat.member_epoch > 0, "an epoch after the join");
+
+    let described = streams_groups(&["--describe", "--members", "--group", &app]);
+    println!("statuses during the join: {statuses:?}\n{described}");
+    assert!(
+        described.contains(&member) && described.contains("ACTIVE: 0:[0,1,2,3]; 1:[0,1,2,3]"),
+        "kafka-streams-groups --describe --members shows the member with every task:\n{described}"
+    );
+    // The broker created the internal topics it was told about.
+    let listed = streams_groups(&["--list"]);
+    assert!(listed.contains(&app), "--list shows the group:\n{listed}");
+
+    heartbeat.member_epoch = -1;
+    heartbeat.active_tasks = None;
+    heartbeat.standby_tasks = None;
+    heartbeat.warmup_tasks = None;
+    client.heartbeat(&heartbeat).expect("leave");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let described = streams_groups(&["--describe", "--members", "--group", &app]);
+        if !described.contains(&member) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the member is still in the group after leaving:\n{described}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
