@@ -1,7 +1,8 @@
 //! The streams group protocol (KIP-1071, issue 44) against the real broker: rill's client joins
 //! a streams group with the wordcount topology, the broker creates the internal topics and
 //! assigns every task to it, Kafka's own `kafka-streams-groups` tool (`StreamsGroupCommand`)
-//! shows the member, and a leave empties the group. The runtime does not run on this protocol
+//! shows the member, offsets commit at the member's epoch (a stale epoch or a stranger is
+//! refused), and a leave empties the group. The runtime does not run on this protocol
 //! yet: this is its client, alone.
 //!
 //! Run with `scripts/test`, or after `scripts/kafka start`:
@@ -13,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use rill::runtime::kafka::streams_group::{
-    Endpoint, Heartbeat, StreamsGroupClient, TaskIds, TopologyDescription,
+    Endpoint, Heartbeat, OffsetToCommit, StreamsGroupClient, TaskIds, TopologyDescription,
 };
 
 /// Runs Kafka's `StreamsGroupCommand` (what `kafka-streams-groups.sh` runs) with `args`; its
@@ -127,9 +128,46 @@ fn a_member_joins_a_streams_group_gets_every_task_and_leaves() {
         described.contains(&member) && described.contains("ACTIVE: 0:[0,1,2,3]; 1:[0,1,2,3]"),
         "kafka-streams-groups --describe --members shows the member with every task:\n{described}"
     );
-    // The broker created the internal topics it was told about.
     let listed = streams_groups(&["--list"]);
     assert!(listed.contains(&app), "--list shows the group:\n{listed}");
+
+    // Offsets commit fenced by the member epoch: the current one is taken, a stale one is not.
+    let offset = |offset: i64| OffsetToCommit {
+        topic: input.clone(),
+        partition: 2,
+        offset,
+        metadata: Some("rill range progress".into()),
+    };
+    let epoch = heartbeat.member_epoch;
+    let committed = client
+        .commit_offsets(&app, &member, epoch, &[offset(7)])
+        .expect("commit");
+    assert_eq!(
+        committed,
+        [(input.clone(), 2, 0)],
+        "committed at epoch {epoch}"
+    );
+    let stale = client
+        .commit_offsets(&app, &member, epoch - 1, &[offset(9)])
+        .expect("commit");
+    assert_ne!(stale[0].2, 0, "a stale epoch is refused: {stale:?}");
+    let stranger = client
+        .commit_offsets(&app, "not-a-member", epoch, &[offset(9)])
+        .expect("commit");
+    assert_ne!(stranger[0].2, 0, "a non-member is refused: {stranger:?}");
+    let reader: rdkafka::consumer::BaseConsumer = common::Cluster::test()
+        .client()
+        .set("group.id", &app)
+        .create()
+        .expect("consumer");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition(&input, 2);
+    let read =
+        rdkafka::consumer::Consumer::committed_offsets(&reader, tpl, Duration::from_secs(10))
+            .expect("committed offsets");
+    let e = read.find_partition(&input, 2).expect("partition 2");
+    assert_eq!(e.offset(), rdkafka::Offset::Offset(7));
+    assert_eq!(e.metadata(), "rill range progress");
 
     heartbeat.member_epoch = -1;
     heartbeat.active_tasks = None;

@@ -5,7 +5,8 @@
 //! librdkafka does not speak this protocol, so rill speaks it itself, over one plain TCP
 //! connection to the group coordinator: `FindCoordinator` (v4) to find it, then
 //! `StreamsGroupHeartbeat` (v0) to join (member epoch 0, with the topology), to heartbeat (the
-//! epoch the broker gave, the tasks owned) and to leave (epoch -1). The messages follow the
+//! epoch the broker gave, the tasks owned) and to leave (epoch -1), and `OffsetCommit` (v9) to
+//! commit offsets fenced by the member epoch. The messages follow the
 //! JSON schemas of apache/kafka (`clients/src/main/resources/common/message/`): flexible
 //! versions, so compact strings and arrays and tagged fields.
 //!
@@ -25,6 +26,8 @@ use crate::engine::changelog::changelog_topic;
 
 /// `FindCoordinator`'s API key.
 const FIND_COORDINATOR: i16 = 10;
+/// `OffsetCommit`'s API key.
+const OFFSET_COMMIT: i16 = 8;
 /// `StreamsGroupHeartbeat`'s API key.
 const STREAMS_GROUP_HEARTBEAT: i16 = 88;
 /// Longest a response may be (a guard against a peer that is not a Kafka broker).
@@ -627,6 +630,19 @@ impl Connection {
     }
 }
 
+/// One offset to commit: topic, partition, the next offset to read, metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OffsetToCommit {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The next offset to read.
+    pub offset: i64,
+    /// Kept with the offset (rill's per-range progress).
+    pub metadata: Option<String>,
+}
+
 /// A member's connection to its streams group's coordinator.
 pub struct StreamsGroupClient {
     coordinator: Connection,
@@ -697,6 +713,68 @@ impl StreamsGroupClient {
         Ok(StreamsGroupClient {
             coordinator: Connection::open(&format!("{host}:{port}"), timeout)?,
         })
+    }
+
+    /// Commits `offsets` for `group` as member `member_id` at `member_epoch` (`OffsetCommit`
+    /// v9, the first version a member of a KIP-848-style group may use): the coordinator
+    /// refuses a stale epoch, as it refuses a stale generation in the classic protocol. Returns
+    /// each partition's error code (0: committed).
+    pub fn commit_offsets(
+        &mut self,
+        group: &str,
+        member_id: &str,
+        member_epoch: i32,
+        offsets: &[OffsetToCommit],
+    ) -> Result<Vec<(String, i32, i16)>, StreamsGroupError> {
+        let mut by_topic: BTreeMap<&str, Vec<&OffsetToCommit>> = BTreeMap::new();
+        for o in offsets {
+            by_topic.entry(&o.topic).or_default().push(o);
+        }
+        let topics: Vec<(&str, Vec<&OffsetToCommit>)> = by_topic.into_iter().collect();
+        let mut w = Writer::default();
+        w.string(group);
+        w.i32(member_epoch);
+        w.string(member_id);
+        w.nullable_string(None); // group instance id
+        w.array(&topics, |w, (topic, partitions)| {
+            w.string(topic);
+            w.array(partitions, |w, o| {
+                w.i32(o.partition);
+                w.0.extend_from_slice(&o.offset.to_be_bytes());
+                w.i32(-1); // leader epoch
+                w.nullable_string(o.metadata.as_deref());
+                w.tags();
+            });
+            w.tags();
+        });
+        w.tags();
+        let body = self.coordinator.call(OFFSET_COMMIT, 9, &w.0)?;
+        let mut r = Reader { buf: &body, pos: 0 };
+        let decoded = (|| {
+            let _throttle = r.i32()?;
+            let topics = r.array(|r| {
+                let topic = r.string()?;
+                let partitions = r.array(|r| {
+                    let partition = r.i32()?;
+                    let code = r.i16()?;
+                    r.tags()?;
+                    Ok((partition, code))
+                })?;
+                r.tags()?;
+                Ok((topic, partitions))
+            })?;
+            r.tags()?;
+            Ok::<_, String>(topics)
+        })();
+        let topics = decoded.map_err(|detail| StreamsGroupError::Malformed {
+            what: "OffsetCommit response",
+            addr: self.coordinator.addr.clone(),
+            detail,
+        })?;
+        Ok(topics
+            .into_iter()
+            .flat_map(|(t, ps)| ps.into_iter().map(move |(p, c)| (t.clone(), p, c)))
+            .collect())
     }
 
     /// Sends `heartbeat` and returns the broker's answer; an error code in it is returned as
