@@ -89,6 +89,10 @@ pub(crate) struct Shared {
     kafka_partitioned: std::collections::HashSet<Topic>,
     /// How each sub-topology routes records to ranges ([`routing_hash_id`]), by index.
     hash_ids: Vec<u32>,
+    /// Per sub-topology: it has an async stage, so it completes records out of offset order,
+    /// which origin de-duplication cannot follow: it stamps no origin on its repartition
+    /// outputs and de-duplicates none of its repartition inputs (see `origin`).
+    unordered: Vec<bool>,
     /// Work items queued or running. Invariant: incremented before an item is queued,
     /// decremented after it is processed. An atomic, so the per-record path takes no lock.
     in_flight: AtomicUsize,
@@ -336,6 +340,9 @@ impl Engine {
                     .sub_topologies()
                     .iter()
                     .map(|s| routing_hash_id(s, config.async_stages.order))
+                    .collect(),
+                unordered: (0..topology.sub_topologies().len())
+                    .map(|s| topology.has_async(s))
                     .collect(),
                 topology,
                 config,

@@ -133,27 +133,44 @@ pub enum TopologyError {
         name: String,
     },
     /// Two async stages on one path from a source.
-    #[error("async stage `{node}` follows another async stage: await both calls in one future (async move {{ let a = first(v).await?; second(a).await }})")]
+    #[error("async stage `{node}` (on the records of {topics}) follows another async stage: await both calls in one future (async move {{ let a = first(v).await?; second(a).await }})")]
     AsyncChained {
         /// The second stage.
         node: String,
+        /// The user topics whose records reach it.
+        topics: String,
     },
-    /// A stateful node in a sub-topology with an async stage that a record can reach without
-    /// passing the stage.
-    #[error("node `{node}` keeps state but does not come after async stage `{stage}` of its sub-topology: state changes only once a record's call completed, so put the stateful step after the async stage")]
+    /// A stateful node beside an async stage that `build` could not move to a sub-topology of
+    /// its own (it splits them with an internal topic where it can).
+    #[error("{state} shares a sub-topology with async stage `{stage}` (on the records of {topics}) and build() could not separate them: put the stateful step after the stage, or write the stage's output to a topic of your own and read it in another step")]
     AsyncBesideState {
-        /// The stateful node.
-        node: String,
+        /// The stateful node's store(s), as the user named them.
+        state: String,
         /// The async stage.
         stage: String,
+        /// The user topics whose records reach the stage.
+        topics: String,
     },
-    /// A sub-topology with an async stage reads or writes a repartition topic.
-    #[error("async stage `{stage}` shares its sub-topology with repartition topic {topic}: records complete out of offset order there, which repartition de-duplication cannot follow; write to a topic of your own and read it in another step")]
-    AsyncWithRepartition {
-        /// The repartition topic.
-        topic: String,
+    /// `build` must put an internal topic before or after an async stage (state beside it) and
+    /// does not know a serde for it.
+    #[error("{state} shares a sub-topology with async stage `{stage}` (on the records of {topics}), so build() must put the internal topic {topic} {side} the stage, and the {what} serde of the stage's {data} is not known: {hint}")]
+    AsyncSplitSerde {
+        /// The stateful node's store(s), as the user named them.
+        state: String,
         /// The async stage.
         stage: String,
+        /// The user topics whose records reach the stage.
+        topics: String,
+        /// The internal topic it would insert.
+        topic: String,
+        /// "before" or "after".
+        side: &'static str,
+        /// "key" or "value".
+        what: &'static str,
+        /// "input" or "output".
+        data: &'static str,
+        /// The exact call that gives the serdes.
+        hint: String,
     },
     /// `KTable::group_by` or a table-table join on a table that does not carry its replaced
     /// values.
@@ -178,6 +195,7 @@ pub enum TopologyError {
 type Pred<K, V> = Arc<dyn Fn(Option<&K>, &V) -> bool + Send + Sync>;
 
 /// A node being added, before `build` links children to parents.
+#[derive(Clone)]
 struct Draft {
     name: String,
     kind: NodeKind,
@@ -196,6 +214,10 @@ struct GraphBuilder {
     errors: Vec<TopologyError>,
     /// Global tables: store name -> topic.
     global_tables: BTreeMap<String, String>,
+    /// Per async stage (by node name): what `build` needs to put an internal topic beside it.
+    async_splits: BTreeMap<String, async_stage::AsyncSplit>,
+    /// Tables read from topics: store name -> topic (errors name both).
+    table_topics: BTreeMap<String, String>,
 }
 
 impl GraphBuilder {
