@@ -54,8 +54,24 @@ enum Step {
     Order(&'static str, i64, i64),
 }
 
-/// The sorted `joined` and `counts` outputs of `steps`, piped one by one.
-fn run(sync: bool, factor: usize, steps: &[Step]) -> (Vec<(String, String)>, Vec<(String, i64)>) {
+/// The sorted `joined` and `counts` outputs.
+type Outputs = (Vec<(String, String)>, Vec<(String, i64)>);
+
+/// Reads (and sorts) what `driver` wrote to `joined` and `counts`.
+fn outputs_of(driver: &TestDriver) -> Outputs {
+    let mut joined = driver
+        .output_topic("joined", StringSerde, StringSerde)
+        .read_key_values();
+    joined.sort();
+    let mut counts = driver
+        .output_topic("counts", StringSerde, I64Serde)
+        .read_key_values();
+    counts.sort();
+    (joined, counts)
+}
+
+/// The outputs of `steps`, piped one by one.
+fn run(sync: bool, factor: usize, steps: &[Step]) -> Outputs {
     let driver = TestDriver::builder(orders(sync))
         .parallelising_factor(factor)
         .build()
@@ -68,15 +84,7 @@ fn run(sync: bool, factor: usize, steps: &[Step]) -> (Vec<(String, String)>, Vec
             Step::Order(k, v, ts) => orders.pipe_input_at(k.to_string(), *v, *ts),
         }
     }
-    let mut joined = driver
-        .output_topic("joined", StringSerde, StringSerde)
-        .read_key_values();
-    joined.sort();
-    let mut counts = driver
-        .output_topic("counts", StringSerde, I64Serde)
-        .read_key_values();
-    counts.sort();
-    (joined, counts)
+    outputs_of(&driver)
 }
 
 fn steps() -> Vec<Step> {
@@ -142,20 +150,12 @@ fn a_backlog_of_orders_completing_out_of_order_joins_and_counts_like_the_oracle(
         for (k, v, ts) in closing {
             orders.pipe_input_at(k.into(), v, ts);
         }
-        let mut joined = driver
-            .output_topic("joined", StringSerde, StringSerde)
-            .read_key_values();
-        joined.sort();
-        let mut counts = driver
-            .output_topic("counts", StringSerde, I64Serde)
-            .read_key_values();
-        counts.sort();
-        (joined, counts, driver.with_stats(|s| s.late_dropped()))
+        (outputs_of(&driver), driver.with_stats(|s| s.late_dropped()))
     };
-    let (want_joined, want_counts, want_late) = outputs(true);
+    let ((want_joined, want_counts), want_late) = outputs(true);
     assert_eq!(want_joined.len(), 43);
     assert_eq!(want_late, 0);
-    let (joined, counts, late) = outputs(false);
+    let ((joined, counts), late) = outputs(false);
     assert_eq!(joined, want_joined);
     assert_eq!(counts, want_counts);
     assert_eq!(late, 0);

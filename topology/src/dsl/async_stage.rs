@@ -32,7 +32,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
 
-use super::{decoder, encoder, Draft, GraphBuilder, KStream, Repartitioned, TopologyError};
+use super::{
+    decoder, encoder, AsyncSplitSerde, Draft, GraphBuilder, KStream, Repartitioned, TopologyError,
+};
 use crate::graph::{AsyncFn, AsyncOutput, Decoder, Encoder, Node, NodeKind, SubTopology, Topic};
 use crate::processor::{erase, unerase, Datum, ErasedRecord, ProcessError};
 use crate::record::Record;
@@ -184,14 +186,8 @@ impl<K: Datum + Clone, V: Datum + Clone> KStream<K, V> {
                     .collect::<Vec<_>>())
             }
         });
-        let Repartitioned {
-            name,
-            key_serde,
-            value_serde,
-        } = repartitioned;
-        let key = key_serde.or_else(|| self.key_serde.clone());
-        let value = value_serde.or_else(|| same_type(&self.value_serde));
-        self.add_async(op, with, call, false, name, key, value)
+        let key = self.key_serde.clone();
+        self.add_async(op, with, call, false, repartitioned, key)
     }
 
     /// Replaces each record by the records the future `f(record)` resolves to (key, value,
@@ -220,37 +216,37 @@ impl<K: Datum + Clone, V: Datum + Clone> KStream<K, V> {
         F: Fn(Record<K, V>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Vec<Record<K2, V2>>, ProcessError>> + Send + 'static,
     {
-        let Repartitioned {
-            name,
-            key_serde,
-            value_serde,
-        } = repartitioned.into();
-        let key = key_serde.or_else(|| same_type(&self.key_serde));
-        let value = value_serde.or_else(|| same_type(&self.value_serde));
+        let key = same_type(&self.key_serde);
         let call = typed_call(f);
         self.add_async(
             "process-async",
             "process_async_with",
             call,
             true,
-            name,
+            repartitioned.into(),
             key,
-            value,
         )
     }
 
-    /// Adds the stage with what `build` needs to split its sub-topology (see [`AsyncSplit`]).
-    #[allow(clippy::too_many_arguments)]
+    /// Adds the stage with what `build` needs to split its sub-topology (see [`AsyncSplit`]):
+    /// its output serdes are `repartitioned`'s, else `key` and this stream's value serde when
+    /// the types are the same.
     fn add_async<K2: Datum + Clone, V2: Datum + Clone>(
         &self,
         op: &str,
         with: &'static str,
         call: AsyncFn,
         key_changed: bool,
-        name: Option<String>,
-        key_serde: MaybeSerde<K2>,
-        value_serde: MaybeSerde<V2>,
+        repartitioned: Repartitioned<K2, V2>,
+        key: MaybeSerde<K2>,
     ) -> KStream<K2, V2> {
+        let Repartitioned {
+            name,
+            key_serde,
+            value_serde,
+        } = repartitioned;
+        let key_serde = key_serde.or(key);
+        let value_serde = value_serde.or_else(|| same_type(&self.value_serde));
         let split = |stage: &str| AsyncSplit {
             name: name.clone().unwrap_or_else(|| stage.to_string()),
             input: codec(&self.key_serde, &self.value_serde),
@@ -310,10 +306,24 @@ pub(super) fn split(mut drafts: Vec<Draft>, g: &GraphBuilder) -> Result<Vec<Draf
             return Ok(drafts);
         };
         let name = drafts[stage].name.clone();
-        let state_follows = descendants(&nodes, stage)
-            .into_iter()
-            .any(|n| is_stateful(&nodes[n]));
-        let after = if state_follows && !done.contains(&(name.clone(), true)) {
+        // Before the stage when that alone parts the state from it (the stage's input serdes
+        // are usually known), else after it.
+        let before_parts = {
+            let mut trial = drafts.clone();
+            let stub = |name: &str| Draft {
+                name: name.to_string(),
+                kind: trial[stage].kind.clone(),
+                parents: Vec::new(),
+            };
+            let (sink, source) = (stub("sink"), stub("source"));
+            cut(&mut trial, stage, false, sink, source);
+            let subs = super::builder::split_sub_topologies(&trial, &super::builder::link(&trial));
+            let moved = |n: usize| if n >= stage { n + 2 } else { n };
+            !subs
+                .iter()
+                .any(|s| s.nodes.contains(&moved(state)) && s.nodes.contains(&(stage + 2)))
+        };
+        let after = if !before_parts && !done.contains(&(name.clone(), true)) {
             true
         } else if !done.contains(&(name.clone(), false)) {
             false
@@ -352,7 +362,7 @@ pub(super) fn split(mut drafts: Vec<Draft>, g: &GraphBuilder) -> Result<Vec<Draf
                     let hint = "call `repartition(Repartitioned::with(key_serde, value_serde))` on the stream just before the stage".to_string();
                     ("input", "before", hint)
                 };
-                return Err(TopologyError::AsyncSplitSerde {
+                return Err(TopologyError::AsyncSplitSerde(Box::new(AsyncSplitSerde {
                     state: state_of(&nodes[state], &g.table_topics),
                     stage: name,
                     topics: topics_of(&drafts, stage),
@@ -361,7 +371,7 @@ pub(super) fn split(mut drafts: Vec<Draft>, g: &GraphBuilder) -> Result<Vec<Draf
                     what,
                     data,
                     hint,
-                });
+                })));
             }
         };
         let sink = Draft {
@@ -388,22 +398,26 @@ pub(super) fn split(mut drafts: Vec<Draft>, g: &GraphBuilder) -> Result<Vec<Draf
                 return Err(TopologyError::DuplicateName(n.clone()));
             }
         }
-        if after {
-            // stage -> sink; source -> the stage's children.
-            insert_pair(&mut drafts, stage + 1, sink, source);
-            for d in drafts.iter_mut().skip(stage + 3) {
-                for p in d.parents.iter_mut().filter(|p| **p == stage) {
-                    *p = stage + 2;
-                }
+        cut(&mut drafts, stage, after, sink, source);
+    }
+}
+
+/// Puts `sink` -> (the internal topic) -> `source` after node `stage` (between it and its
+/// children) or before it (between it and its parent).
+fn cut(drafts: &mut Vec<Draft>, stage: usize, after: bool, sink: Draft, source: Draft) {
+    if after {
+        insert_pair(drafts, stage + 1, sink, source);
+        for d in drafts.iter_mut().skip(stage + 3) {
+            for p in d.parents.iter_mut().filter(|p| **p == stage) {
+                *p = stage + 2;
             }
-            drafts[stage + 1].parents = vec![stage];
-        } else {
-            // The stage's parent -> sink; source -> stage.
-            let up = drafts[stage].parents.clone();
-            insert_pair(&mut drafts, stage, sink, source);
-            drafts[stage].parents = up;
-            drafts[stage + 2].parents = vec![stage + 1];
         }
+        drafts[stage + 1].parents = vec![stage];
+    } else {
+        let up = drafts[stage].parents.clone();
+        insert_pair(drafts, stage, sink, source);
+        drafts[stage].parents = up;
+        drafts[stage + 2].parents = vec![stage + 1];
     }
 }
 
@@ -420,20 +434,6 @@ fn insert_pair(drafts: &mut Vec<Draft>, at: usize, sink: Draft, source: Draft) {
 
 fn is_stateful(node: &Node) -> bool {
     matches!(&node.kind, NodeKind::Processor { stores, .. } if !stores.is_empty())
-}
-
-/// Every node below `n`.
-fn descendants(nodes: &[Node], n: usize) -> Vec<usize> {
-    let mut seen = vec![false; nodes.len()];
-    let mut todo = nodes[n].children.clone();
-    let mut found = Vec::new();
-    while let Some(c) = todo.pop() {
-        if !std::mem::replace(&mut seen[c], true) {
-            found.push(c);
-            todo.extend(nodes[c].children.iter().copied());
-        }
-    }
-    found
 }
 
 /// The topics whose records reach node `n`, for errors: "`orders`, `clicks`".
@@ -630,7 +630,7 @@ mod tests {
     #[test]
     fn a_stage_that_changes_the_type_without_serdes_is_refused_naming_the_table() {
         let e = enrich_then_join(false).unwrap_err();
-        assert!(matches!(e, TopologyError::AsyncSplitSerde { .. }), "{e:?}");
+        assert!(matches!(e, TopologyError::AsyncSplitSerde(_)), "{e:?}");
         assert_eq!(
             e.to_string(),
             "the table of topic `accounts` (store `accounts-store`) shares a sub-topology with \

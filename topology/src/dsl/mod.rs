@@ -153,25 +153,8 @@ pub enum TopologyError {
     },
     /// `build` must put an internal topic before or after an async stage (state beside it) and
     /// does not know a serde for it.
-    #[error("{state} shares a sub-topology with async stage `{stage}` (on the records of {topics}), so build() must put the internal topic {topic} {side} the stage, and the {what} serde of the stage's {data} is not known: {hint}")]
-    AsyncSplitSerde {
-        /// The stateful node's store(s), as the user named them.
-        state: String,
-        /// The async stage.
-        stage: String,
-        /// The user topics whose records reach the stage.
-        topics: String,
-        /// The internal topic it would insert.
-        topic: String,
-        /// "before" or "after".
-        side: &'static str,
-        /// "key" or "value".
-        what: &'static str,
-        /// "input" or "output".
-        data: &'static str,
-        /// The exact call that gives the serdes.
-        hint: String,
-    },
+    #[error(transparent)]
+    AsyncSplitSerde(Box<AsyncSplitSerde>),
     /// `KTable::group_by` or a table-table join on a table that does not carry its replaced
     /// values.
     #[error("table `{store}` cannot be regrouped or joined with another table: group_by and table-table joins need a table read from a topic (StreamsBuilder::table), a filter / map_values view of one, or a table-table join's result; an aggregation's table does not carry the values its updates replace yet")]
@@ -189,6 +172,28 @@ pub enum TopologyError {
         /// The method that takes them.
         hint: &'static str,
     },
+}
+
+/// The details of [`TopologyError::AsyncSplitSerde`].
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{state} shares a sub-topology with async stage `{stage}` (on the records of {topics}), so build() must put the internal topic {topic} {side} the stage, and the {what} serde of the stage's {data} is not known: {hint}")]
+pub struct AsyncSplitSerde {
+    /// The stateful node's store(s), as the user named them.
+    pub state: String,
+    /// The async stage.
+    pub stage: String,
+    /// The user topics whose records reach the stage.
+    pub topics: String,
+    /// The internal topic it would insert.
+    pub topic: String,
+    /// "before" or "after".
+    pub side: &'static str,
+    /// "key" or "value".
+    pub what: &'static str,
+    /// "input" or "output".
+    pub data: &'static str,
+    /// The exact call that gives the serdes.
+    pub hint: String,
 }
 
 /// A branch predicate of [`KStream::split`].
