@@ -75,15 +75,6 @@ fn same_type<A: 'static, B: 'static>(serde: &MaybeSerde<A>) -> MaybeSerde<B> {
     boxed.downcast::<Arc<dyn Serde<B>>>().ok().map(|b| *b)
 }
 
-/// No name and no serdes: what the short forms pass.
-fn unset<K, V>() -> Repartitioned<K, V> {
-    Repartitioned {
-        name: None,
-        key_serde: None,
-        value_serde: None,
-    }
-}
-
 impl<K: Datum + Clone, V: Datum + Clone> KStream<K, V> {
     /// Replaces each value by what the future `f(value)` resolves to; the key is unchanged.
     pub fn map_values_async<V2, F, Fut>(&self, f: F) -> KStream<K, V2>
@@ -92,7 +83,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KStream<K, V> {
         F: Fn(V) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<V2, ProcessError>> + Send + 'static,
     {
-        self.map_values_async_with(f, unset())
+        self.map_values_async_with(f, Repartitioned::default())
     }
 
     /// [`KStream::map_values_async`] with the name and serdes of the internal topic `build`
@@ -128,7 +119,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KStream<K, V> {
         F: Fn(V) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<I, ProcessError>> + Send + 'static,
     {
-        self.flat_map_values_async_with(f, unset())
+        self.flat_map_values_async_with(f, Repartitioned::default())
     }
 
     /// [`KStream::flat_map_values_async`] with the name and serdes of the internal topic
@@ -200,7 +191,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KStream<K, V> {
         F: Fn(Record<K, V>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Vec<Record<K2, V2>>, ProcessError>> + Send + 'static,
     {
-        self.process_async_with(f, unset())
+        self.process_async_with(f, Repartitioned::default())
     }
 
     /// [`KStream::process_async`] with the name and serdes of the internal topic `build` may

@@ -69,7 +69,7 @@ pub use cogroup::CogroupedKStream;
 pub use global_table::GlobalKTable;
 pub use grouped::KGroupedStream;
 pub use grouped_table::KGroupedTable;
-pub use options::{Consumed, Grouped, Materialized, Named, Produced, Repartitioned};
+pub use options::{Consumed, Grouped, Joined, Materialized, Named, Produced, Repartitioned};
 pub use stream::{KStream, Split};
 pub use stream_join::{JoinWindows, StreamJoined};
 pub use table::KTable;
@@ -155,6 +155,14 @@ pub enum TopologyError {
     /// does not know a serde for it.
     #[error(transparent)]
     AsyncSplitSerde(Box<AsyncSplitSerde>),
+    /// A stream-table join with a grace period on a table that is not versioned.
+    #[error("join `{node}` with the table of store `{store}` has a grace period, which needs a versioned table: read the table with Materialized::versioned(history_retention), or drop Joined::with_grace_period")]
+    GraceNeedsVersionedTable {
+        /// The join node.
+        node: String,
+        /// The table's store.
+        store: String,
+    },
     /// `KTable::group_by` or a table-table join on a table that does not carry its replaced
     /// values.
     #[error("table `{store}` cannot be regrouped or joined with another table: group_by and table-table joins need a table read from a topic (StreamsBuilder::table), a filter / map_values view of one, or a table-table join's result; an aggregation's table does not carry the values its updates replace yet")]
