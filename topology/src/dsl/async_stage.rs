@@ -21,7 +21,9 @@
 //!   de-duplication of repartition topics (by origin position) cannot follow: the engine stamps
 //!   no origin on what it writes to internal topics and de-duplicates nothing it reads from
 //!   them. Under `at_least_once` the state behind such a topic is therefore at least once for
-//!   the records of a replay; under `exactly_once_v2` the transaction makes it exact.
+//!   the records of a replay; under `exactly_once_v2` the transaction makes it exact. Behind
+//!   the topic records arrive in completion order, and the stage's settled time does not cross
+//!   it: a window there needs a grace that covers the spread of the calls' durations.
 //! - A call that returns [`ProcessError::Retryable`] is retried (`retry.max.attempts`,
 //!   `retry.backoff.ms`); any other error, or a panic, goes to `processing.exception.handler`.
 //!
