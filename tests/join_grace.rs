@@ -44,6 +44,27 @@ fn topology(grace_ms: u64, left: bool) -> Topology {
 /// The outputs (key, value, timestamp) of `events` in the order the join writes them.
 fn run(events: &[Event], grace_ms: u64, left: bool) -> Vec<(String, String, i64)> {
     let driver = TestDriver::new(topology(grace_ms, left)).unwrap();
+    pipe(&driver, events)
+}
+
+/// [`run`] with the driver closed and reopened on its state after every event: the buffer and
+/// its stream time come back from the state.
+fn run_restarting(events: &[Event], grace_ms: u64, left: bool) -> Vec<(String, String, i64)> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut got = Vec::new();
+    for e in events {
+        let driver = TestDriver::builder(topology(grace_ms, left))
+            .state_dir(dir.path())
+            .build()
+            .unwrap();
+        got.extend(pipe(&driver, std::slice::from_ref(e)));
+        driver.close().unwrap();
+    }
+    got
+}
+
+/// Pipes `events` and reads what the join wrote.
+fn pipe(driver: &TestDriver, events: &[Event]) -> Vec<(String, String, i64)> {
     let accounts = driver.input_topic("accounts", StringSerde, StringSerde);
     let orders = driver.input_topic("orders", StringSerde, StringSerde);
     for e in events {
@@ -147,6 +168,7 @@ fn a_record_waits_for_a_late_table_update_within_the_grace_period() {
     let none = run(&lagging_table(), 0, false);
     assert_eq!(none[0], ("alice".into(), "o1+Alice".into(), 10));
     assert_eq!(none, oracle(&lagging_table(), 0, false));
+    assert_eq!(run_restarting(&lagging_table(), 5, false), want);
 }
 
 #[test]
