@@ -1,6 +1,7 @@
 //! Option objects of the DSL, named as in Kafka Streams: [`Materialized`] (a store),
 //! [`Grouped`] (a grouping and its repartition topic), [`Produced`] (a sink), [`Consumed`] (a
-//! source), [`Repartitioned`] (an explicit repartition) and [`Named`] (a processor).
+//! source), [`Repartitioned`] (an explicit repartition, or the topic `build` puts beside an async
+//! stage), [`Joined`] (a stream-table join) and [`Named`] (a processor).
 //!
 //! Each is a small builder: `Materialized::named("counts").with_value_serde(I64Serde)`. Where
 //! Kafka Streams writes `X.as(name)` (a Rust keyword), rill writes `X::named(name)`; where it
