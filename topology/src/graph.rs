@@ -328,6 +328,38 @@ impl Topology {
             .any(|&n| matches!(self.nodes[n].kind, NodeKind::Async { .. }))
     }
 
+    /// Topics that a sub-topology with an async stage writes without passing the stage, with
+    /// that stage: such a record is written when it starts, before its call completes and its
+    /// offset can be committed (a transaction could hold the one without the other).
+    pub fn outputs_before_async(&self) -> Vec<(Topic, String)> {
+        let mut found = Vec::new();
+        for sub in (0..self.sub_topologies.len()).filter(|&s| self.has_async(s)) {
+            let sub = &self.sub_topologies[sub];
+            let Some(stage) = sub
+                .nodes
+                .iter()
+                .find(|&&n| matches!(self.nodes[n].kind, NodeKind::Async { .. }))
+            else {
+                continue;
+            };
+            let mut seen = vec![false; self.nodes.len()];
+            let mut todo: Vec<usize> = sub.sources.iter().map(|(_, n)| *n).collect();
+            while let Some(n) = todo.pop() {
+                if std::mem::replace(&mut seen[n], true) {
+                    continue;
+                }
+                match &self.nodes[n].kind {
+                    NodeKind::Async { .. } => {}
+                    NodeKind::Sink { topic, .. } => {
+                        found.push((topic.clone(), self.nodes[*stage].name.clone()));
+                    }
+                    _ => todo.extend(self.nodes[n].children.iter().copied()),
+                }
+            }
+        }
+        found
+    }
+
     /// Every store name.
     pub fn stores(&self) -> Vec<String> {
         self.sub_topologies

@@ -49,9 +49,9 @@ pub use record::{Headers, RawRecord, Record, PARTITION_HEADER};
 /// The names most applications need.
 pub mod prelude {
     pub use crate::dsl::{
-        CogroupedKStream, Consumed, GlobalKTable, Grouped, JoinWindows, KGroupedStream, KStream,
-        KTable, Materialized, Named, Produced, Repartitioned, SessionWindowedKStream, StreamJoined,
-        StreamsBuilder, TimeWindowedKStream, TopologyError,
+        CogroupedKStream, Consumed, GlobalKTable, Grouped, JoinWindows, Joined, KGroupedStream,
+        KStream, KTable, Materialized, Named, Produced, Repartitioned, SessionWindowedKStream,
+        StreamJoined, StreamsBuilder, TimeWindowedKStream, TopologyError,
     };
     pub use crate::graph::Topology;
     pub use crate::processor::{

@@ -70,7 +70,8 @@ impl TaskEnv for Env<'_> {
         let resolved = self.shared.output_name(topic);
         let partition =
             if topic.is_internal() {
-                if let Some((topic, offset, hash)) = self.origin {
+                let ordered = !self.shared.unordered[self.id.sub_topology];
+                if let Some((topic, offset, hash)) = self.origin.filter(|_| ordered) {
                     let origin = Origin {
                         topic,
                         partition: self.id.partition,

@@ -89,6 +89,10 @@ pub(crate) struct Shared {
     kafka_partitioned: std::collections::HashSet<Topic>,
     /// How each sub-topology routes records to ranges ([`routing_hash_id`]), by index.
     hash_ids: Vec<u32>,
+    /// Per sub-topology: it has an async stage, so it completes records out of offset order,
+    /// which origin de-duplication cannot follow: it stamps no origin on its repartition
+    /// outputs and de-duplicates none of its repartition inputs (see `origin`).
+    unordered: Vec<bool>,
     /// Work items queued or running. Invariant: incremented before an item is queued,
     /// decremented after it is processed. An atomic, so the per-record path takes no lock.
     in_flight: AtomicUsize,
@@ -325,10 +329,18 @@ impl Engine {
         );
         let record_cache = CacheBudget::new(config.cache_max_bytes);
         let has_async = (0..topology.sub_topologies().len()).any(|s| topology.has_async(s));
-        if has_async && config.transactional {
+        // A parked (sealed) sub-task takes no answers, so a transaction holds the outputs and
+        // offsets of completed records only; a write before the stage would be in it without
+        // its record's offset (see `transaction`).
+        if let Some((topic, stage)) = topology
+            .outputs_before_async()
+            .into_iter()
+            .next()
+            .filter(|_| config.transactional)
+        {
             return Err(EngineError::Config {
                 key: "processing.guarantee",
-                message: "async stages (map_values_async and the like) do not run under exactly_once_v2 yet: use at_least_once (state stays exactly once)".into(),
+                message: format!("exactly_once_v2: topic `{topic}` is written before async stage `{stage}` answers, so a transaction could commit that write without its record's offset (or the reverse): write it after the stage, or put `repartition(..)` before the stage so that the write is in a sub-topology of its own; or use at_least_once"),
             });
         }
         let async_runtime = if has_async {
@@ -344,6 +356,9 @@ impl Engine {
                     .sub_topologies()
                     .iter()
                     .map(|s| routing_hash_id(s, config.async_stages.order))
+                    .collect(),
+                unordered: (0..topology.sub_topologies().len())
+                    .map(|s| topology.has_async(s))
                     .collect(),
                 topology,
                 config,

@@ -22,7 +22,10 @@
 //!
 //! This requires deterministic upstream processing: the same input yields the same outputs in the
 //! same order. Outputs of wall-clock punctuations depend on time, not on input, so they carry no
-//! origin and are applied at least once.
+//! origin and are applied at least once. So do the outputs of a sub-topology with an async
+//! stage, which completes records out of offset order; it also de-duplicates none of its
+//! repartition inputs, since it applies them out of position order: behind or inside it, a
+//! replay under `at_least_once` is applied at least once.
 
 use rill_topology::{key_hash, Headers, KeyRange};
 

@@ -760,7 +760,8 @@ impl Core {
         self.instance.set_partition_time(input.partition_time);
         let mut raw = input.raw;
         if source.topic.is_internal() {
-            if let Some(o) = Origin::from_headers(&raw.headers) {
+            let ordered = !shared.unordered[id.sub_topology];
+            if let Some(o) = Origin::from_headers(&raw.headers).filter(|_| ordered) {
                 let entries = self
                     .origins
                     .entry((source.index, o.topic, o.partition))

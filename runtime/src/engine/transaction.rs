@@ -25,6 +25,13 @@
 //! 4. `commit_transaction`; then **write** ([`Engine::finish_transaction`]): each ready range
 //!    writes its WriteBatch (state, progress, changelog positions) and goes on.
 //!
+//! **Async stages.** A parked sub-task takes no answers either, and a record's offset closes in
+//! the same step that runs its stateful part and writes its outputs: a transaction holds both
+//! for the records whose calls completed before the seal and neither for a call still open
+//! (its offset stays open; the ranges list the completed offsets above it). What a sub-topology
+//! writes before its stage (at the record's start) would break that, so `Engine::new` refuses
+//! it under `exactly_once_v2` ([`rill_topology::Topology::outputs_before_async`]).
+//!
 //! **Rollback.** An aborted or failed transaction is rolled back by closing every task without
 //! committing anything (the runtime rejoins the group with a new consumer): RocksDB holds only
 //! commits whose transaction committed, because a WriteBatch is written after its commit, and

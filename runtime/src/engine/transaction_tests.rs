@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,16 @@ use crate::engine::test_topologies::counting;
 /// A transactional engine at P = 3 over `dir`, writing to and restoring from `log`, assigned
 /// partition 0 of `in` as the last committed transaction left it (`after`).
 fn engine(dir: &Path, log: &Arc<MemoryChangelog>, after: Option<&PartitionProgress>) -> Engine {
+    engine_of(counting(), dir, log, after)
+}
+
+/// [`engine`] running `topology`.
+fn engine_of(
+    topology: Arc<Topology>,
+    dir: &Path,
+    log: &Arc<MemoryChangelog>,
+    after: Option<&PartitionProgress>,
+) -> Engine {
     let db = StateDb::open(&StateConfig {
         dir: dir.to_path_buf(),
         memory_bytes: 16 << 20,
@@ -34,7 +45,7 @@ fn engine(dir: &Path, log: &Arc<MemoryChangelog>, after: Option<&PartitionProgre
         transactional: true,
         ..EngineConfig::default()
     };
-    let mut e = Engine::new(counting(), config, Some(db), log.clone(), HashMap::new()).unwrap();
+    let mut e = Engine::new(topology, config, Some(db), log.clone(), HashMap::new()).unwrap();
     e.restore_from(log.clone());
     let resume = match after {
         Some(p) => Resume {
@@ -56,10 +67,16 @@ fn engine(dir: &Path, log: &Arc<MemoryChangelog>, after: Option<&PartitionProgre
 }
 
 fn dispatch(e: &mut Engine, from: u64, keys: &[&str]) {
-    for (i, k) in keys.iter().enumerate() {
+    let records: Vec<(&str, &str)> = keys.iter().map(|k| (*k, "v")).collect();
+    dispatch_values(e, from, &records);
+}
+
+/// Dispatches (key, value) records at offsets from `from`.
+fn dispatch_values(e: &mut Engine, from: u64, records: &[(&str, &str)]) {
+    for (i, (k, v)) in records.iter().enumerate() {
         let raw = RawRecord {
             key: Some(k.as_bytes().to_vec()),
-            value: Some(b"v".to_vec()),
+            value: Some(v.as_bytes().to_vec()),
             timestamp: 0,
             headers: Headers::new(),
         };
@@ -250,4 +267,120 @@ fn a_seal_jumps_the_queue_so_a_transaction_does_not_wait_for_a_backlog() {
     let all = commit(&mut e);
     assert_eq!(all.low_watermark, 5000);
     assert_eq!(count(&e, "a"), Some(1000));
+}
+
+/// in -> `map_values_async` (a value `hold` waits until `release` is set) -> count("counts") ->
+/// out.
+fn counting_after_a_call(release: Arc<AtomicBool>) -> Arc<Topology> {
+    let b = StreamsBuilder::new();
+    b.stream("in", StringSerde, StringSerde)
+        .map_values_async(move |v: String| {
+            let release = release.clone();
+            async move {
+                while v == "hold" && !release.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Ok(v)
+            }
+        })
+        .group_by_key()
+        .count("counts")
+        .to_stream()
+        .to_with("out", Produced::with(StringSerde, I64Serde));
+    Arc::new(b.build().unwrap())
+}
+
+/// The (key, count) outputs written to `out`, sorted.
+fn outputs(log: &MemoryChangelog) -> Vec<(String, i64)> {
+    let mut out: Vec<(String, i64)> = log
+        .records("out", 0)
+        .into_iter()
+        .map(|(_, r)| {
+            let key = String::from_utf8(r.key.unwrap_or_default()).unwrap();
+            (
+                key,
+                I64Serde.deserialize(&r.value.unwrap_or_default()).unwrap(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Issue 42 item 4: async stages under `exactly_once_v2`. A transaction sealed while a call is
+/// open holds the outputs and offsets of the completed records only; after a crash the open
+/// record (and the one queued behind it) run again, once.
+#[test]
+fn a_transaction_with_a_call_open_holds_completed_records_only() {
+    let release = Arc::new(AtomicBool::new(false));
+    let topology = counting_after_a_call(release.clone());
+    let (dir, log) = (
+        tempfile::tempdir().unwrap(),
+        Arc::new(MemoryChangelog::default()),
+    );
+    let mut e = engine_of(topology.clone(), dir.path(), &log, None);
+    let records = [
+        ("a", "v"),
+        ("h", "hold"),
+        ("b", "v"),
+        ("a", "v"),
+        ("h", "hold"), // behind offset 1: same key
+        ("c", "v"),
+    ];
+    dispatch_values(&mut e, 0, &records);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while e.stats().processed() < 4 {
+        assert!(Instant::now() < deadline, "the free calls did not complete");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let first = seal(&mut e);
+    assert_eq!(
+        first.low_watermark, 1,
+        "the held record's offset stays open"
+    );
+    let done: Vec<(String, i64)> = [("a", 1), ("a", 2), ("b", 1), ("c", 1)]
+        .map(|(k, n)| (k.to_string(), n))
+        .to_vec();
+    assert_eq!(outputs(&log), done, "nothing of the held key");
+    e.finish_transaction().unwrap();
+    e.resume_after_transaction();
+    // The process dies with the call still open.
+    assert!(e.halt(Duration::from_secs(20)));
+    drop(e);
+    release.store(true, Ordering::SeqCst);
+
+    let mut e = engine_of(topology, dir.path(), &log, Some(&first));
+    // Redelivered from the committed offset; the ranges skip what completed above it.
+    dispatch_values(&mut e, 1, &records[1..]);
+    let all = commit(&mut e);
+    assert_eq!(all.low_watermark, 6);
+    for (k, n) in [("a", 2), ("b", 1), ("c", 1), ("h", 2)] {
+        assert_eq!(count(&e, k), Some(n), "{k}");
+    }
+    let mut want = done;
+    want.extend([("h".to_string(), 1), ("h".to_string(), 2)]);
+    want.sort();
+    assert_eq!(outputs(&log), want, "every output once");
+}
+
+#[test]
+fn a_write_before_an_async_stage_is_refused_under_exactly_once() {
+    let b = StreamsBuilder::new();
+    let s = b.stream("in", StringSerde, StringSerde);
+    s.to_with("copy", Produced::with(StringSerde, StringSerde));
+    s.map_values_async(|v: String| async move { Ok(v) })
+        .to_with("out", Produced::with(StringSerde, StringSerde));
+    let config = EngineConfig {
+        application_id: "app".into(),
+        transactional: true,
+        ..EngineConfig::default()
+    };
+    let log = Arc::new(MemoryChangelog::default());
+    let topology = Arc::new(b.build().unwrap());
+    let e = Engine::new(topology, config, None, log, HashMap::new()).err();
+    let text = e.map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        text.contains("topic `copy` is written before async stage `map-values-async-0003` answers"),
+        "{text}"
+    );
 }

@@ -158,6 +158,7 @@ impl StreamsBuilder {
         });
         let mut g = self.inner.borrow_mut();
         let store = g.name_or_generated(materialized.name.as_deref(), "table-store");
+        g.table_topics.insert(store.clone(), topic.to_string());
         let source_name = g.name_or_generated(name.as_deref(), "table-source");
         let source = g.add(
             source_name,
@@ -288,20 +289,9 @@ impl StreamsBuilder {
         if let Some(e) = g.errors.first() {
             return Err(e.clone());
         }
-        let mut nodes: Vec<Node> = g
-            .nodes
-            .iter()
-            .map(|d| Node {
-                name: d.name.clone(),
-                kind: d.kind.clone(),
-                children: Vec::new(),
-            })
-            .collect();
-        for (i, d) in g.nodes.iter().enumerate() {
-            for &p in &d.parents {
-                nodes[p].children.push(i);
-            }
-        }
+        // State beside an async stage: internal topics split them (see `async_stage`).
+        let drafts = super::async_stage::split(g.nodes.clone(), &g)?;
+        let nodes = link(&drafts);
         let mut source_topics: BTreeMap<Topic, String> = BTreeMap::new();
         for n in &nodes {
             match &n.kind {
@@ -327,9 +317,7 @@ impl StreamsBuilder {
         if source_topics.is_empty() {
             return Err(TopologyError::NoSource);
         }
-        let sub_topologies = split_sub_topologies(&g.nodes, &nodes);
-        let parents: Vec<Vec<usize>> = g.nodes.iter().map(|d| d.parents.clone()).collect();
-        super::async_stage::validate(&nodes, &parents, &sub_topologies)?;
+        let sub_topologies = split_sub_topologies(&drafts, &nodes);
         Ok(Topology {
             nodes,
             sub_topologies,
@@ -339,8 +327,26 @@ impl StreamsBuilder {
     }
 }
 
+/// The nodes of `drafts`, each with its children.
+pub(super) fn link(drafts: &[Draft]) -> Vec<Node> {
+    let mut nodes: Vec<Node> = drafts
+        .iter()
+        .map(|d| Node {
+            name: d.name.clone(),
+            kind: d.kind.clone(),
+            children: Vec::new(),
+        })
+        .collect();
+    for (i, d) in drafts.iter().enumerate() {
+        for &p in &d.parents {
+            nodes[p].children.push(i);
+        }
+    }
+    nodes
+}
+
 /// Groups nodes into connected components (edges and shared stores join them).
-fn split_sub_topologies(drafts: &[Draft], nodes: &[Node]) -> Vec<SubTopology> {
+pub(super) fn split_sub_topologies(drafts: &[Draft], nodes: &[Node]) -> Vec<SubTopology> {
     let mut parent: Vec<usize> = (0..nodes.len()).collect();
     fn find(parent: &mut [usize], mut x: usize) -> usize {
         while parent[x] != x {

@@ -12,20 +12,33 @@
 //! version valid at its own timestamp (KIP-914), whatever order the two topics' records arrive
 //! in, as long as the table's record was processed first and is within the history retention.
 //!
+//! With [`Joined::with_grace_period`] (KIP-923, versioned tables only) each stream record waits
+//! in a buffer store (`<join node>-buffer`) until the stream's time passes its timestamp by the
+//! grace period; the records due then join in timestamp order, each with the table as of its
+//! timestamp, so a table update up to `grace` late still meets them. A record older than the
+//! stream's time minus the grace period joins at once, as in Kafka Streams. The stream's time
+//! is that of the records this key range buffered (Kafka Streams: its task's), kept in the
+//! buffer store so that a restart or a replay releases the same records at the same points;
+//! buffered records are released only by later stream records, and carry no headers.
+//!
 //! The two topics' records reach the join in timestamp order when both are already populated
 //! (`max.task.idle.ms`, see `rill_runtime::kafka::time_sync`), so each stream record meets the
 //! table as it was at its timestamp.
 
+use std::ops::Bound;
 use std::sync::Arc;
 
 use super::stream_join::co_partitioned;
 use super::table_view::TableLookup;
-use super::{KStream, KTable};
+use super::{Joined, KStream, KTable, TopologyError};
 use crate::graph::Supplier;
+use crate::keyrange::key_hash;
 use crate::processor::{Datum, ProcessError, Processor, ProcessorContext, Typed};
-use crate::record::Record;
-use crate::serdes::Serde;
+use crate::record::{Headers, Record};
+use crate::serdes::{Serde, SerdeError};
+use crate::store::StoreKind;
 use crate::versioned::VersionedBytes;
+use crate::window::{time_bytes, time_from};
 
 /// A joiner over the table's value when there is one; `None` drops the record.
 type JoinFn<V, VT, VR> = Arc<dyn Fn(V, Option<VT>) -> Option<VR> + Send + Sync>;
@@ -41,6 +54,106 @@ struct StreamTableJoin<K, V, VT, VR> {
     left: bool,
     /// The table is versioned: look it up as of the record's timestamp.
     versioned: bool,
+    /// With a grace period: where records wait.
+    buffer: Option<GraceBuffer<K, V>>,
+}
+
+/// Buffer entries: `'b' T(timestamp) topic-hash offset n -> key length (4) key value`, in
+/// timestamp order; `'t' -> T(stream time)`.
+const HELD: u8 = b'b';
+const STREAM_TIME: u8 = b't';
+
+/// The grace period's buffer of a join (see the module doc).
+struct GraceBuffer<K, V> {
+    store: String,
+    key_serde: Arc<dyn Serde<K>>,
+    value_serde: Arc<dyn Serde<V>>,
+    grace_ms: i64,
+    /// (input topic hash, offset, records of that offset held so far): tells apart records of
+    /// one timestamp, the same way when the input is replayed.
+    last: Option<(u64, u64, u32)>,
+}
+
+impl<K: Datum + Clone, V: Datum + Clone> GraceBuffer<K, V> {
+    /// Holds `record` and returns the records due, in timestamp order; or the record itself
+    /// when it is too old to wait or has no key (a left join passes it through at once).
+    fn hold<KO, VO>(
+        &mut self,
+        record: Record<K, V>,
+        ctx: &mut ProcessorContext<'_, KO, VO>,
+    ) -> Result<Vec<Record<K, V>>, ProcessError> {
+        let Some(key) = record.key.as_ref() else {
+            return Ok(vec![record]);
+        };
+        let kb = self.key_serde.serialize(key)?;
+        let meta = ctx.record_meta();
+        let (topic, offset) = (key_hash(meta.topic.as_bytes()), meta.offset);
+        let store = ctx.store(&self.store)?;
+        let time = store.get(&[STREAM_TIME])?.and_then(|b| time_from(&b));
+        let ts = record.timestamp;
+        if time.is_some_and(|t| ts < t.saturating_sub(self.grace_ms)) {
+            return Ok(vec![record]);
+        }
+        let n = match self.last {
+            Some((t, o, n)) if (t, o) == (topic, offset) => n + 1,
+            _ => 0,
+        };
+        self.last = Some((topic, offset, n));
+        let mut entry = Vec::with_capacity(29);
+        entry.push(HELD);
+        entry.extend_from_slice(&time_bytes(ts));
+        entry.extend_from_slice(&topic.to_be_bytes());
+        entry.extend_from_slice(&offset.to_be_bytes());
+        entry.extend_from_slice(&n.to_be_bytes());
+        let key_len = u32::try_from(kb.len())
+            .map_err(|_| SerdeError::new("join buffer", "a key longer than 4 GiB"))?;
+        let mut held = key_len.to_be_bytes().to_vec();
+        held.extend_from_slice(&kb);
+        held.extend_from_slice(&self.value_serde.serialize(&record.value)?);
+        store.put(&entry, &held)?;
+        let now = time.map_or(ts, |t| t.max(ts));
+        if time != Some(now) {
+            store.put(&[STREAM_TIME], &time_bytes(now))?;
+        }
+        // Due: held at or before `now - grace`.
+        let bound = now.saturating_sub(self.grace_ms);
+        let upper = bound.checked_add(1).map(|b| {
+            let mut u = vec![HELD];
+            u.extend_from_slice(&time_bytes(b));
+            u
+        });
+        let to = upper
+            .as_deref()
+            .map_or(Bound::Excluded(&[HELD + 1][..]), Bound::Excluded);
+        let mut due = Vec::new();
+        for (k, v) in store.range(Bound::Included(&[HELD][..]), to)? {
+            store.delete(&k)?;
+            due.push(self.decode(&k, &v)?);
+        }
+        Ok(due)
+    }
+
+    /// The record of a held entry.
+    fn decode(&self, entry: &[u8], held: &[u8]) -> Result<Record<K, V>, ProcessError> {
+        let corrupt = || SerdeError::new("join buffer", "a held entry is cut short");
+        let timestamp = entry.get(1..9).and_then(time_from).ok_or_else(corrupt)?;
+        let len = held
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_be_bytes)
+            .ok_or_else(corrupt)?;
+        let split = usize::try_from(len).map_err(|_| corrupt())? + 4;
+        let (kb, vb) = (
+            held.get(4..split).ok_or_else(corrupt)?,
+            held.get(split..).ok_or_else(corrupt)?,
+        );
+        Ok(Record {
+            key: Some(self.key_serde.deserialize(kb)?),
+            value: self.value_serde.deserialize(vb)?,
+            timestamp,
+            headers: Headers::new(),
+        })
+    }
 }
 
 impl<K, V, VT, VR> Processor<K, V, K, VR> for StreamTableJoin<K, V, VT, VR>
@@ -52,6 +165,30 @@ where
 {
     fn process(
         &mut self,
+        record: Record<K, V>,
+        ctx: &mut ProcessorContext<'_, K, VR>,
+    ) -> Result<(), ProcessError> {
+        let due = match self.buffer.as_mut() {
+            Some(buffer) => buffer.hold(record, ctx)?,
+            None => return self.join_one(record, ctx),
+        };
+        for record in due {
+            self.join_one(record, ctx)?;
+        }
+        Ok(())
+    }
+}
+
+impl<K, V, VT, VR> StreamTableJoin<K, V, VT, VR>
+where
+    K: Datum + Clone,
+    V: Datum + Clone,
+    VT: Datum + Clone,
+    VR: Datum + Clone,
+{
+    /// Joins `record` with the table (as of its timestamp when versioned) and forwards it.
+    fn join_one(
+        &self,
         record: Record<K, V>,
         ctx: &mut ProcessorContext<'_, K, VR>,
     ) -> Result<(), ProcessError> {
@@ -116,8 +253,23 @@ impl<K: Datum + Clone, V: Datum + Clone> KStream<K, V> {
         VT: Datum + Clone,
         VR: Datum + Clone,
     {
+        self.join_with(table, joiner, Joined::default())
+    }
+
+    /// [`KStream::join`] as `joined` says: the node's name, and a grace period for a versioned
+    /// table ([`Joined::with_grace_period`]; Kafka Streams' `join(KTable, ValueJoiner, Joined)`).
+    pub fn join_with<VT, VR>(
+        &self,
+        table: &KTable<K, VT>,
+        joiner: impl Fn(V, VT) -> VR + Send + Sync + 'static,
+        joined: impl Into<Joined<K, V>>,
+    ) -> KStream<K, VR>
+    where
+        VT: Datum + Clone,
+        VR: Datum + Clone,
+    {
         let joiner: JoinFn<V, VT, VR> = Arc::new(move |v, t| t.map(|t| joiner(v, t)));
-        self.join_table(table, "join", joiner, false)
+        self.join_table(table, "join", joiner, false, joined.into())
     }
 
     /// Like [`KStream::join`], but every record produces a result: `joiner(value, None)` when
@@ -131,8 +283,22 @@ impl<K: Datum + Clone, V: Datum + Clone> KStream<K, V> {
         VT: Datum + Clone,
         VR: Datum + Clone,
     {
+        self.left_join_with(table, joiner, Joined::default())
+    }
+
+    /// [`KStream::left_join`] as `joined` says (see [`KStream::join_with`]).
+    pub fn left_join_with<VT, VR>(
+        &self,
+        table: &KTable<K, VT>,
+        joiner: impl Fn(V, Option<VT>) -> VR + Send + Sync + 'static,
+        joined: impl Into<Joined<K, V>>,
+    ) -> KStream<K, VR>
+    where
+        VT: Datum + Clone,
+        VR: Datum + Clone,
+    {
         let joiner: JoinFn<V, VT, VR> = Arc::new(move |v, t| Some(joiner(v, t)));
-        self.join_table(table, "left-join", joiner, true)
+        self.join_table(table, "left-join", joiner, true, joined.into())
     }
 
     fn join_table<VT, VR>(
@@ -141,6 +307,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KStream<K, V> {
         op: &str,
         joiner: JoinFn<V, VT, VR>,
         left: bool,
+        joined: Joined<K, V>,
     ) -> KStream<K, VR>
     where
         VT: Datum + Clone,
@@ -156,6 +323,30 @@ impl<K: Datum + Clone, V: Datum + Clone> KStream<K, V> {
         };
         let store = table.store.clone();
         let (st, versioned) = (store.clone(), table.versioned);
+        let name = self
+            .builder
+            .inner
+            .borrow_mut()
+            .name_or_generated(joined.name.as_deref(), op);
+        let mut stores = vec![store.clone()];
+        let buffer = match joined.grace_ms {
+            Some(grace_ms) => {
+                let hint = "Joined::with(key_serde, value_serde) on the join";
+                let serdes = stream.serdes_or_error(joined.key_serde, joined.value_serde, hint);
+                let mut g = self.builder.inner.borrow_mut();
+                if !versioned {
+                    g.error(TopologyError::GraceNeedsVersionedTable {
+                        node: name.clone(),
+                        store: store.clone(),
+                    });
+                }
+                let buffer_store = format!("{name}-buffer");
+                g.add_store(&buffer_store, StoreKind::KeyValue);
+                stores.push(buffer_store.clone());
+                serdes.map(|(k, v)| (buffer_store, k, v, grace_ms.max(0)))
+            }
+            None => None,
+        };
         let supplier: Supplier = Arc::new(move || {
             Box::new(Typed::<_, K, V, K, VR>::new(StreamTableJoin {
                 store: st.clone(),
@@ -164,10 +355,19 @@ impl<K: Datum + Clone, V: Datum + Clone> KStream<K, V> {
                 joiner: joiner.clone(),
                 left,
                 versioned,
+                buffer: buffer
+                    .clone()
+                    .map(|(store, key_serde, value_serde, grace_ms)| GraceBuffer {
+                        store,
+                        key_serde,
+                        value_serde,
+                        grace_ms,
+                        last: None,
+                    }),
             }))
         });
         let mut joined: KStream<K, VR> =
-            stream.add_processor(None, op, supplier, vec![store], vec![stream.node], false);
+            stream.add_processor(Some(&name), op, supplier, stores, vec![stream.node], false);
         joined.key_serde = stream.key_serde.clone();
         joined
     }

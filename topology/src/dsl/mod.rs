@@ -69,7 +69,7 @@ pub use cogroup::CogroupedKStream;
 pub use global_table::GlobalKTable;
 pub use grouped::KGroupedStream;
 pub use grouped_table::KGroupedTable;
-pub use options::{Consumed, Grouped, Materialized, Named, Produced, Repartitioned};
+pub use options::{Consumed, Grouped, Joined, Materialized, Named, Produced, Repartitioned};
 pub use stream::{KStream, Split};
 pub use stream_join::{JoinWindows, StreamJoined};
 pub use table::KTable;
@@ -133,27 +133,35 @@ pub enum TopologyError {
         name: String,
     },
     /// Two async stages on one path from a source.
-    #[error("async stage `{node}` follows another async stage: await both calls in one future (async move {{ let a = first(v).await?; second(a).await }})")]
+    #[error("async stage `{node}` (on the records of {topics}) follows another async stage: await both calls in one future (async move {{ let a = first(v).await?; second(a).await }})")]
     AsyncChained {
         /// The second stage.
         node: String,
+        /// The user topics whose records reach it.
+        topics: String,
     },
-    /// A stateful node in a sub-topology with an async stage that a record can reach without
-    /// passing the stage.
-    #[error("node `{node}` keeps state but does not come after async stage `{stage}` of its sub-topology: state changes only once a record's call completed, so put the stateful step after the async stage")]
+    /// A stateful node beside an async stage that `build` could not move to a sub-topology of
+    /// its own (it splits them with an internal topic where it can).
+    #[error("{state} shares a sub-topology with async stage `{stage}` (on the records of {topics}) and build() could not separate them: put the stateful step after the stage, or write the stage's output to a topic of your own and read it in another step")]
     AsyncBesideState {
-        /// The stateful node.
-        node: String,
+        /// The stateful node's store(s), as the user named them.
+        state: String,
         /// The async stage.
         stage: String,
+        /// The user topics whose records reach the stage.
+        topics: String,
     },
-    /// A sub-topology with an async stage reads or writes a repartition topic.
-    #[error("async stage `{stage}` shares its sub-topology with repartition topic {topic}: records complete out of offset order there, which repartition de-duplication cannot follow; write to a topic of your own and read it in another step")]
-    AsyncWithRepartition {
-        /// The repartition topic.
-        topic: String,
-        /// The async stage.
-        stage: String,
+    /// `build` must put an internal topic before or after an async stage (state beside it) and
+    /// does not know a serde for it.
+    #[error(transparent)]
+    AsyncSplitSerde(Box<AsyncSplitSerde>),
+    /// A stream-table join with a grace period on a table that is not versioned.
+    #[error("join `{node}` with the table of store `{store}` has a grace period, which needs a versioned table: read the table with Materialized::versioned(history_retention), or drop Joined::with_grace_period")]
+    GraceNeedsVersionedTable {
+        /// The join node.
+        node: String,
+        /// The table's store.
+        store: String,
     },
     /// `KTable::group_by` or a table-table join on a table that does not carry its replaced
     /// values.
@@ -174,10 +182,33 @@ pub enum TopologyError {
     },
 }
 
+/// The details of [`TopologyError::AsyncSplitSerde`].
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{state} shares a sub-topology with async stage `{stage}` (on the records of {topics}), so build() must put the internal topic {topic} {side} the stage, and the {what} serde of the stage's {data} is not known: {hint}")]
+pub struct AsyncSplitSerde {
+    /// The stateful node's store(s), as the user named them.
+    pub state: String,
+    /// The async stage.
+    pub stage: String,
+    /// The user topics whose records reach the stage.
+    pub topics: String,
+    /// The internal topic it would insert.
+    pub topic: String,
+    /// "before" or "after".
+    pub side: &'static str,
+    /// "key" or "value".
+    pub what: &'static str,
+    /// "input" or "output".
+    pub data: &'static str,
+    /// The exact call that gives the serdes.
+    pub hint: String,
+}
+
 /// A branch predicate of [`KStream::split`].
 type Pred<K, V> = Arc<dyn Fn(Option<&K>, &V) -> bool + Send + Sync>;
 
 /// A node being added, before `build` links children to parents.
+#[derive(Clone)]
 struct Draft {
     name: String,
     kind: NodeKind,
@@ -196,6 +227,10 @@ struct GraphBuilder {
     errors: Vec<TopologyError>,
     /// Global tables: store name -> topic.
     global_tables: BTreeMap<String, String>,
+    /// Per async stage (by node name): what `build` needs to put an internal topic beside it.
+    async_splits: BTreeMap<String, async_stage::AsyncSplit>,
+    /// Tables read from topics: store name -> topic (errors name both).
+    table_topics: BTreeMap<String, String>,
 }
 
 impl GraphBuilder {

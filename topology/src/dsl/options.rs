@@ -1,6 +1,7 @@
 //! Option objects of the DSL, named as in Kafka Streams: [`Materialized`] (a store),
 //! [`Grouped`] (a grouping and its repartition topic), [`Produced`] (a sink), [`Consumed`] (a
-//! source), [`Repartitioned`] (an explicit repartition) and [`Named`] (a processor).
+//! source), [`Repartitioned`] (an explicit repartition, or the topic `build` puts beside an async
+//! stage), [`Joined`] (a stream-table join) and [`Named`] (a processor).
 //!
 //! Each is a small builder: `Materialized::named("counts").with_value_serde(I64Serde)`. Where
 //! Kafka Streams writes `X.as(name)` (a Rust keyword), rill writes `X::named(name)`; where it
@@ -191,6 +192,28 @@ named_serde_options!(
     "repartition topic"
 );
 from_name!(Repartitioned);
+
+named_serde_options!(
+    /// How a stream is joined with a table (Kafka Streams' `Joined`): the join node's name, the
+    /// stream's key and value serdes (for the grace period's buffer; default: the stream's) and
+    /// the grace period.
+    Joined,
+    "join node";
+    /// The grace period in ms; `None`: each record joins when it arrives.
+    grace_ms: Option<i64>
+);
+from_name!(Joined);
+
+impl<K, V> Joined<K, V> {
+    /// Holds each stream record until the stream's time passes its timestamp by `grace`, then
+    /// joins the held records in timestamp order, each with the table as of its timestamp (Kafka
+    /// Streams' `Joined.withGracePeriod`, KIP-923): a table update that arrives up to `grace`
+    /// after a record still meets it. Needs a versioned table (`Materialized::versioned`).
+    pub fn with_grace_period(mut self, grace: std::time::Duration) -> Self {
+        self.grace_ms = Some(crate::time::millis(grace));
+        self
+    }
+}
 
 /// A source's timestamp extractor: key, value and the record's timestamp give the event time.
 pub(crate) type ExtractFn<K, V> = Arc<dyn Fn(Option<&K>, &V, i64) -> i64 + Send + Sync>;
