@@ -619,3 +619,45 @@ fn lateness_and_window_closes_follow_the_partition_time_in_quiet_ranges_too() {
         );
     }
 }
+
+/// The same behind an async stage (issue 42): a quiet range with no call open takes the
+/// partition's stream time too, so `b`'s record closes `a`'s window at P = 16 as at P = 1.
+/// Before, async ranges took no ticks and the window waited for a record of `a`'s range.
+#[test]
+fn a_quiet_range_behind_an_async_stage_closes_its_windows_by_the_partition_time() {
+    use rill::topology::{key_hash, range_of};
+    let range = |k: &str| range_of(key_hash(k.as_bytes()), 16);
+    let a = "a".to_string();
+    let b = (0..)
+        .map(|i| format!("b{i}"))
+        .find(|k| range(k) != range(&a))
+        .unwrap();
+    for p in [1, 16] {
+        let bld = StreamsBuilder::new();
+        bld.stream("in", StringSerde, StringSerde)
+            .map_values_async(|v: String| async move { Ok(v) })
+            .group_by_key()
+            .windowed_by(TimeWindows::of_size_and_grace(ms(10), ms(5)))
+            .emit_strategy(EmitStrategy::on_window_close())
+            .count("closed")
+            .to_stream()
+            .to("on-close");
+        let driver = TestDriver::builder(bld.build().unwrap())
+            .parallelising_factor(p)
+            .build()
+            .unwrap();
+        let input = driver.input_topic("in", StringSerde, StringSerde);
+        let on_close = driver.output_topic(
+            "on-close",
+            TimeWindowedSerde::new(StringSerde, 10),
+            I64Serde,
+        );
+        input.pipe_input_at(a.clone(), "x".into(), 1);
+        input.pipe_input_at(b.clone(), "x".into(), 40);
+        assert_eq!(
+            on_close.read_key_values(),
+            vec![(windowed(&a, 0, 10), 1)],
+            "P = {p}: closed by `b`'s record"
+        );
+    }
+}

@@ -298,6 +298,12 @@ pub(crate) struct AsyncStage {
 }
 
 impl AsyncStage {
+    /// Whether every record taken so far has completed and settled: nothing holds the settled
+    /// time below the partition's stream time.
+    pub(super) fn all_settled(&self) -> bool {
+        self.settling.entries.is_empty()
+    }
+
     /// The stage of a sub-task reading `topics` topics; `stateless` when its sub-topology has
     /// no store (only then may `processing.order=unordered` lift per-key order).
     pub fn new(topics: usize, config: AsyncConfig, stateless: bool, range: KeyRange) -> Self {

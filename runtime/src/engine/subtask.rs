@@ -673,8 +673,10 @@ impl Core {
             Work::Settle { .. } if self.defer_durable_commit(Drain::Admitted) => Ok(()),
             Work::Settle { .. } => self.commit(id, true, shared),
             Work::Seal => self.commit(id, false, shared),
-            // With an async stage, open records hold the settled time back: they move it.
-            Work::Tick { .. } if self.asyncs.is_some() => Ok(()),
+            // With an async stage, open records hold the settled time back: they move it. A
+            // range with none open takes the partition's time like any range (a quiet range's
+            // windows close), as no record it took can be judged against a time below it.
+            Work::Tick { .. } if self.asyncs.as_ref().is_some_and(|a| !a.all_settled()) => Ok(()),
             Work::Tick { time } => self.tick(id, time, shared),
             Work::Punctuate(now) => {
                 // No origin: wall-clock outputs depend on time, so a replay cannot reproduce
