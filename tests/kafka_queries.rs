@@ -181,6 +181,35 @@ fn two_instances_answer_every_key_at_either_forwarding_to_the_owner() {
             .is_some_and(|n| n >= truth.len() as f64),
         "forwarded outcomes counted"
     );
+    // A range scan at either instance merges both instances' partitions in key order.
+    let mut sorted: Vec<(&String, &i64)> = truth.iter().collect();
+    sorted.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    for addr in &addrs {
+        let body = await_status(*addr, &format!("/stores/{STORE}/range"), 200);
+        let got: Vec<(String, i64)> = body["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .map(|e| {
+                (
+                    e["key"].as_str().expect("key").to_string(),
+                    e["value"].as_i64().expect("value"),
+                )
+            })
+            .collect();
+        let want: Vec<(String, i64)> = sorted.iter().map(|(k, v)| ((*k).clone(), **v)).collect();
+        assert_eq!(got, want, "a scan at {addr}: {body}");
+        assert_eq!(body["truncated"], false, "{body}");
+        let first = await_status(*addr, &format!("/stores/{STORE}/range?limit=5"), 200);
+        assert_eq!(first["count"], 5, "{first}");
+        assert_eq!(first["truncated"], true, "{first}");
+        assert_eq!(first["entries"][0]["key"], want[0].0.as_str(), "{first}");
+        // Forwarded, an instance answers with its own partitions only.
+        let (code, own) = get_forwarded(*addr, &format!("/stores/{STORE}/range"));
+        assert_eq!(code, 200, "{own}");
+        let own_count = own["count"].as_u64().expect("count") as usize;
+        assert!(0 < own_count && own_count < want.len(), "{own}");
+    }
     let [ra, rb] = running;
     rb.shutdown().expect("stop b");
     ra.shutdown().expect("stop a");

@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
 
-use super::http::{Locate, Owner};
+use super::http::{Locate, Owner, ScanPlan};
 use super::metadata::{partition_for, EndpointMap, KeyQueryMetadata, StreamsMetadata};
 use super::{EngineAccess, QueryError};
 use crate::engine::TaskId;
@@ -184,6 +184,37 @@ impl Locate for Cluster {
 
     fn me(&self) -> Option<String> {
         self.me.clone()
+    }
+
+    fn scan_plan(&self, store: &str) -> ScanPlan {
+        let Ok(source) = self.source(store) else {
+            return ScanPlan::default();
+        };
+        let topic = source.topics.first().map_or("", String::as_str);
+        // Asked before the map's lock is taken: the engine's lock is never held inside it.
+        let remote: Vec<u32> = (0..source.partitions)
+            .filter(|p| {
+                self.local_factor(source.sub_topology, *p)
+                    .ok()
+                    .flatten()
+                    .is_none()
+            })
+            .collect();
+        let map = self.map.read();
+        let mut plan = ScanPlan::default();
+        for partition in remote {
+            match map
+                .owner(topic, partition)
+                .filter(|(server, _)| Some(*server) != self.me.as_deref())
+            {
+                Some((server, _)) if !plan.others.iter().any(|o| o == server) => {
+                    plan.others.push(server.to_string())
+                }
+                Some(_) => {}
+                None => plan.unknown.push(partition),
+            }
+        }
+        plan
     }
 
     fn metadata(&self) -> Option<(bool, Vec<StreamsMetadata>)> {

@@ -35,7 +35,9 @@
 //!   (`owner_unknown`, `owner_unreachable`).
 //!
 //! Every key answer names the instance that read it (`served_by.instance`, header
-//! [`SERVED_BY_HEADER`]). Range scans read this instance's partitions only.
+//! [`SERVED_BY_HEADER`]). A range scan asks every other owner of the store's partitions once
+//! ([`Locate::scan_plan`]; marked forwarded, so each answers locally) and merges their entries
+//! with its own in key-byte order.
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -90,6 +92,21 @@ pub trait Locate: Send + Sync {
     fn metadata(&self) -> Option<(bool, Vec<super::StreamsMetadata>)> {
         None
     }
+
+    /// Who a scan of `store` must ask besides this instance: the other owners of its
+    /// partitions, and the partitions nobody is known to own.
+    fn scan_plan(&self, _store: &str) -> ScanPlan {
+        ScanPlan::default()
+    }
+}
+
+/// The instances a scan visits (see [`Locate::scan_plan`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScanPlan {
+    /// Other instances that own partitions of the store (`application.server`).
+    pub others: Vec<String>,
+    /// Partitions of the store no instance is known to own.
+    pub unknown: Vec<u32>,
 }
 
 /// Every key is answered from this instance's ranges.
@@ -588,7 +605,10 @@ async fn range_route(
     Path(store): Path<String>,
     RawQuery(query): RawQuery,
     State(q): State<QueryRoutes>,
+    uri: Uri,
+    headers: HeaderMap,
 ) -> Response {
+    let incoming = Incoming::new(&uri, &headers);
     serve("range", q, store, move |q, store| {
         let params = Params::parse(store, query.as_deref())?;
         let (keys, values) = q.renderings.of(store);
@@ -613,14 +633,67 @@ async fn range_route(
         };
         let (f, t) = (b(&from), b(&to));
         let entries = reader.range(f.as_ref().map(Vec::as_slice), t.as_ref().map(Vec::as_slice))?;
-        let truncated = entries.len() > limit;
-        let shown: Vec<Value> = entries
+        let mut truncated = entries.len() > limit;
+        let mut merged: Vec<(Vec<u8>, Value)> = entries
             .iter()
             .take(limit)
             .map(|(k, v, served)| {
-                json!({ "key": keys.render(k), "value": values.render(v), "served_by": served_json(&q.instance(), served, &topics) })
+                (k.clone(), json!({ "key": keys.render(k), "value": values.render(v), "served_by": served_json(&q.instance(), served, &topics) }))
             })
             .collect();
+        // The other owners' entries, asked once each (a forwarded request answers locally).
+        let plan = if incoming.forwarded { ScanPlan::default() } else { q.locate.scan_plan(store) };
+        if !plan.unknown.is_empty() {
+            return Err(Refusal {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                outcome: "owner_unknown",
+                body: json!({ "error": "owner_unknown", "store": store, "partitions": plan.unknown,
+                    "message": format!("no instance is known to own partitions {:?} of store `{store}` (a rebalance in progress?): retry shortly", plan.unknown) }),
+                retry_after: Some(super::RETRY_AFTER.as_secs().max(1)),
+            });
+        }
+        for server in &plan.others {
+            let answer = match forward(server, &incoming.path, &q.instance(), incoming.authorization.as_deref()) {
+                Ok((200, _, body)) => serde_json::from_str::<Value>(&body).ok(),
+                Ok((status, retry_after, body)) => {
+                    let body = serde_json::from_str::<Value>(&body).unwrap_or_else(|_| json!({ "error": "bad_answer" }));
+                    return Err(Refusal {
+                        status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+                        outcome: "forwarded_refused",
+                        body: json!({ "error": "owner_refused", "store": store, "owner": server, "answer": body }),
+                        retry_after,
+                    });
+                }
+                Err(e) => {
+                    return Err(Refusal {
+                        status: StatusCode::SERVICE_UNAVAILABLE,
+                        outcome: "owner_unreachable",
+                        body: json!({ "error": "owner_unreachable", "store": store, "owner": server,
+                            "message": format!("the owner {server} did not answer: {e}; retry shortly") }),
+                        retry_after: Some(super::RETRY_AFTER.as_secs().max(1)),
+                    })
+                }
+            };
+            let Some(answer) = answer else {
+                return Err(Refusal {
+                    status: StatusCode::BAD_GATEWAY,
+                    outcome: "forwarded_refused",
+                    body: json!({ "error": "bad_answer", "store": store, "owner": server }),
+                    retry_after: None,
+                });
+            };
+            truncated |= answer["truncated"] == true;
+            for e in answer["entries"].as_array().into_iter().flatten() {
+                // Merged in the order of the serialized keys, as one instance's scan is.
+                let Some(k) = e["key"].as_str().and_then(|k| keys.parse(k).ok()) else {
+                    continue;
+                };
+                merged.push((k, e.clone()));
+            }
+        }
+        merged.sort_by(|a, b| a.0.cmp(&b.0));
+        truncated |= merged.len() > limit;
+        let shown: Vec<Value> = merged.into_iter().take(limit).map(|(_, v)| v).collect();
         Ok(json!({ "store": store, "count": shown.len(), "truncated": truncated, "entries": shown }))
     })
     .await

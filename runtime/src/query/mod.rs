@@ -66,7 +66,9 @@ use rill_topology::KeyRange;
 use crate::engine::Engine;
 
 pub use cluster::{Cluster, StoreSource};
-pub use http::{routes, LocalOnly, Locate, Owner, QueryRoutes, DEFAULT_LIMIT, FORWARDED_HEADER};
+pub use http::{
+    routes, LocalOnly, Locate, Owner, QueryRoutes, ScanPlan, DEFAULT_LIMIT, FORWARDED_HEADER,
+};
 pub use metadata::{KeyQueryMetadata, StreamsMetadata};
 pub use render::{Rendering, StoreRenderings};
 pub use stores::{
