@@ -27,6 +27,7 @@ pub mod kafka;
 pub mod metrics;
 pub mod query;
 pub(crate) mod queue_time;
+pub mod reset;
 pub mod service;
 pub(crate) mod sink;
 

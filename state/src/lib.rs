@@ -68,8 +68,8 @@ mod tests;
 
 pub use cf::{sub_task_column_families, validate_store_name, ColumnFamilyId, MAX_STORE_NAME_LEN};
 pub use db::{
-    MemoryUsage, StateConfig, StateDb, CLUSTER_FILE, FORMAT_FILE, FORMAT_VERSION, MIN_MEMORY_BYTES,
-    MIN_OPEN_FILES, ROCKSDB_DIR,
+    MemoryUsage, StateConfig, StateDb, APPLICATION_FILE, CLUSTER_FILE, FORMAT_FILE, FORMAT_VERSION,
+    MIN_MEMORY_BYTES, MIN_OPEN_FILES, ROCKSDB_DIR,
 };
 pub use error::StateError;
 pub use progress::{CarriedOffset, Origin, Progress, StoreTime, TopicOffset, PROGRESS_VERSION};

@@ -53,6 +53,44 @@ enum Command {
     /// from rill's commit metadata
     #[command(after_help = OFFSETS_AFTER_HELP)]
     Offsets(OffsetsArgs),
+    /// Reset an application to process its input again (Kafka Streams' application reset
+    /// tool): input offsets to the earliest (or a time), internal topics deleted, the local
+    /// state dir removed; a dry run unless --execute
+    Reset(ResetArgs),
+}
+
+#[derive(Args)]
+struct ResetArgs {
+    /// Kafka bootstrap servers, e.g. 127.0.0.1:9092 (bootstrap.servers)
+    #[arg(long, value_name = "SERVERS", value_parser = non_empty)]
+    bootstrap: String,
+    /// The application.id (its consumer group and its internal topics' prefix)
+    #[arg(long = "application-id", value_name = "ID", value_parser = non_empty)]
+    application_id: String,
+    /// Input topics, comma-separated (default: every non-internal topic the group committed)
+    #[arg(long = "input-topics", value_name = "TOPICS", value_delimiter = ',')]
+    input_topics: Option<Vec<String>>,
+    /// Offsets go to the first record at or after this time (ms since the epoch) instead of
+    /// the earliest
+    #[arg(
+        long = "to-timestamp-ms",
+        value_name = "MS",
+        conflicts_with = "by_duration_ms"
+    )]
+    to_timestamp_ms: Option<i64>,
+    /// Offsets go to the first record at or after this long ago (ms)
+    #[arg(long = "by-duration-ms", value_name = "MS")]
+    by_duration_ms: Option<u64>,
+    /// This machine's state dir of the application (state.dir), removed
+    #[arg(long = "state-dir", value_name = "DIR")]
+    state_dir: Option<std::path::PathBuf>,
+    /// Apply the plan (without it, only print it)
+    #[arg(long)]
+    execute: bool,
+    /// Timeout of each broker request, in milliseconds
+    #[arg(long = "timeout-ms", value_name = "MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    timeout_ms: u64,
 }
 
 #[derive(Args)]
@@ -88,6 +126,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Offsets(args) => offsets(args),
+        Command::Reset(args) => reset(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -96,6 +135,37 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// `rill reset`: prints the plan, and applies it with `--execute`.
+fn reset(args: &ResetArgs) -> Result<(), BrokerError> {
+    use rill_runtime::reset::{apply, plan, ResetOptions, ResetTo};
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let to = match (args.to_timestamp_ms, args.by_duration_ms) {
+        (Some(ms), _) => ResetTo::Timestamp(ms),
+        (None, Some(ago)) => ResetTo::Timestamp(now - ago as i64),
+        (None, None) => ResetTo::Earliest,
+    };
+    let options = ResetOptions {
+        bootstrap: args.bootstrap.clone(),
+        application_id: args.application_id.clone(),
+        input_topics: args.input_topics.clone(),
+        to,
+        state_dir: args.state_dir.clone(),
+        kafka: Default::default(),
+        timeout: Duration::from_millis(args.timeout_ms),
+    };
+    let plan = plan(&options).map_err(|e| BrokerError(e.to_string()))?;
+    print!("{plan}");
+    if !args.execute {
+        println!("dry run: nothing changed; run again with --execute to apply");
+        return Ok(());
+    }
+    apply(&options, &plan).map_err(|e| BrokerError(e.to_string()))?;
+    println!("reset done: start the application to process its input again");
+    Ok(())
 }
 
 /// `rill offsets`: reads the group's committed offsets without joining the group.
