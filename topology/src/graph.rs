@@ -368,35 +368,57 @@ impl Topology {
             .collect()
     }
 
-    /// A text description, like Kafka Streams' `Topology.describe()`.
+    /// A text description in Kafka Streams' `TopologyDescription` format (sub-topologies, then
+    /// their sources, processors and sinks with successors `-->` and predecessors `<--`).
+    /// Internal topics show as `<application.id>-<name>` (Kafka Streams prints `<name>`); an
+    /// async stage is a `Processor` marked `async`.
     pub fn describe(&self) -> String {
-        let mut out = String::new();
+        let names = |nodes: &[usize]| -> String {
+            if nodes.is_empty() {
+                "none".to_string()
+            } else {
+                nodes
+                    .iter()
+                    .map(|&n| self.nodes[n].name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        };
+        let mut parents: Vec<Vec<usize>> = vec![Vec::new(); self.nodes.len()];
+        for (i, node) in self.nodes.iter().enumerate() {
+            for &c in &node.children {
+                parents[c].push(i);
+            }
+        }
+        let mut out = String::from("Topologies:\n ");
         for s in &self.sub_topologies {
-            out.push_str(&format!("Sub-topology: {}\n", s.id));
+            out.push_str(&format!("  Sub-topology: {}\n", s.id));
             for &n in &s.nodes {
                 let node = &self.nodes[n];
-                let what = match &node.kind {
-                    NodeKind::Source { topic, .. } => format!("Source (topic: {topic})"),
-                    NodeKind::Processor { stores, .. } if stores.is_empty() => {
-                        "Processor".to_string()
+                let (after, before) = (names(&node.children), names(&parents[n]));
+                let text = match &node.kind {
+                    NodeKind::Source { topic, .. } => {
+                        format!(
+                            "Source: {} (topics: [{topic}])\n      --> {after}",
+                            node.name
+                        )
                     }
-                    NodeKind::Processor { stores, .. } => {
-                        format!("Processor (stores: {})", stores.join(", "))
+                    NodeKind::Processor { stores, .. } => format!(
+                        "Processor: {} (stores: [{}])\n      --> {after}\n      <-- {before}",
+                        node.name,
+                        stores.join(", ")
+                    ),
+                    NodeKind::Async { .. } => format!(
+                        "Processor: {} (async, stores: [])\n      --> {after}\n      <-- {before}",
+                        node.name
+                    ),
+                    NodeKind::Sink { topic, .. } => {
+                        format!("Sink: {} (topic: {topic})\n      <-- {before}", node.name)
                     }
-                    NodeKind::Sink { topic, .. } => format!("Sink (topic: {topic})"),
-                    NodeKind::Async { .. } => "Async".to_string(),
                 };
-                let children: Vec<&str> = node
-                    .children
-                    .iter()
-                    .map(|&c| self.nodes[c].name.as_str())
-                    .collect();
-                out.push_str(&format!("  {}: {what}", node.name));
-                if !children.is_empty() {
-                    out.push_str(&format!(" --> {}", children.join(", ")));
-                }
-                out.push('\n');
+                out.push_str(&format!("    {text}\n"));
             }
+            out.push('\n');
         }
         out
     }

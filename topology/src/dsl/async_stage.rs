@@ -522,7 +522,7 @@ mod tests {
             .count("counts");
         let t = b.build().unwrap();
         assert!(t.has_async(0));
-        assert!(t.describe().contains("Async"));
+        assert!(t.describe().contains("(async, stores: [])"));
     }
 
     #[test]
@@ -602,7 +602,7 @@ mod tests {
         let d = t.describe();
         assert!(
             d.contains(
-                "enriched-repartition-sink: Sink (topic: <application.id>-enriched-repartition)"
+                "Sink: enriched-repartition-sink (topic: <application.id>-enriched-repartition)"
             ),
             "{d}"
         );
