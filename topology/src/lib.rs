@@ -60,8 +60,8 @@ pub mod prelude {
     };
     pub use crate::record::{Headers, Record};
     pub use crate::serdes::{
-        BytesSerde, I32Serde, I64Serde, JsonSerde, ProtobufSerde, Serde, SerdeError, StringSerde,
-        U64Serde,
+        BytesSerde, I32Serde, I64Serde, JsonSerde, Nullable, ProtobufSerde, Serde, SerdeError,
+        StringSerde, U64Serde,
     };
     pub use crate::store::{KeyValueBytes, KeyValueStore, StoreError};
     pub use crate::time::{

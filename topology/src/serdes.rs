@@ -31,6 +31,42 @@ pub trait Serde<T>: Send + Sync + 'static {
     fn serialize(&self, value: &T) -> Result<Vec<u8>, SerdeError>;
     /// Deserializes `bytes`.
     fn deserialize(&self, bytes: &[u8]) -> Result<T, SerdeError>;
+    /// The value a null (a Kafka tombstone) stands for, when this serde has one ([`Nullable`]);
+    /// without one, a stream record with a null value is a deserialization error.
+    fn null_value(&self) -> Option<T> {
+        None
+    }
+    /// Whether `value` is written as a null (a tombstone) instead of bytes.
+    fn is_null(&self, _value: &T) -> bool {
+        false
+    }
+}
+
+/// `Option<T>` over the serde of `T`: a null value (a tombstone) reads as `None` and `None` is
+/// written as a tombstone, as Kafka Streams' streams carry null values. A store cannot hold a
+/// `None` (it has no bytes): filter or map the nulls before an aggregation.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Nullable<S>(pub S);
+
+impl<T: 'static, S: Serde<T>> Serde<Option<T>> for Nullable<S> {
+    fn serialize(&self, value: &Option<T>) -> Result<Vec<u8>, SerdeError> {
+        match value {
+            Some(v) => self.0.serialize(v),
+            None => Err(SerdeError::new(
+                "Nullable",
+                "None has no bytes: it is written to a topic as a tombstone, and a store cannot hold it (filter or map the nulls before the aggregation)",
+            )),
+        }
+    }
+    fn deserialize(&self, bytes: &[u8]) -> Result<Option<T>, SerdeError> {
+        self.0.deserialize(bytes).map(Some)
+    }
+    fn null_value(&self) -> Option<Option<T>> {
+        Some(None)
+    }
+    fn is_null(&self, value: &Option<T>) -> bool {
+        value.is_none()
+    }
 }
 
 /// UTF-8 strings.

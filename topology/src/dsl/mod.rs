@@ -299,12 +299,12 @@ fn decoder<K: Datum, V: Datum>(key: Arc<dyn Serde<K>>, value: Arc<dyn Serde<V>>)
         };
         let v = match &raw.value {
             Some(bytes) => value.deserialize(bytes)?,
-            None => {
-                return Err(SerdeError::new(
+            None => value.null_value().ok_or_else(|| {
+                SerdeError::new(
                     "source",
-                    "null value (tombstone) in a stream",
-                ))
-            }
+                    "null value (tombstone) in a stream: read the stream with Nullable(value serde) to see nulls as None, or let the deserialization handler skip them",
+                )
+            })?,
         };
         Ok(erase(Record {
             key: k,
@@ -340,7 +340,10 @@ fn encoder<K: Datum, V: Datum + Clone>(
     key: Arc<dyn Serde<K>>,
     value: Arc<dyn Serde<V>>,
 ) -> Encoder {
-    encoder_with(key, move |v: &V| value.serialize(v).map(Some))
+    encoder_with(key, move |v: &V| match value.is_null(v) {
+        true => Ok(None),
+        false => value.serialize(v).map(Some),
+    })
 }
 
 /// A sink's encoder whose value bytes come from `value` (`None`: a tombstone).
