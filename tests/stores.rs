@@ -209,6 +209,22 @@ fn opening_a_store_with_other_types_or_as_another_kind_fails_clearly() {
         window.contains("store `windows` is a window store, not a key-value store"),
         "{window}"
     );
+    struct AsWindows;
+    impl Processor<String, i64, String, i64> for AsWindows {
+        fn process(
+            &mut self,
+            _r: Record<String, i64>,
+            ctx: &mut ProcessorContext<'_, String, i64>,
+        ) -> Result<(), ProcessError> {
+            ctx.get_window_store::<String, i64>("totals")?;
+            Ok(())
+        }
+    }
+    let kv = failure_of(|| AsWindows, "totals");
+    assert!(
+        kv.contains("store `totals` is a key-value store, not a window store"),
+        "{kv}"
+    );
     let dsl = failure_of(|| AsKeyValue("tiers-store"), "tiers-store");
     assert!(
         dsl.contains("store `tiers-store` was declared by the DSL, without serdes"),

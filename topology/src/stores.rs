@@ -200,7 +200,8 @@ impl<K: 'static, V: 'static> StoreBuilder<K, V> {
 
     /// Creates the store's changelog topic with these topic configs besides rill's own
     /// (`StoreBuilder.withLoggingEnabled`). `cleanup.policy` must keep `compact`; a topic that
-    /// exists already keeps its configs.
+    /// exists already keeps its configs, and the embedded cluster (no `bootstrap.servers`, new on
+    /// every start) takes none.
     pub fn with_logging_enabled(mut self, topic_configs: BTreeMap<String, String>) -> Self {
         self.changelog_configs = topic_configs;
         self
