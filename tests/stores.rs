@@ -151,29 +151,31 @@ fn processors_open_stores_declared_once_and_scan_them_with_iterators() {
     assert_eq!(totals.get(&"b".into()), Some(7));
 }
 
-/// Opens `totals` (declared `<String, i64>`) with the types of `T`.
-struct Opens<T>(std::marker::PhantomData<T>);
+/// How a processor opens a store: one of the accessors, with some types.
+type Open = fn(&mut ProcessorContext<'_, String, i64>) -> Result<(), StoreError>;
 
-impl<T: 'static + Send> Processor<String, i64, String, i64> for Opens<T> {
+/// Opens a store as its [`Open`] says, on every record.
+struct Opens(Open);
+
+impl Processor<String, i64, String, i64> for Opens {
     fn process(
         &mut self,
         _r: Record<String, i64>,
         ctx: &mut ProcessorContext<'_, String, i64>,
     ) -> Result<(), ProcessError> {
-        ctx.get_state_store::<String, T>("totals")?;
+        (self.0)(ctx)?;
         Ok(())
     }
 }
 
-fn failure_of<P: Processor<String, i64, String, i64> + 'static>(
-    opener: impl Fn() -> P + Send + Sync + 'static,
-    store: &str,
-) -> String {
+/// The error of the first record of a topology whose processor, connected to `store`, opens
+/// it as `open` says.
+fn failure_of(open: Open, store: &str) -> String {
     let b = StreamsBuilder::new();
     declare_all(&b);
     b.table("tiers", StringSerde, StringSerde, "tiers-store");
     b.stream("in", StringSerde, I64Serde)
-        .process("opener", opener, &[store])
+        .process("opener", move || Opens(open), &[store])
         .to_with("out", Produced::with(StringSerde, I64Serde));
     let driver = TestDriver::new(b.build().unwrap()).unwrap();
     driver
@@ -185,7 +187,10 @@ fn failure_of<P: Processor<String, i64, String, i64> + 'static>(
 
 #[test]
 fn opening_a_store_with_other_types_or_as_another_kind_fails_clearly() {
-    let wrong_value = failure_of(|| Opens::<String>(Default::default()), "totals");
+    let wrong_value = failure_of(
+        |ctx| ctx.get_state_store::<String, String>("totals").map(drop),
+        "totals",
+    );
     assert!(
         wrong_value.contains(
             "store `totals` holds (alloc::string::String, i64) (its Stores builder's key and \
@@ -193,39 +198,26 @@ fn opening_a_store_with_other_types_or_as_another_kind_fails_clearly() {
         ),
         "{wrong_value}"
     );
-    struct AsKeyValue(&'static str);
-    impl Processor<String, i64, String, i64> for AsKeyValue {
-        fn process(
-            &mut self,
-            _r: Record<String, i64>,
-            ctx: &mut ProcessorContext<'_, String, i64>,
-        ) -> Result<(), ProcessError> {
-            ctx.get_state_store::<String, i64>(self.0)?;
-            Ok(())
-        }
-    }
-    let window = failure_of(|| AsKeyValue("windows"), "windows");
+    let window = failure_of(
+        |ctx| ctx.get_state_store::<String, i64>("windows").map(drop),
+        "windows",
+    );
     assert!(
         window.contains("store `windows` is a window store, not a key-value store"),
         "{window}"
     );
-    struct AsWindows;
-    impl Processor<String, i64, String, i64> for AsWindows {
-        fn process(
-            &mut self,
-            _r: Record<String, i64>,
-            ctx: &mut ProcessorContext<'_, String, i64>,
-        ) -> Result<(), ProcessError> {
-            ctx.get_window_store::<String, i64>("totals")?;
-            Ok(())
-        }
-    }
-    let kv = failure_of(|| AsWindows, "totals");
+    let kv = failure_of(
+        |ctx| ctx.get_window_store::<String, i64>("totals").map(drop),
+        "totals",
+    );
     assert!(
         kv.contains("store `totals` is a key-value store, not a window store"),
         "{kv}"
     );
-    let dsl = failure_of(|| AsKeyValue("tiers-store"), "tiers-store");
+    let dsl = failure_of(
+        |ctx| ctx.get_state_store::<String, i64>("tiers-store").map(drop),
+        "tiers-store",
+    );
     assert!(
         dsl.contains("store `tiers-store` was declared by the DSL, without serdes"),
         "{dsl}"
