@@ -187,39 +187,31 @@ fn failure_of(open: Open, store: &str) -> String {
 
 #[test]
 fn opening_a_store_with_other_types_or_as_another_kind_fails_clearly() {
-    let wrong_value = failure_of(
-        |ctx| ctx.get_state_store::<String, String>("totals").map(drop),
-        "totals",
-    );
-    assert!(
-        wrong_value.contains(
+    let cases: [(Open, &str, &str); 4] = [
+        (
+            |ctx| ctx.get_state_store::<String, String>("totals").map(drop),
+            "totals",
             "store `totals` holds (alloc::string::String, i64) (its Stores builder's key and \
-             value types), not (alloc::string::String, alloc::string::String)"
+             value types), not (alloc::string::String, alloc::string::String)",
         ),
-        "{wrong_value}"
-    );
-    let window = failure_of(
-        |ctx| ctx.get_state_store::<String, i64>("windows").map(drop),
-        "windows",
-    );
-    assert!(
-        window.contains("store `windows` is a window store, not a key-value store"),
-        "{window}"
-    );
-    let kv = failure_of(
-        |ctx| ctx.get_window_store::<String, i64>("totals").map(drop),
-        "totals",
-    );
-    assert!(
-        kv.contains("store `totals` is a key-value store, not a window store"),
-        "{kv}"
-    );
-    let dsl = failure_of(
-        |ctx| ctx.get_state_store::<String, i64>("tiers-store").map(drop),
-        "tiers-store",
-    );
-    assert!(
-        dsl.contains("store `tiers-store` was declared by the DSL, without serdes"),
-        "{dsl}"
-    );
+        (
+            |ctx| ctx.get_state_store::<String, i64>("windows").map(drop),
+            "windows",
+            "store `windows` is a window store, not a key-value store",
+        ),
+        (
+            |ctx| ctx.get_window_store::<String, i64>("totals").map(drop),
+            "totals",
+            "store `totals` is a key-value store, not a window store",
+        ),
+        (
+            |ctx| ctx.get_state_store::<String, i64>("tiers-store").map(drop),
+            "tiers-store",
+            "store `tiers-store` was declared by the DSL, without serdes",
+        ),
+    ];
+    for (open, store, want) in cases {
+        let got = failure_of(open, store);
+        assert!(got.contains(want), "{store}: {got}");
+    }
 }
