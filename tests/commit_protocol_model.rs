@@ -37,7 +37,7 @@ impl Processor<String, String, String, String> for KeyValue {
         let Some(key) = record.key.clone() else {
             return Ok(());
         };
-        let mut kv = ctx.key_value_store("kv", &StringSerde, &StringSerde)?;
+        let mut kv = ctx.get_state_store::<String, String>("kv")?;
         if record.value == "del" {
             kv.delete(&key)?;
         } else {
@@ -50,7 +50,11 @@ impl Processor<String, String, String, String> for KeyValue {
 
 fn topology() -> Arc<rill::topology::Topology> {
     let b = StreamsBuilder::new();
-    b.add_state_store("kv");
+    b.add_state_store(Stores::key_value_store_builder(
+        Stores::persistent_key_value_store("kv"),
+        StringSerde,
+        StringSerde,
+    ));
     let grouped = b
         .stream(INPUT, StringSerde, StringSerde)
         .process("key-value", || KeyValue, &["kv"])

@@ -268,7 +268,7 @@ impl Processor<String, i64, String, i64> for SumAndReport {
             .key
             .clone()
             .ok_or_else(|| ProcessError::User("no key".into()))?;
-        let mut store = ctx.key_value_store("sums", &StringSerde, &I64Serde)?;
+        let mut store = ctx.get_state_store::<String, i64>("sums")?;
         let sum = store.get(&key)?.unwrap_or(0) + record.value;
         store.put(&key, &sum)?;
         Ok(())
@@ -284,10 +284,10 @@ impl Processor<String, i64, String, i64> for SumAndReport {
             PunctuationType::WallClockTime => "wall",
             PunctuationType::StreamTime => "stream",
         };
-        let all = ctx
-            .key_value_store("sums", &StringSerde, &I64Serde)?
-            .all()?;
-        for (k, v) in all {
+        // The iterator owns its entries: the store is not borrowed while forwarding.
+        let all = ctx.get_state_store::<String, i64>("sums")?.all()?;
+        for entry in all {
+            let (k, v) = entry?;
             ctx.forward(Record::new(format!("{tag}:{k}"), v).with_timestamp(timestamp));
         }
         Ok(())
@@ -297,7 +297,11 @@ impl Processor<String, i64, String, i64> for SumAndReport {
 #[test]
 fn processor_api_reads_its_store_and_punctuates_on_both_clocks() {
     let builder = StreamsBuilder::new();
-    builder.add_state_store("sums");
+    builder.add_state_store(Stores::key_value_store_builder(
+        Stores::persistent_key_value_store("sums"),
+        StringSerde,
+        I64Serde,
+    ));
     builder
         .stream("in", StringSerde, I64Serde)
         .process("sum-and-report", || SumAndReport, &["sums"])
@@ -340,8 +344,16 @@ fn a_processor_asking_for_an_unconnected_store_gets_a_clear_error() {
         }
     }
     let builder = StreamsBuilder::new();
-    builder.add_state_store("mine");
-    builder.add_state_store("elsewhere");
+    builder.add_state_store(Stores::key_value_store_builder(
+        Stores::persistent_key_value_store("mine"),
+        StringSerde,
+        I64Serde,
+    ));
+    builder.add_state_store(Stores::key_value_store_builder(
+        Stores::persistent_key_value_store("elsewhere"),
+        StringSerde,
+        I64Serde,
+    ));
     let s = builder.stream("in", StringSerde, I64Serde);
     s.process("sneaky", || Sneaky, &["mine"])
         .to_with("out", Produced::with(StringSerde, I64Serde));

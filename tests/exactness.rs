@@ -152,7 +152,11 @@ impl Processor<String, String, String, String> for Clock {
 
 fn clock_topology() -> Topology {
     let builder = StreamsBuilder::new();
-    builder.add_state_store("unused");
+    builder.add_state_store(Stores::key_value_store_builder(
+        Stores::persistent_key_value_store("unused"),
+        StringSerde,
+        StringSerde,
+    ));
     builder
         .stream("in", StringSerde, StringSerde)
         .process("clock", || Clock, &["unused"])

@@ -223,7 +223,7 @@ impl Processor<String, String, String, i64> for TouchedCounts {
             .key
             .clone()
             .ok_or_else(|| ProcessError::User("no key".into()))?;
-        let mut store = ctx.key_value_store("touched", &StringSerde, &I64Serde)?;
+        let mut store = ctx.get_state_store::<String, i64>("touched")?;
         let count = store.get(&key)?.unwrap_or(0) + 1;
         store.put(&key, &count)?;
         Ok(())
@@ -235,8 +235,8 @@ impl Processor<String, String, String, i64> for TouchedCounts {
         _timestamp: i64,
         ctx: &mut ProcessorContext<'_, String, i64>,
     ) -> Result<(), ProcessError> {
-        let mut store = ctx.key_value_store("touched", &StringSerde, &I64Serde)?;
-        for (k, v) in store.all()? {
+        let mut store = ctx.get_state_store::<String, i64>("touched")?;
+        for (k, v) in store.all()?.collect::<Result<Vec<_>, _>>()? {
             store.put(&k, &v)?;
         }
         Ok(())
@@ -246,7 +246,11 @@ impl Processor<String, String, String, i64> for TouchedCounts {
 /// [`TouchedCounts`] in the sub-topology that reads the input.
 fn touched_counts() -> Spec {
     let b = StreamsBuilder::new();
-    b.add_state_store("touched");
+    b.add_state_store(Stores::key_value_store_builder(
+        Stores::persistent_key_value_store("touched"),
+        StringSerde,
+        I64Serde,
+    ));
     b.stream(INPUT, StringSerde, StringSerde)
         .process("touch", || TouchedCounts, &["touched"])
         .to_with(OUTPUT, Produced::with(StringSerde, I64Serde));

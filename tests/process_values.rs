@@ -18,7 +18,7 @@ impl FixedKeyProcessor<String, String, String> for Dedup {
         let Some(key) = record.key().cloned() else {
             return Ok(());
         };
-        let mut seen = ctx.key_value_store("seen", &StringSerde, &StringSerde)?;
+        let mut seen = ctx.get_state_store::<String, String>("seen")?;
         if seen.get(&key)?.as_deref() == Some(record.value().as_str()) {
             return Ok(());
         }
@@ -32,7 +32,11 @@ impl FixedKeyProcessor<String, String, String> for Dedup {
 /// `in` de-duplicated per key, joined with table `tiers`, and counted per key.
 fn topology(use_process: bool) -> Result<Topology, TopologyError> {
     let b = StreamsBuilder::new();
-    b.add_state_store("seen");
+    b.add_state_store(Stores::key_value_store_builder(
+        Stores::persistent_key_value_store("seen"),
+        StringSerde,
+        StringSerde,
+    ));
     let tiers = b.table("tiers", StringSerde, StringSerde, "tiers-store");
     let input = b.stream("in", StringSerde, StringSerde);
     let deduped: KStream<String, String> = if use_process {
@@ -137,14 +141,18 @@ fn a_fixed_key_processor_punctuates() {
             _timestamp: i64,
             ctx: &mut FixedKeyContext<'_, String, String>,
         ) -> Result<(), ProcessError> {
-            let mut ticks = ctx.key_value_store("tick-count", &StringSerde, &I64Serde)?;
+            let mut ticks = ctx.get_state_store::<String, i64>("tick-count")?;
             let n = ticks.get(&"all".to_string())?.unwrap_or(0);
             ticks.put(&"all".to_string(), &(n + 1))?;
             Ok(())
         }
     }
     let b = StreamsBuilder::new();
-    b.add_state_store("tick-count");
+    b.add_state_store(Stores::key_value_store_builder(
+        Stores::persistent_key_value_store("tick-count"),
+        StringSerde,
+        I64Serde,
+    ));
     b.stream("in", StringSerde, StringSerde)
         .process_values("ticks", || Ticks, &["tick-count"])
         .to_with("out", Produced::with(StringSerde, StringSerde));

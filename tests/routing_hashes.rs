@@ -40,7 +40,7 @@ impl Processor<String, i64, String, i64> for ScaledTotals {
             .key
             .clone()
             .ok_or_else(|| ProcessError::User("no key".into()))?;
-        let mut store = ctx.key_value_store("totals", &StringSerde, &I64Serde)?;
+        let mut store = ctx.get_state_store::<String, i64>("totals")?;
         let total = store.get(&key)?.unwrap_or(0) + record.value;
         store.put(&key, &total)?;
         ctx.forward(record.with_key_value(Some(key), total));
@@ -53,8 +53,9 @@ impl Processor<String, i64, String, i64> for ScaledTotals {
         _timestamp: i64,
         ctx: &mut ProcessorContext<'_, String, i64>,
     ) -> Result<(), ProcessError> {
-        let mut store = ctx.key_value_store("totals", &StringSerde, &I64Serde)?;
-        for (k, v) in store.all()? {
+        let mut store = ctx.get_state_store::<String, i64>("totals")?;
+        for entry in store.all()? {
+            let (k, v) = entry?;
             store.put(&k, &((v + 9) / 10 * 10))?;
         }
         Ok(())
@@ -64,7 +65,11 @@ impl Processor<String, i64, String, i64> for ScaledTotals {
 #[test]
 fn a_punctuators_rewrites_stay_with_their_keys_across_a_split_and_a_merge() {
     let b = StreamsBuilder::new();
-    b.add_state_store("totals");
+    b.add_state_store(Stores::key_value_store_builder(
+        Stores::persistent_key_value_store("totals"),
+        StringSerde,
+        I64Serde,
+    ));
     b.stream("in", StringSerde, I64Serde)
         .process("scaled", || ScaledTotals, &["totals"])
         .to_with("out", Produced::with(StringSerde, I64Serde));
@@ -127,7 +132,7 @@ impl Processor<Windowed<String>, i64, String, i64> for FinalTotals {
             .clone()
             .ok_or_else(|| ProcessError::User("no key".into()))?
             .key;
-        let mut store = ctx.key_value_store("final-totals", &StringSerde, &I64Serde)?;
+        let mut store = ctx.get_state_store::<String, i64>("final-totals")?;
         let total = store.get(&key)?.unwrap_or(0) + record.value;
         store.put(&key, &total)?;
         ctx.forward(record.with_key_value(Some(key), total));
@@ -138,7 +143,11 @@ impl Processor<Windowed<String>, i64, String, i64> for FinalTotals {
 #[test]
 fn a_window_released_for_another_key_is_written_downstream_in_its_keys_range() {
     let b = StreamsBuilder::new();
-    b.add_state_store("final-totals");
+    b.add_state_store(Stores::key_value_store_builder(
+        Stores::persistent_key_value_store("final-totals"),
+        StringSerde,
+        I64Serde,
+    ));
     b.stream("in", StringSerde, StringSerde)
         .group_by_key()
         .windowed_by(TimeWindows::of_size_with_no_grace(ms(10)))

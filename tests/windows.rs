@@ -470,7 +470,7 @@ fn processors_use_window_stores_through_the_context() {
             let key = r.key.clone().unwrap_or_default();
             let start = r.timestamp - r.timestamp % 100;
             let previous = {
-                let mut store = ctx.window_store("last", &StringSerde, &I64Serde)?;
+                let mut store = ctx.get_window_store::<String, i64>("last")?;
                 let previous = store.get(&key, start)?;
                 store.put(&key, &r.value, start)?;
                 previous
@@ -480,7 +480,11 @@ fn processors_use_window_stores_through_the_context() {
         }
     }
     let b = StreamsBuilder::new();
-    b.add_window_store("last", ms(1000), ms(100));
+    b.add_state_store(Stores::window_store_builder(
+        Stores::persistent_window_store("last", ms(1000), ms(100)),
+        StringSerde,
+        I64Serde,
+    ));
     b.stream("in", StringSerde, I64Serde)
         .process("last-per-window", || LastPerWindow, &["last"])
         .to_with("previous", Produced::with(StringSerde, I64Serde));

@@ -33,6 +33,7 @@ use crate::processor::{
 use crate::record::RawRecord;
 use crate::serdes::SerdeError;
 use crate::store::{KeyValueBytes, StoreError, StoreKind, TimedStore};
+use crate::stores::StoreDeclaration;
 use crate::time::TimestampError;
 
 /// What the engine provides to a running sub-task: its stores and where sink records go.
@@ -230,6 +231,9 @@ impl ProcessorHost for Host<'_> {
     fn store(&mut self, name: &str) -> Result<&mut dyn KeyValueBytes, StoreError> {
         self.check_connected(name)?;
         self.env.store(name)
+    }
+    fn store_declaration(&self, name: &str) -> Option<&StoreDeclaration> {
+        self.topology.store_declaration(name)
     }
     fn timed_store(&mut self, name: &str) -> Result<TimedStore<'_>, StoreError> {
         self.check_connected(name)?;

@@ -14,6 +14,7 @@ use crate::processor::{ErasedProcessor, ErasedRecord, ProcessError};
 use crate::record::RawRecord;
 use crate::serdes::SerdeError;
 use crate::store::StoreKind;
+use crate::stores::StoreDeclaration;
 use crate::time::OnInvalidTimestamp;
 
 /// A topic a node reads or writes.
@@ -172,6 +173,8 @@ pub struct Topology {
     pub(crate) sub_topologies: Vec<SubTopology>,
     /// What each store holds (key-value, windows, sessions, a suppression buffer).
     pub(crate) store_kinds: BTreeMap<String, StoreKind>,
+    /// The stores declared with a `Stores` builder: their serdes and changelog configs.
+    pub(crate) store_declarations: BTreeMap<String, StoreDeclaration>,
     /// Global tables: store name -> the topic that fills it (see [`crate::global`]).
     pub(crate) global_tables: BTreeMap<String, String>,
 }
@@ -318,6 +321,11 @@ impl Topology {
     /// What store `name` holds, if the topology has it.
     pub fn store_kind(&self, name: &str) -> Option<StoreKind> {
         self.store_kinds.get(name).copied()
+    }
+
+    /// What a `Stores` builder declared for store `name` (`None` for the DSL's stores).
+    pub fn store_declaration(&self, name: &str) -> Option<&StoreDeclaration> {
+        self.store_declarations.get(name)
     }
 
     /// Whether sub-topology `sub` has an async stage.

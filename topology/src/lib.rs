@@ -7,6 +7,7 @@
 //!   (`Materialized`, `Grouped`, `Produced`, `Consumed`, `Repartitioned`, `Named`), named as in
 //!   Kafka Streams;
 //! - [`processor`]: the Processor API for custom logic, state access and punctuation;
+//! - [`stores`]: declaring Processor-API stores with their serdes (`Stores`, `StoreBuilder`);
 //! - [`time`]: event time (timestamp extractors, invalid timestamps, the partition's stream time at each key range);
 //! - [`window`]: windows, windowed aggregations, window and session stores, emit-final;
 //! - [`graph`] and [`exec`]: the processor graph and how one sub-task runs it;
@@ -27,6 +28,7 @@ pub mod processor;
 pub mod record;
 pub mod serdes;
 pub mod store;
+pub mod stores;
 pub mod time;
 pub mod versioned;
 pub mod window;
@@ -63,7 +65,8 @@ pub mod prelude {
         BytesSerde, I32Serde, I64Serde, JsonSerde, Nullable, ProtobufSerde, Serde, SerdeError,
         StringSerde, U64Serde,
     };
-    pub use crate::store::{KeyValueBytes, KeyValueStore, StoreError};
+    pub use crate::store::{KeyValueBytes, KeyValueIterator, KeyValueStore, StoreError};
+    pub use crate::stores::{StoreBuilder, Stores};
     pub use crate::time::{
         FailOnInvalidTimestamp, LogAndSkipOnInvalidTimestamp, OnInvalidTimestamp,
         UsePartitionTimeOnInvalidTimestamp, UseWallclockTimeOnInvalidTimestamp,
@@ -72,6 +75,7 @@ pub mod prelude {
     pub use crate::versioned::{PutOutcome, VersionedRecord, VersionedStore};
     pub use crate::window::{
         BufferConfig, EmitStrategy, SessionStore, SessionWindowedSerde, SessionWindows,
-        SlidingWindows, Suppressed, TimeWindowedSerde, TimeWindows, Window, WindowStore, Windowed,
+        SlidingWindows, Suppressed, TimeWindowedSerde, TimeWindows, ValueAndTimestamp, Window,
+        WindowStore, Windowed,
     };
 }

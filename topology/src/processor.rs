@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use crate::record::{Headers, Record};
 use crate::serdes::{Serde, SerdeError};
-use crate::store::{KeyValueBytes, KeyValueStore, StoreError, TimedStore};
+use crate::store::{KeyValueBytes, KeyValueStore, StoreError, StoreKind, StoreSerdes, TimedStore};
+use crate::stores::StoreDeclaration;
 use crate::versioned::VersionedStore;
 use crate::window::{SessionStore, WindowStore};
 
@@ -158,6 +159,10 @@ pub trait ProcessorHost {
     }
     /// Byte-level access to a store connected to the node.
     fn store(&mut self, name: &str) -> Result<&mut dyn KeyValueBytes, StoreError>;
+    /// What a `Stores` builder declared for store `name` (its serdes), if one did.
+    fn store_declaration(&self, _name: &str) -> Option<&StoreDeclaration> {
+        None
+    }
     /// A connected window, session or buffer store with its layout, stream time and expiry
     /// position.
     fn timed_store(&mut self, name: &str) -> Result<TimedStore<'_>, StoreError>;
@@ -194,18 +199,36 @@ impl<'a> TaskContext<'a> {
         self.host.store(name)
     }
 
-    /// A typed view of a connected store.
-    pub fn key_value_store<'s, K: 'static, V: 'static>(
-        &'s mut self,
+    /// The declared serdes of store `name` as `K` and `V`.
+    fn declared<K: 'static, V: 'static>(
+        &self,
         name: &str,
-        key_serde: &'s dyn Serde<K>,
-        value_serde: &'s dyn Serde<V>,
-    ) -> Result<KeyValueStore<'s, K, V>, StoreError> {
-        Ok(KeyValueStore::new(
-            self.host.store(name)?,
-            key_serde,
-            value_serde,
-        ))
+    ) -> Result<StoreSerdes<K, V>, StoreError> {
+        self.host
+            .store_declaration(name)
+            .ok_or_else(|| StoreError::Undeclared(name.to_string()))?
+            .serdes(name)
+    }
+
+    /// A connected key-value store, typed with the serdes it was declared with (Kafka Streams'
+    /// `getStateStore`); [`StoreError::WrongTypes`] when `K` and `V` are not its builder's.
+    pub fn get_state_store<K: 'static, V: 'static>(
+        &mut self,
+        name: &str,
+    ) -> Result<KeyValueStore<'_, K, V>, StoreError> {
+        let declaration = self
+            .host
+            .store_declaration(name)
+            .ok_or_else(|| StoreError::Undeclared(name.to_string()))?;
+        if declaration.kind() != StoreKind::KeyValue {
+            return Err(StoreError::WrongKind {
+                store: name.to_string(),
+                expected: StoreKind::KeyValue.name(),
+                actual: declaration.kind().name(),
+            });
+        }
+        let serdes = declaration.serdes::<K, V>(name)?;
+        Ok(KeyValueStore::with_serdes(self.host.store(name)?, serdes))
     }
 
     /// Byte-level access to a connected window, session or buffer store, with its layout, the
@@ -214,37 +237,41 @@ impl<'a> TaskContext<'a> {
         self.host.timed_store(name)
     }
 
-    /// A typed view of a connected window store (Kafka Streams' `WindowStore`); see
-    /// [`WindowStore`].
-    pub fn window_store<'s, K: 'static, V: 'static>(
-        &'s mut self,
+    /// A connected window store, typed with the serdes it was declared with (Kafka Streams'
+    /// `WindowStore`); see [`WindowStore`].
+    pub fn get_window_store<K: 'static, V: 'static>(
+        &mut self,
         name: &str,
-        key_serde: &'s dyn Serde<K>,
-        value_serde: &'s dyn Serde<V>,
-    ) -> Result<WindowStore<'s, K, V>, StoreError> {
-        WindowStore::new(self.host.timed_store(name)?, name, key_serde, value_serde)
+    ) -> Result<WindowStore<'_, K, V>, StoreError> {
+        let serdes = self.declared::<K, V>(name)?;
+        WindowStore::with_serdes(self.host.timed_store(name)?, serdes)
     }
 
-    /// A typed view of a connected session store (Kafka Streams' `SessionStore`); see
-    /// [`SessionStore`].
-    pub fn session_store<'s, K: 'static, V: 'static>(
-        &'s mut self,
+    /// A connected session store, typed with the serdes it was declared with (Kafka Streams'
+    /// `SessionStore`); see [`SessionStore`].
+    pub fn get_session_store<K: 'static, V: 'static>(
+        &mut self,
         name: &str,
-        key_serde: &'s dyn Serde<K>,
-        value_serde: &'s dyn Serde<V>,
-    ) -> Result<SessionStore<'s, K, V>, StoreError> {
-        SessionStore::new(self.host.timed_store(name)?, name, key_serde, value_serde)
+    ) -> Result<SessionStore<'_, K, V>, StoreError> {
+        let serdes = self.declared::<K, V>(name)?;
+        SessionStore::with_serdes(self.host.timed_store(name)?, serdes)
     }
 
     /// A typed view of a connected versioned key-value store (Kafka Streams'
-    /// `VersionedKeyValueStore`); see [`crate::versioned`].
-    pub fn versioned_store<'s, K: 'static, V: 'static>(
-        &'s mut self,
+    /// `VersionedKeyValueStore`, declared by the DSL with `Materialized::versioned`); see
+    /// [`crate::versioned`].
+    pub fn versioned_store<K: 'static, V: 'static>(
+        &mut self,
         name: &str,
-        key_serde: &'s dyn Serde<K>,
-        value_serde: &'s dyn Serde<V>,
-    ) -> Result<VersionedStore<'s, K, V>, StoreError> {
-        VersionedStore::new(self.host.timed_store(name)?, name, key_serde, value_serde)
+        key_serde: impl Serde<K>,
+        value_serde: impl Serde<V>,
+    ) -> Result<VersionedStore<'_, K, V>, StoreError> {
+        VersionedStore::new(
+            self.host.timed_store(name)?,
+            name,
+            Arc::new(key_serde),
+            Arc::new(value_serde),
+        )
     }
 
     /// The sub-task's stream time: the partition's stream time (largest record timestamp) at the

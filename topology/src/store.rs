@@ -7,6 +7,7 @@
 //! (see [`crate::window::store`]); [`StoreKind`] says which layout a store uses.
 
 use std::ops::Bound;
+use std::sync::Arc;
 
 use crate::serdes::{Serde, SerdeError};
 
@@ -35,6 +36,20 @@ pub enum StoreError {
         /// What the store is.
         actual: &'static str,
     },
+    /// The store was declared (with a `Stores` builder) for other key or value types than the
+    /// processor opens it with.
+    #[error("store `{store}` holds {declared} (its Stores builder's key and value types), not {requested}; open it with the builder's types")]
+    WrongTypes {
+        /// The store.
+        store: String,
+        /// The declared key and value types, as `(K, V)`.
+        declared: Box<str>,
+        /// The key and value types asked for, as `(K, V)`.
+        requested: Box<str>,
+    },
+    /// The store has no declared serdes: the DSL made it, not a `Stores` builder.
+    #[error("store `{0}` was declared by the DSL, without serdes; open it with ctx.store(name) and KeyValueStore::new(bytes, key_serde, value_serde)")]
+    Undeclared(String),
     /// Stored bytes do not follow the store's layout (a bug, or a store written by another
     /// topology under the same name).
     #[error("store `{store}`: corrupt entry: {what}")]
@@ -238,20 +253,31 @@ pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// A store's name and serdes: (de)serializes its keys and values, naming the store in errors.
-pub(crate) struct StoreSerdes<'a, K, V> {
-    name: String,
-    key_serde: &'a dyn Serde<K>,
-    value_serde: &'a dyn Serde<V>,
+pub(crate) struct StoreSerdes<K, V> {
+    name: Arc<str>,
+    key_serde: Arc<dyn Serde<K>>,
+    value_serde: Arc<dyn Serde<V>>,
 }
 
-impl<'a, K: 'static, V: 'static> StoreSerdes<'a, K, V> {
+// Derived `Clone` would ask for `K: Clone, V: Clone`; only the `Arc`s are cloned.
+impl<K, V> Clone for StoreSerdes<K, V> {
+    fn clone(&self) -> Self {
+        StoreSerdes {
+            name: self.name.clone(),
+            key_serde: self.key_serde.clone(),
+            value_serde: self.value_serde.clone(),
+        }
+    }
+}
+
+impl<K: 'static, V: 'static> StoreSerdes<K, V> {
     pub(crate) fn new(
         name: &str,
-        key_serde: &'a dyn Serde<K>,
-        value_serde: &'a dyn Serde<V>,
+        key_serde: Arc<dyn Serde<K>>,
+        value_serde: Arc<dyn Serde<V>>,
     ) -> Self {
         StoreSerdes {
-            name: name.to_string(),
+            name: name.into(),
             key_serde,
             value_serde,
         }
@@ -259,7 +285,7 @@ impl<'a, K: 'static, V: 'static> StoreSerdes<'a, K, V> {
 
     pub(crate) fn error(&self, source: SerdeError) -> StoreError {
         StoreError::Serde {
-            store: self.name.clone(),
+            store: self.name.to_string(),
             source,
         }
     }
@@ -283,20 +309,67 @@ impl<'a, K: 'static, V: 'static> StoreSerdes<'a, K, V> {
     }
 }
 
-/// A typed view of a key-value store, as `ctx.store(name)` hands it to processors.
+/// The entries of a scan of a [`KeyValueStore`], decoded one at a time (Kafka Streams'
+/// `KeyValueIterator`).
+///
+/// It owns what it iterates: the byte store hands a scan over as one snapshot (its RocksDB
+/// entries merged with the sub-task's uncommitted writes), so the iterator borrows neither the
+/// store nor the context, and a processor may `put` and `forward` while it walks it. Writes
+/// made during the walk are not seen by it. Each item is a `Result` because a key or value may
+/// fail to deserialize; the failure names the store.
+pub struct KeyValueIterator<K, V> {
+    entries: std::vec::IntoIter<(Vec<u8>, Vec<u8>)>,
+    serdes: StoreSerdes<K, V>,
+}
+
+impl<K: 'static, V: 'static> KeyValueIterator<K, V> {
+    fn decode(&self, (k, v): (Vec<u8>, Vec<u8>)) -> Result<(K, V), StoreError> {
+        Ok((self.serdes.key_from(&k)?, self.serdes.value_from(&v)?))
+    }
+}
+
+impl<K: 'static, V: 'static> Iterator for KeyValueIterator<K, V> {
+    type Item = Result<(K, V), StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let entry = self.entries.next()?;
+        Some(self.decode(entry))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.entries.size_hint()
+    }
+}
+
+impl<K: 'static, V: 'static> DoubleEndedIterator for KeyValueIterator<K, V> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        let entry = self.entries.next_back()?;
+        Some(self.decode(entry))
+    }
+}
+
+impl<K: 'static, V: 'static> ExactSizeIterator for KeyValueIterator<K, V> {}
+
+/// A typed view of a key-value store, as `ctx.get_state_store::<K, V>(name)` hands it to
+/// processors (with the serdes the store was declared with).
 pub struct KeyValueStore<'a, K, V> {
     inner: &'a mut dyn KeyValueBytes,
-    serdes: StoreSerdes<'a, K, V>,
+    serdes: StoreSerdes<K, V>,
 }
 
 impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
-    /// A typed view of `inner`.
+    /// A typed view of `inner` through the given serdes (for stores the DSL declared, which
+    /// carry no serdes; open a `Stores`-declared one with `ctx.get_state_store`).
     pub fn new(
         inner: &'a mut dyn KeyValueBytes,
-        key_serde: &'a dyn Serde<K>,
-        value_serde: &'a dyn Serde<V>,
+        key_serde: Arc<dyn Serde<K>>,
+        value_serde: Arc<dyn Serde<V>>,
     ) -> Self {
         let serdes = StoreSerdes::new(inner.name(), key_serde, value_serde);
+        KeyValueStore { inner, serdes }
+    }
+
+    pub(crate) fn with_serdes(inner: &'a mut dyn KeyValueBytes, serdes: StoreSerdes<K, V>) -> Self {
         KeyValueStore { inner, serdes }
     }
 
@@ -359,24 +432,25 @@ impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
     }
 
     /// Every entry of this sub-task's range, in key-byte order.
-    pub fn all(&self) -> Result<Vec<(K, V)>, StoreError> {
-        self.decode(self.inner.all()?)
+    pub fn all(&self) -> Result<KeyValueIterator<K, V>, StoreError> {
+        Ok(self.iter(self.inner.all()?))
     }
 
     /// The entries with keys from `from` to `to` (both included), in the order of the keys'
     /// serialized bytes (Kafka Streams' `range`; as there, byte order is the order of the
     /// serialized keys, which for strings and big-endian numbers of one sign is their natural
     /// order).
-    pub fn range(&self, from: &K, to: &K) -> Result<Vec<(K, V)>, StoreError> {
+    pub fn range(&self, from: &K, to: &K) -> Result<KeyValueIterator<K, V>, StoreError> {
         let (f, t) = (self.serdes.key(from)?, self.serdes.key(to)?);
-        self.decode(self.inner.range(Bound::Included(&f), Bound::Included(&t))?)
+        Ok(self.iter(self.inner.range(Bound::Included(&f), Bound::Included(&t))?))
     }
 
     /// [`KeyValueStore::range`] in descending order (Kafka Streams' `reverseRange`).
-    pub fn reverse_range(&self, from: &K, to: &K) -> Result<Vec<(K, V)>, StoreError> {
-        let mut entries = self.range(from, to)?;
+    pub fn reverse_range(&self, from: &K, to: &K) -> Result<KeyValueIterator<K, V>, StoreError> {
+        let (f, t) = (self.serdes.key(from)?, self.serdes.key(to)?);
+        let mut entries = self.inner.range(Bound::Included(&f), Bound::Included(&t))?;
         entries.reverse();
-        Ok(entries)
+        Ok(self.iter(entries))
     }
 
     /// The entries whose serialized key starts with `prefix` serialized by `prefix_serde`
@@ -384,19 +458,19 @@ impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
     pub fn prefix_scan<P: 'static>(
         &self,
         prefix: &P,
-        prefix_serde: &dyn Serde<P>,
-    ) -> Result<Vec<(K, V)>, StoreError> {
+        prefix_serde: impl Serde<P>,
+    ) -> Result<KeyValueIterator<K, V>, StoreError> {
         let p = prefix_serde
             .serialize(prefix)
             .map_err(|e| self.serdes.error(e))?;
-        self.decode(self.inner.prefix_scan(&p)?)
+        Ok(self.iter(self.inner.prefix_scan(&p)?))
     }
 
-    fn decode(&self, entries: Entries) -> Result<Vec<(K, V)>, StoreError> {
-        entries
-            .into_iter()
-            .map(|(k, v)| Ok((self.serdes.key_from(&k)?, self.serdes.value_from(&v)?)))
-            .collect()
+    fn iter(&self, entries: Entries) -> KeyValueIterator<K, V> {
+        KeyValueIterator {
+            entries: entries.into_iter(),
+            serdes: self.serdes.clone(),
+        }
     }
 }
 
@@ -410,7 +484,7 @@ mod tests {
     fn put_if_absent_put_all_and_delete_range_do_what_kafka_streams_users_expect() {
         use crate::serdes::{I64Serde, StringSerde};
         let mut bytes = MemoryKeyValue::new("s");
-        let mut store = KeyValueStore::new(&mut bytes, &StringSerde, &I64Serde);
+        let mut store = KeyValueStore::new(&mut bytes, Arc::new(StringSerde), Arc::new(I64Serde));
         let keys: Vec<String> = ["a", "b", "c", "d"].iter().map(|k| k.to_string()).collect();
         let values = [1i64, 2, 3, 4];
         store.put_all(keys.iter().zip(&values)).unwrap();
@@ -418,7 +492,7 @@ mod tests {
         assert_eq!(store.put_if_absent(&"e".into(), &5).unwrap(), None);
         assert_eq!(store.get(&"e".into()).unwrap(), Some(5));
         assert_eq!(store.delete_range(&"b".into(), &"c".into()).unwrap(), 2);
-        let left: Vec<String> = store.all().unwrap().into_iter().map(|(k, _)| k).collect();
+        let left: Vec<String> = store.all().unwrap().map(|e| e.unwrap().0).collect();
         assert_eq!(left, ["a", "d", "e"]);
         assert_eq!(store.delete_range(&"x".into(), &"z".into()).unwrap(), 0);
     }

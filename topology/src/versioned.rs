@@ -27,6 +27,7 @@
 //! read when the range has no committed time and deleted at the next put.
 
 use std::ops::Bound;
+use std::sync::Arc;
 
 use crate::serdes::Serde;
 use crate::store::{KeyValueBytes, StoreError, StoreKind, StoreSerdes, TimedStore};
@@ -248,7 +249,7 @@ impl<'a> VersionedBytes<'a> {
 /// `ProcessorContext::versioned_store`.
 pub struct VersionedStore<'a, K, V> {
     inner: VersionedBytes<'a>,
-    serdes: StoreSerdes<'a, K, V>,
+    serdes: StoreSerdes<K, V>,
 }
 
 impl<'a, K: 'static, V: 'static> VersionedStore<'a, K, V> {
@@ -256,8 +257,8 @@ impl<'a, K: 'static, V: 'static> VersionedStore<'a, K, V> {
     pub fn new(
         store: TimedStore<'a>,
         name: &str,
-        key_serde: &'a dyn Serde<K>,
-        value_serde: &'a dyn Serde<V>,
+        key_serde: Arc<dyn Serde<K>>,
+        value_serde: Arc<dyn Serde<V>>,
     ) -> Result<Self, StoreError> {
         Ok(VersionedStore {
             inner: VersionedBytes::open(store)?,

@@ -107,7 +107,13 @@ fn the_typed_view_deletes_and_returns_what_was_valid() {
         expired_below: &mut expired_below,
         observed: &mut None,
     };
-    let mut s = VersionedStore::new(timed, "v", &StringSerde, &I64Serde).unwrap();
+    let mut s = VersionedStore::new(
+        timed,
+        "v",
+        std::sync::Arc::new(StringSerde),
+        std::sync::Arc::new(I64Serde),
+    )
+    .unwrap();
     let k = "alice".to_string();
     s.put(&k, &1, 100).unwrap();
     s.put(&k, &2, 200).unwrap();

@@ -450,7 +450,7 @@ impl TestDriver {
     }
 
     /// A typed read view of window store `store` (a windowed aggregation's, or one added with
-    /// `add_window_store`) over every partition and range; the counterpart of
+    /// `Stores::window_store_builder`) over every partition and range; the counterpart of
     /// `getWindowStore`. Reads hide windows expired at each range's stream time, and strip the
     /// timestamps the DSL's window stores keep.
     pub fn window_store<K, V>(

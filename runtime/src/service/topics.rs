@@ -76,6 +76,8 @@ impl Runtime {
             .collect();
         // One compacted changelog per store, partitioned like its sub-topology's input.
         let mut changelogs = Vec::new();
+        // The store of each changelog, in the same order (for its declared topic configs).
+        let mut stores_of = Vec::new();
         for st in self.topology.sub_topologies() {
             let n = st
                 .sources
@@ -85,6 +87,7 @@ impl Runtime {
                 .unwrap_or(1);
             for store in &st.stores {
                 changelogs.push((changelog_topic(&self.config.application_id, store), n));
+                stores_of.push(store.clone());
             }
         }
         // Internal topics that exist already must match what rill would create.
@@ -160,15 +163,31 @@ impl Runtime {
                 }
                 create_topics(&cfg, &to_create, REQUEST_TIMEOUT)?;
                 let lag = CHANGELOG_MIN_COMPACTION_LAG.as_millis().to_string();
-                create_topics_with(
-                    &cfg,
-                    &changelogs,
-                    &[
-                        ("cleanup.policy", "compact"),
-                        ("min.compaction.lag.ms", lag.as_str()),
-                    ],
-                    REQUEST_TIMEOUT,
-                )?;
+                // One request per distinct set of configs (most changelogs share rill's own).
+                let mut by_configs: BTreeMap<Configs, Vec<(String, u32)>> = BTreeMap::new();
+                for (changelog, store) in changelogs.iter().zip(&stores_of) {
+                    let declared = self
+                        .topology
+                        .store_declaration(store)
+                        .map(|d| d.changelog_configs());
+                    let configs = changelog_configs(declared, &lag).map_err(|problem| {
+                        RuntimeError::InternalTopic {
+                            topic: changelog.0.clone(),
+                            problem,
+                        }
+                    })?;
+                    by_configs
+                        .entry(configs)
+                        .or_default()
+                        .push(changelog.clone());
+                }
+                for (configs, topics) in &by_configs {
+                    let configs: Vec<(&str, &str)> = configs
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), v.as_str()))
+                        .collect();
+                    create_topics_with(&cfg, topics, &configs, REQUEST_TIMEOUT)?;
+                }
                 if let Some(name) = &endpoints {
                     create_topics_with(
                         &cfg,
@@ -180,5 +199,69 @@ impl Runtime {
             }
         }
         Ok(partitions)
+    }
+}
+
+/// Topic configs, as (key, value) pairs.
+type Configs = Vec<(String, String)>;
+
+/// The topic configs of a new changelog: rill's (`cleanup.policy=compact`,
+/// `min.compaction.lag.ms=lag`) overridden by those its store's builder declared
+/// (`with_logging_enabled`). A `cleanup.policy` without `compact` is refused: restores need the
+/// latest value of every key.
+fn changelog_configs(
+    declared: Option<&BTreeMap<String, String>>,
+    lag: &str,
+) -> Result<Configs, String> {
+    let mut configs: BTreeMap<String, String> = [
+        ("cleanup.policy".to_string(), "compact".to_string()),
+        ("min.compaction.lag.ms".to_string(), lag.to_string()),
+    ]
+    .into();
+    configs.extend(
+        declared
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
+    let policy = configs.get("cleanup.policy").map_or("", String::as_str);
+    if !policy.split(',').any(|p| p.trim() == "compact") {
+        return Err(format!(
+            "its store's builder asks for cleanup.policy={policy}: a changelog needs compact \
+             (with_logging_enabled may add delete, as compact,delete)"
+        ));
+    }
+    Ok(configs.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stores_changelog_configs_override_rills_but_keep_compaction() {
+        let rill = changelog_configs(None, "60000").unwrap();
+        assert_eq!(
+            rill,
+            [
+                ("cleanup.policy".to_string(), "compact".to_string()),
+                ("min.compaction.lag.ms".to_string(), "60000".to_string()),
+            ]
+        );
+        let mine: BTreeMap<String, String> = [
+            ("segment.ms".to_string(), "3600000".to_string()),
+            ("min.compaction.lag.ms".to_string(), "120000".to_string()),
+            ("cleanup.policy".to_string(), "compact,delete".to_string()),
+        ]
+        .into();
+        let configs: BTreeMap<String, String> = changelog_configs(Some(&mine), "60000")
+            .unwrap()
+            .into_iter()
+            .collect();
+        assert_eq!(configs, mine);
+        let deleting: BTreeMap<String, String> =
+            [("cleanup.policy".to_string(), "delete".to_string())].into();
+        let err = changelog_configs(Some(&deleting), "60000").unwrap_err();
+        assert!(err.contains("cleanup.policy=delete"), "{err}");
     }
 }

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::change::{Change, ChangeSerde};
 use super::table::TableSource;
@@ -17,13 +16,15 @@ use super::{
 use crate::graph::{Extractor, Node, NodeKind, SubTopology, Supplier, Topic, Topology};
 use crate::processor::{Datum, ErasedRecord, Typed};
 use crate::serdes::Serde;
-use crate::store::{SessionStoreSpec, StoreKind, VersionedStoreSpec, WindowStoreSpec};
-use crate::time::millis;
+use crate::store::{StoreKind, VersionedStoreSpec};
+use crate::stores::{StoreBuilder, StoreDeclaration};
 
 /// Builds a topology with the DSL; the counterpart of Kafka Streams' `StreamsBuilder`.
 #[derive(Clone, Default)]
 pub struct StreamsBuilder {
     pub(super) inner: Rc<RefCell<GraphBuilder>>,
+    /// What `add_state_store` declared beside each store's kind (serdes, changelog configs).
+    declarations: Rc<RefCell<BTreeMap<String, StoreDeclaration>>>,
 }
 
 impl StreamsBuilder {
@@ -243,43 +244,14 @@ impl StreamsBuilder {
         }
     }
 
-    /// Declares a key-value store for processors added with [`KStream::process`].
-    pub fn add_state_store(&self, name: &str) -> &Self {
-        self.inner.borrow_mut().add_store(name, StoreKind::KeyValue);
-        self
-    }
-
-    /// Declares a window store for processors added with [`KStream::process`], which open it
-    /// with `ctx.window_store(..)` (Kafka Streams' `Stores.persistentWindowStore`): windows of
-    /// `window_size`, kept for `retention` of stream time after their start, indexed by key.
-    pub fn add_window_store(
-        &self,
-        name: &str,
-        retention: Duration,
-        window_size: Duration,
-    ) -> &Self {
-        let spec = WindowStoreSpec {
-            retention_ms: millis(retention),
-            window_size_ms: millis(window_size),
-            indexed: true,
-            timestamped: false,
-        };
-        self.inner
-            .borrow_mut()
-            .add_store(name, StoreKind::Window(spec));
-        self
-    }
-
-    /// Declares a session store for processors added with [`KStream::process`], which open it
-    /// with `ctx.session_store(..)` (`Stores.persistentSessionStore`): sessions kept for
-    /// `retention` of stream time after their end.
-    pub fn add_session_store(&self, name: &str, retention: Duration) -> &Self {
-        let spec = SessionStoreSpec {
-            retention_ms: millis(retention),
-        };
-        self.inner
-            .borrow_mut()
-            .add_store(name, StoreKind::Session(spec));
+    /// Declares a store for processors added with [`KStream::process`] (Kafka Streams'
+    /// `addStateStore`), built with [`crate::stores::Stores`]: its serdes stay with the
+    /// declaration, so processors open it typed without them (`ctx.get_state_store::<K, V>`,
+    /// `get_window_store`, `get_session_store`).
+    pub fn add_state_store<K: 'static, V: 'static>(&self, builder: StoreBuilder<K, V>) -> &Self {
+        let (name, kind, declaration) = builder.into_declaration();
+        self.inner.borrow_mut().add_store(&name, kind);
+        self.declarations.borrow_mut().insert(name, declaration);
         self
     }
 
@@ -322,6 +294,7 @@ impl StreamsBuilder {
             nodes,
             sub_topologies,
             store_kinds: g.stores.clone(),
+            store_declarations: self.declarations.borrow().clone(),
             global_tables: g.global_tables.clone(),
         })
     }

@@ -4,6 +4,7 @@
 use super::*;
 use crate::graph::Topic;
 use crate::serdes::{I64Serde, StringSerde};
+use crate::stores::Stores;
 
 fn internal_topics(b: &StreamsBuilder) -> Vec<Topic> {
     b.build()
@@ -171,7 +172,11 @@ fn group_by_needs_the_new_key_serde() {
 #[test]
 fn a_grouping_name_is_claimed_like_any_other_name() {
     let b = StreamsBuilder::new();
-    b.add_state_store("taken");
+    b.add_state_store(Stores::key_value_store_builder(
+        Stores::persistent_key_value_store("taken"),
+        StringSerde,
+        StringSerde,
+    ));
     b.stream("in", StringSerde, StringSerde)
         .group_by(
             |_k, v: &String| v.clone(),

@@ -153,11 +153,14 @@ fn sessions_are_found_by_key_and_overlap_and_expire_by_end() {
 fn typed_views_read_and_write_through_serdes() {
     let mut kv = MemoryKeyValue::new("w");
     let mut cursor = i64::MIN;
-    let mut w = WindowStore::new(
-        open(&mut kv, window_kind(1000, true), None, &mut cursor),
+    let serdes = crate::store::StoreSerdes::new(
         "w",
-        &StringSerde,
-        &I64Serde,
+        std::sync::Arc::new(StringSerde),
+        std::sync::Arc::new(I64Serde),
+    );
+    let mut w = WindowStore::with_serdes(
+        open(&mut kv, window_kind(1000, true), None, &mut cursor),
+        serdes,
     )
     .unwrap();
     w.put(&"a".to_string(), &7, 10).unwrap();

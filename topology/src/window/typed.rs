@@ -3,28 +3,25 @@
 
 use super::store::{SessionBytes, SessionEntries, WindowBytes};
 use super::{Window, Windowed};
-use crate::serdes::Serde;
 use crate::store::{StoreError, StoreSerdes, TimedStore};
 
 /// A typed view of a window store (Kafka Streams' `WindowStore`), from
-/// `ProcessorContext::window_store`. On the DSL's timestamped stores, reads drop the stored
+/// `TaskContext::get_window_store`. On the DSL's timestamped stores, reads drop the stored
 /// timestamp and `put` stores the window start as it.
 pub struct WindowStore<'a, K, V> {
     inner: WindowBytes<'a>,
-    serdes: StoreSerdes<'a, K, V>,
+    serdes: StoreSerdes<K, V>,
 }
 
 impl<'a, K: 'static, V: 'static> WindowStore<'a, K, V> {
-    /// A typed view of the window store `name` opened as `store`.
-    pub fn new(
+    /// A typed view of the window store opened as `store`, through its declared serdes.
+    pub(crate) fn with_serdes(
         store: TimedStore<'a>,
-        name: &str,
-        key_serde: &'a dyn Serde<K>,
-        value_serde: &'a dyn Serde<V>,
+        serdes: StoreSerdes<K, V>,
     ) -> Result<Self, StoreError> {
         Ok(WindowStore {
             inner: WindowBytes::open(store)?,
-            serdes: StoreSerdes::new(name, key_serde, value_serde),
+            serdes,
         })
     }
 
@@ -101,23 +98,21 @@ impl<'a, K: 'static, V: 'static> WindowStore<'a, K, V> {
 }
 
 /// A typed view of a session store (Kafka Streams' `SessionStore`), from
-/// `ProcessorContext::session_store`.
+/// `TaskContext::get_session_store`.
 pub struct SessionStore<'a, K, V> {
     inner: SessionBytes<'a>,
-    serdes: StoreSerdes<'a, K, V>,
+    serdes: StoreSerdes<K, V>,
 }
 
 impl<'a, K: 'static, V: 'static> SessionStore<'a, K, V> {
-    /// A typed view of the session store `name` opened as `store`.
-    pub fn new(
+    /// A typed view of the session store opened as `store`, through its declared serdes.
+    pub(crate) fn with_serdes(
         store: TimedStore<'a>,
-        name: &str,
-        key_serde: &'a dyn Serde<K>,
-        value_serde: &'a dyn Serde<V>,
+        serdes: StoreSerdes<K, V>,
     ) -> Result<Self, StoreError> {
         Ok(SessionStore {
             inner: SessionBytes::open(store)?,
-            serdes: StoreSerdes::new(name, key_serde, value_serde),
+            serdes,
         })
     }
 

@@ -85,12 +85,12 @@ impl Processor<String, String, String, String> for KeyValue {
         let Some(key) = record.key.clone() else {
             return Ok(());
         };
-        let mut kv = ctx.key_value_store("kv", &StringSerde, &StringSerde)?;
+        let mut kv = ctx.get_state_store::<String, String>("kv")?;
         if record.value == "del" {
             kv.delete(&key)?;
         } else {
             kv.put(&key, &record.value)?;
-            let mut by_value = ctx.key_value_store("by_value", &StringSerde, &StringSerde)?;
+            let mut by_value = ctx.get_state_store::<String, String>("by_value")?;
             let previous = by_value.get(&record.value)?;
             by_value.put(&record.value, &key)?;
             ctx.forward(record.with_key_value(Some(key), previous.unwrap_or_default()));
@@ -101,7 +101,16 @@ impl Processor<String, String, String, String> for KeyValue {
 
 fn topology() -> Arc<Topology> {
     let b = StreamsBuilder::new();
-    b.add_state_store("kv").add_state_store("by_value");
+    b.add_state_store(Stores::key_value_store_builder(
+        Stores::persistent_key_value_store("kv"),
+        StringSerde,
+        StringSerde,
+    ))
+    .add_state_store(Stores::key_value_store_builder(
+        Stores::persistent_key_value_store("by_value"),
+        StringSerde,
+        StringSerde,
+    ));
     b.stream("in", StringSerde, StringSerde)
         .process("key-value", || KeyValue, &["kv", "by_value"])
         .to_with("out", Produced::with(StringSerde, StringSerde));

@@ -1,0 +1,286 @@
+//! Declaring Processor-API state stores once, with their serdes (Kafka Streams' `Stores`,
+//! `StoreBuilder` and the store suppliers).
+//!
+//! ```
+//! # use rill_topology::prelude::*;
+//! let b = StreamsBuilder::new();
+//! b.add_state_store(Stores::key_value_store_builder(
+//!     Stores::persistent_key_value_store("totals"),
+//!     StringSerde,
+//!     I64Serde,
+//! ));
+//! // In a processor connected to "totals":
+//! // let mut totals = ctx.get_state_store::<String, i64>("totals")?;
+//! ```
+//!
+//! Where rill differs from Kafka Streams:
+//! - Every store lives in the sub-task's RocksDB column family behind its write cache, so there
+//!   are no in-memory suppliers (`inMemoryKeyValueStore` and friends): an alias would claim a
+//!   behaviour the runtime does not have.
+//! - Logging cannot be turned off. Each range commit writes a marker to every store's changelog,
+//!   in store order, and the last store's changelog decides a restore (see the runtime's
+//!   `engine::changelog`). Leaving a store out of those lists is mechanical, but the store would
+//!   have no way back after a restore from the changelogs (a lost state dir, or the task moving
+//!   to another instance): the input offsets resume from the other stores' markers, past the
+//!   records that filled it, so it would come back empty, or stale from an older local copy that
+//!   nothing repairs; and a sub-topology whose stores are all unlogged has no marker to restore
+//!   its offsets from at all. Kafka Streams accepts that loss; rill's exactness does not have an
+//!   exception for it yet. [`StoreBuilder::with_logging_enabled`] sets the changelog topic's
+//!   configs.
+//! - Caching cannot be turned on or off: a store's writes always wait in the sub-task's write
+//!   cache until the range commits (one changelog record per key and commit), which is what
+//!   Kafka Streams' caching does for a store; the downstream record cache is the DSL's
+//!   (`statestore.cache.max.bytes`).
+//! - Window stores keep one value per key and window start (no `retainDuplicates`).
+
+use std::any::{type_name, Any};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::serdes::Serde;
+use crate::store::{SessionStoreSpec, StoreError, StoreKind, StoreSerdes, WindowStoreSpec};
+use crate::time::millis;
+use crate::window::serde::ValueAndTimestampSerde;
+use crate::window::ValueAndTimestamp;
+
+/// Factory of store suppliers and builders (Kafka Streams' `Stores`).
+pub struct Stores;
+
+/// A key-value store by name (Kafka Streams' `KeyValueBytesStoreSupplier`).
+#[derive(Clone, Debug)]
+pub struct KeyValueStoreSupplier {
+    name: String,
+}
+
+/// A window store: name, retention and window size (Kafka Streams' `WindowBytesStoreSupplier`).
+#[derive(Clone, Debug)]
+pub struct WindowStoreSupplier {
+    name: String,
+    spec: WindowStoreSpec,
+}
+
+/// A session store: name and retention (Kafka Streams' `SessionBytesStoreSupplier`).
+#[derive(Clone, Debug)]
+pub struct SessionStoreSupplier {
+    name: String,
+    spec: SessionStoreSpec,
+}
+
+impl Stores {
+    /// A persistent key-value store (`Stores.persistentKeyValueStore`).
+    pub fn persistent_key_value_store(name: &str) -> KeyValueStoreSupplier {
+        KeyValueStoreSupplier {
+            name: name.to_string(),
+        }
+    }
+
+    /// A persistent key-value store for timestamped values
+    /// (`Stores.persistentTimestampedKeyValueStore`); give it to
+    /// [`Stores::timestamped_key_value_store_builder`].
+    pub fn persistent_timestamped_key_value_store(name: &str) -> KeyValueStoreSupplier {
+        Self::persistent_key_value_store(name)
+    }
+
+    /// A persistent window store of windows of `window_size`, kept for `retention` of stream
+    /// time after their start (`Stores.persistentWindowStore`, without duplicates).
+    pub fn persistent_window_store(
+        name: &str,
+        retention: Duration,
+        window_size: Duration,
+    ) -> WindowStoreSupplier {
+        WindowStoreSupplier {
+            name: name.to_string(),
+            spec: WindowStoreSpec {
+                retention_ms: millis(retention),
+                window_size_ms: millis(window_size),
+                indexed: true,
+                timestamped: false,
+            },
+        }
+    }
+
+    /// A persistent session store whose sessions are kept for `retention` of stream time after
+    /// their end (`Stores.persistentSessionStore`).
+    pub fn persistent_session_store(name: &str, retention: Duration) -> SessionStoreSupplier {
+        SessionStoreSupplier {
+            name: name.to_string(),
+            spec: SessionStoreSpec {
+                retention_ms: millis(retention),
+            },
+        }
+    }
+
+    /// A key-value store with its serdes (`Stores.keyValueStoreBuilder`); processors open it
+    /// with `ctx.get_state_store::<K, V>(name)`.
+    pub fn key_value_store_builder<K: 'static, V: 'static>(
+        supplier: KeyValueStoreSupplier,
+        key_serde: impl Serde<K>,
+        value_serde: impl Serde<V>,
+    ) -> StoreBuilder<K, V> {
+        StoreBuilder::new(supplier.name, StoreKind::KeyValue, key_serde, value_serde)
+    }
+
+    /// A key-value store of values with a timestamp (`Stores.timestampedKeyValueStoreBuilder`);
+    /// processors open it with `ctx.get_state_store::<K, ValueAndTimestamp<V>>(name)`.
+    pub fn timestamped_key_value_store_builder<K: 'static, V: 'static>(
+        supplier: KeyValueStoreSupplier,
+        key_serde: impl Serde<K>,
+        value_serde: impl Serde<V>,
+    ) -> StoreBuilder<K, ValueAndTimestamp<V>> {
+        StoreBuilder::new(
+            supplier.name,
+            StoreKind::KeyValue,
+            key_serde,
+            ValueAndTimestampSerde::new(Arc::new(value_serde)),
+        )
+    }
+
+    /// A window store with its serdes (`Stores.windowStoreBuilder`); processors open it with
+    /// `ctx.get_window_store::<K, V>(name)`.
+    pub fn window_store_builder<K: 'static, V: 'static>(
+        supplier: WindowStoreSupplier,
+        key_serde: impl Serde<K>,
+        value_serde: impl Serde<V>,
+    ) -> StoreBuilder<K, V> {
+        StoreBuilder::new(
+            supplier.name,
+            StoreKind::Window(supplier.spec),
+            key_serde,
+            value_serde,
+        )
+    }
+
+    /// A session store with its serdes (`Stores.sessionStoreBuilder`); processors open it with
+    /// `ctx.get_session_store::<K, V>(name)`.
+    pub fn session_store_builder<K: 'static, V: 'static>(
+        supplier: SessionStoreSupplier,
+        key_serde: impl Serde<K>,
+        value_serde: impl Serde<V>,
+    ) -> StoreBuilder<K, V> {
+        StoreBuilder::new(
+            supplier.name,
+            StoreKind::Session(supplier.spec),
+            key_serde,
+            value_serde,
+        )
+    }
+}
+
+/// A store to declare with `StreamsBuilder::add_state_store` (Kafka Streams' `StoreBuilder`):
+/// its name, layout, serdes and changelog topic configs.
+pub struct StoreBuilder<K, V> {
+    name: String,
+    kind: StoreKind,
+    key_serde: Arc<dyn Serde<K>>,
+    value_serde: Arc<dyn Serde<V>>,
+    changelog_configs: BTreeMap<String, String>,
+}
+
+impl<K: 'static, V: 'static> StoreBuilder<K, V> {
+    fn new(
+        name: String,
+        kind: StoreKind,
+        key_serde: impl Serde<K>,
+        value_serde: impl Serde<V>,
+    ) -> Self {
+        StoreBuilder {
+            name,
+            kind,
+            key_serde: Arc::new(key_serde),
+            value_serde: Arc::new(value_serde),
+            changelog_configs: BTreeMap::new(),
+        }
+    }
+
+    /// The store's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Creates the store's changelog topic with these topic configs besides rill's own
+    /// (`StoreBuilder.withLoggingEnabled`). `cleanup.policy` must keep `compact`; a topic that
+    /// exists already keeps its configs, and the embedded cluster (no `bootstrap.servers`, new on
+    /// every start) takes none.
+    pub fn with_logging_enabled(mut self, topic_configs: BTreeMap<String, String>) -> Self {
+        self.changelog_configs = topic_configs;
+        self
+    }
+
+    /// The changelog topic configs given with [`StoreBuilder::with_logging_enabled`].
+    pub fn changelog_configs(&self) -> &BTreeMap<String, String> {
+        &self.changelog_configs
+    }
+
+    /// The store's name, layout and type-erased declaration.
+    pub(crate) fn into_declaration(self) -> (String, StoreKind, StoreDeclaration) {
+        let serdes = TypedSerdes::<K, V> {
+            key: self.key_serde,
+            value: self.value_serde,
+        };
+        let declaration = StoreDeclaration {
+            kind: self.kind,
+            serdes: Arc::new(serdes),
+            key_type: type_name::<K>(),
+            value_type: type_name::<V>(),
+            changelog_configs: self.changelog_configs,
+        };
+        (self.name, self.kind, declaration)
+    }
+}
+
+/// The serdes a builder declared, by type.
+struct TypedSerdes<K, V> {
+    key: Arc<dyn Serde<K>>,
+    value: Arc<dyn Serde<V>>,
+}
+
+/// What a `Stores` builder declared for a store, with its serdes' types erased: the topology
+/// keeps it and hands the serdes back to processors that open the store with the same types.
+#[derive(Clone)]
+pub struct StoreDeclaration {
+    kind: StoreKind,
+    serdes: Arc<dyn Any + Send + Sync>,
+    key_type: &'static str,
+    value_type: &'static str,
+    changelog_configs: BTreeMap<String, String>,
+}
+
+impl StoreDeclaration {
+    /// What the store holds.
+    pub fn kind(&self) -> StoreKind {
+        self.kind
+    }
+
+    /// The changelog topic configs the builder asked for.
+    pub fn changelog_configs(&self) -> &BTreeMap<String, String> {
+        &self.changelog_configs
+    }
+
+    /// The declared serdes of store `store` as `K` and `V`; [`StoreError::WrongTypes`] when
+    /// the declaration has other types.
+    pub(crate) fn serdes<K: 'static, V: 'static>(
+        &self,
+        store: &str,
+    ) -> Result<StoreSerdes<K, V>, StoreError> {
+        match self.serdes.downcast_ref::<TypedSerdes<K, V>>() {
+            Some(s) => Ok(StoreSerdes::new(store, s.key.clone(), s.value.clone())),
+            None => Err(StoreError::WrongTypes {
+                store: store.to_string(),
+                declared: format!("({}, {})", self.key_type, self.value_type).into(),
+                requested: format!("({}, {})", type_name::<K>(), type_name::<V>()).into(),
+            }),
+        }
+    }
+}
+
+impl std::fmt::Debug for StoreDeclaration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreDeclaration")
+            .field("kind", &self.kind)
+            .field("key_type", &self.key_type)
+            .field("value_type", &self.value_type)
+            .field("changelog_configs", &self.changelog_configs)
+            .finish()
+    }
+}
