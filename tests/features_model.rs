@@ -1046,3 +1046,31 @@ fn a_crash_repeats_a_window_under_at_least_once_and_not_under_exactly_once_v2() 
     assert_eq!(seen(emit_final_windows()), 2, "at_least_once");
     assert_eq!(seen(eos(emit_final_windows())), 1, "exactly_once_v2");
 }
+
+/// Found by this model (seed in features_model.proptest-regressions, `eos_` left join), NOT
+/// FIXED: at P = 2 a stream left join processes `in` 0..=5 (`k0` up to t23, `k3` at t26), then
+/// a clean handover to a fresh state dir restores it from the changelog; the next left record
+/// (`k0` v4 at t3, 20 ms behind `k0`'s latest, late for a 10 ms window with 5 ms of grace) is
+/// joined with the right records `v0` at t0 (`v4+v0` twice more, `v4+v4` once more than P = 1).
+/// The same at P = 1, without the handover, or with a restart on the kept dir is right; under
+/// both guarantees.
+#[test]
+fn regression_a_stream_join_restored_from_its_changelog_drops_a_late_record() {
+    let p = |n| Op::Process { n, zombie: false };
+    let ops = vec![
+        Op::Produce(vec![(0, 0), (0, 0), (0, 0), (0, 0)]),
+        Op::Produce(vec![(0, 2), (0, 3)]),
+        p(4),
+        p(1),
+        Op::Produce(vec![(0, 4)]),
+        Op::Produce(vec![(0, 3), (0, 2), (0, 4), (0, 2), (3, 2), (0, 4)]),
+        p(3),
+        Op::Handover {
+            dir: 1,
+            wipe: true,
+            zombie: false,
+        },
+    ];
+    check(&stream_left_join(), Compare::Outputs, 2, ops.clone()).unwrap();
+    check(&eos(stream_left_join()), Compare::Outputs, 2, ops).unwrap();
+}
