@@ -24,7 +24,7 @@
 //! the partition's (after a restart). A range whose stream time went back would count a late record into a window it had
 //! released.
 //!
-//! Cases: 50 per feature, 40 per `exactly_once_v2` one, `PROPTEST_CASES` to change.
+//! Cases: 40 per feature, 30 per `exactly_once_v2` one, `PROPTEST_CASES` to change.
 
 mod model;
 
@@ -595,7 +595,7 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(50), max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(40), max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     #[test]
     fn emit_final_windows_are_each_emitted_with_the_sequential_count(factor in 1usize..4, ops in ops()) {
@@ -676,7 +676,7 @@ proptest! {
 // Under exactly_once_v2: every output exactly as often as in the uninterrupted run, whatever
 // crashed, whichever zombie wrote (no live factor changes: the runtime refuses them).
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(40), max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(30), max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     #[test]
     fn eos_emit_final_windows_are_each_emitted_exactly_once(factor in 1usize..4, ops in ops()) {
