@@ -1047,13 +1047,15 @@ fn a_crash_repeats_a_window_under_at_least_once_and_not_under_exactly_once_v2() 
     assert_eq!(seen(eos(emit_final_windows())), 1, "exactly_once_v2");
 }
 
-/// Found by this model (seed in features_model.proptest-regressions, `eos_` left join), NOT
-/// FIXED: at P = 2 a stream left join processes `in` 0..=5 (`k0` up to t23, `k3` at t26), then
-/// a clean handover to a fresh state dir restores it from the changelog; the next left record
-/// (`k0` v4 at t3, 20 ms behind `k0`'s latest, late for a 10 ms window with 5 ms of grace) is
-/// joined with the right records `v0` at t0 (`v4+v0` twice more, `v4+v4` once more than P = 1).
-/// The same at P = 1, without the handover, or with a restart on the kept dir is right; under
-/// both guarantees.
+/// Found by this model (seeds in features_model.proptest-regressions): at P = 2 a stream left
+/// join processes `in` 0..=5 (`k0` up to t23; `k3` at t26 in the other range, which handed the
+/// partition's time 26 to `k0`'s range by a tick), then a clean handover to a fresh state dir
+/// restores it from the changelog; the next left record (`k0` v4 at t3) was joined with the right
+/// records at t0, which the partition's time 26 had expired (`v4+v0` twice more than P = 1):
+/// the resumed task's clock started empty and `k0`'s range had committed its own time 23 only,
+/// while the record at t26 lies below every resume offset and is not read again. Fixed: a task
+/// resumes its clock at the committed times of the ranges whose records all lie below the resume
+/// offsets (`Engine::open_subtasks`). The same with a crash on the kept dir (second seed).
 #[test]
 fn regression_a_stream_join_restored_from_its_changelog_drops_a_late_record() {
     let p = |n| Op::Process { n, zombie: false };
