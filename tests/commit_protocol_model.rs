@@ -127,6 +127,7 @@ fn spec() -> Spec {
         },
         cache_bytes: 0,
         second_input: None,
+        exactly_once: false,
     }
 }
 

@@ -6,21 +6,27 @@
 //! rebalances to another member, zombies (an old owner that keeps writing after the next one
 //! claimed the task), log compaction (within what `min.compaction.lag.ms` and the repair of
 //! leftovers allow) and live and restart factor changes.
+//!
+//! Under `exactly_once_v2` ([`Spec::exactly_once`]) a member commits as the runtime's
+//! `kafka::transaction` does (seal, ready, offsets, commit, state write); the records of an open
+//! transaction are hidden from every reader (`read_committed`: a reader stops at the first, the
+//! last stable offset) and removed when it aborts: at a crash, at a fenced (zombie) commit, and
+//! when a zombie's transaction times out because the next member starts.
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use rill::runtime::internals::{changelog_topic, MemoryChangelog};
+use rill::runtime::internals::{changelog_topic, ChangelogReader, MemoryChangelog};
 use rill::runtime::internals::{
     Dispatch, Engine, EngineConfig, PartitionProgress, PriorClaim, Resume, TopicPartition,
 };
 use rill::runtime::internals::{RecordSink, Ticket};
-use rill::runtime::SinkError;
+use rill::runtime::{EngineError, SinkError};
 use rill::state::{StateConfig, StateDb};
 use rill::topology::{KeyRange, RawRecord, Topic, Topology};
 
@@ -34,6 +40,94 @@ pub struct Process {
     pub budget: AtomicU64,
     /// Whether the record that kills it is written (but never acknowledged).
     ghost: AtomicBool,
+    /// Under `exactly_once_v2`: its open transaction.
+    txn: Option<Transaction>,
+}
+
+/// Per topic (partition 0), the offsets of records in open transactions.
+type Hidden = Arc<Mutex<HashMap<String, BTreeSet<u64>>>>;
+
+/// A process's open transaction: its records, hidden until it commits.
+struct Transaction {
+    hidden: Hidden,
+    open: Mutex<Vec<(String, u64)>>,
+}
+
+impl Process {
+    /// Appends `record`, into the open transaction when there is one (under the lock of the
+    /// hidden offsets, so that no reader sees it in between).
+    fn write(&self, topic: &str, partition: u32, record: RawRecord) -> u64 {
+        let Some(txn) = &self.txn else {
+            return self.log.append(topic, partition, record);
+        };
+        let mut hidden = txn.hidden.lock().unwrap();
+        let offset = self.log.append(topic, partition, record);
+        hidden.entry(topic.to_string()).or_default().insert(offset);
+        txn.open.lock().unwrap().push((topic.to_string(), offset));
+        offset
+    }
+
+    /// Its open transaction commits: its records become visible.
+    pub fn commit_transaction(&self) {
+        let Some(txn) = &self.txn else { return };
+        let mut hidden = txn.hidden.lock().unwrap();
+        for (t, o) in txn.open.lock().unwrap().drain(..) {
+            hidden.entry(t).or_default().remove(&o);
+        }
+    }
+
+    /// Its open transaction aborts: its records are gone for every `read_committed` reader.
+    pub fn abort_transaction(&self) {
+        let Some(txn) = &self.txn else { return };
+        let mut hidden = txn.hidden.lock().unwrap();
+        let mut aborted: HashMap<String, BTreeSet<u64>> = HashMap::new();
+        for (t, o) in txn.open.lock().unwrap().drain(..) {
+            hidden.entry(t.clone()).or_default().remove(&o);
+            aborted.entry(t).or_default().insert(o);
+        }
+        for (t, offsets) in aborted {
+            self.log.remove(&t, 0, |o, _| offsets.contains(&o));
+        }
+    }
+}
+
+/// The records of `topic` a `read_committed` reader sees: those below its first hidden one.
+fn committed_records(log: &MemoryChangelog, hidden: &Hidden, topic: &str) -> Vec<(u64, RawRecord)> {
+    let hidden = hidden.lock().unwrap();
+    let stable = hidden
+        .get(topic)
+        .and_then(|h| h.first().copied())
+        .unwrap_or(u64::MAX);
+    let mut records = log.records(topic, 0);
+    records.retain(|(o, _)| *o < stable);
+    records
+}
+
+/// A `read_committed` changelog reader.
+struct ReadCommitted {
+    log: Arc<MemoryChangelog>,
+    hidden: Hidden,
+}
+
+impl ChangelogReader for ReadCommitted {
+    fn read(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        _cancel: &AtomicBool,
+        visit: &mut dyn FnMut(u64, RawRecord) -> Result<(), EngineError>,
+    ) -> Result<u64, EngineError> {
+        assert_eq!(partition, 0, "the model has partition 0 only");
+        let mut n = 0;
+        for (o, r) in committed_records(&self.log, &self.hidden, topic) {
+            if o >= from {
+                visit(o, r)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
 }
 
 impl RecordSink for Process {
@@ -45,17 +139,21 @@ impl RecordSink for Process {
         ticket: Ticket,
     ) -> Result<(), SinkError> {
         match self.budget.load(Ordering::SeqCst) {
-            u64::MAX => self.log.send(topic, partition, record, ticket),
+            u64::MAX => {
+                ticket.delivered(Ok(self.write(topic, partition.unwrap_or(0), record)));
+                Ok(())
+            }
             0 => {
                 if self.ghost.swap(false, Ordering::SeqCst) {
-                    self.log.append(topic, partition.unwrap_or(0), record);
+                    self.write(topic, partition.unwrap_or(0), record);
                 }
                 drop(ticket); // unsettled: the writer sees a lost record, as a crash would
                 Ok(())
             }
             n => {
                 self.budget.store(n - 1, Ordering::SeqCst);
-                self.log.send(topic, partition, record, ticket)
+                ticket.delivered(Ok(self.write(topic, partition.unwrap_or(0), record)));
+                Ok(())
             }
         }
     }
@@ -98,11 +196,12 @@ pub struct Spec {
     pub record: fn(u8, u8, &mut Clock) -> (String, String, i64),
     /// Bytes of the record cache (0: off).
     pub cache_bytes: usize,
-    /// A second input of the first sub-topology (a join's other side): produced records
-    /// alternate between the two inputs, and members take them in the order they were produced
-    /// (so a replay takes them in the first run's order: order-sensitive replays, issue 41 item
-    /// 2, are refused under `at_least_once` and not modelled).
+    /// A second input (a join's other side): produced records alternate between the two
+    /// inputs. A sub-topology that reads several topics takes their records in the order the
+    /// first run took them, also in a replay (see [`Cluster::process`]).
     pub second_input: Option<&'static str>,
+    /// Whether members run under `exactly_once_v2` (transactions) rather than `at_least_once`.
+    pub exactly_once: bool,
 }
 
 impl Spec {
@@ -113,11 +212,28 @@ impl Spec {
             .collect()
     }
 
-    fn topics(&self) -> Vec<&'static str> {
-        self.subs
+    /// Per sub-topology, the topics it reads: the inputs in [`Spec::inputs`] order first.
+    fn groups(&self) -> Vec<Vec<&'static str>> {
+        let inputs = self.inputs();
+        self.topology
+            .sub_topologies()
             .iter()
-            .map(|(t, _)| *t)
-            .chain(self.second_input)
+            .map(|sub| {
+                let mut topics: Vec<&'static str> = sub
+                    .sources
+                    .iter()
+                    .map(|(t, _)| {
+                        let name = t.resolve(APP);
+                        inputs
+                            .iter()
+                            .copied()
+                            .find(|i| **i == name)
+                            .unwrap_or_else(|| Box::leak(name.into_boxed_str()))
+                    })
+                    .collect();
+                topics.sort_by_key(|t| inputs.iter().position(|i| i == t).unwrap_or(usize::MAX));
+                topics
+            })
             .collect()
     }
 
@@ -155,6 +271,26 @@ pub struct Cluster<'s> {
     pub input: Vec<(String, String, i64)>,
     /// The timestamps produced.
     clock: Clock,
+    /// Per sub-topology, the topics it reads.
+    groups: Vec<Vec<&'static str>>,
+    /// Under `exactly_once_v2`: the records of open transactions.
+    hidden: Hidden,
+    /// Per sub-topology that reads several topics: the order its records were first taken in.
+    history: Mutex<HashMap<usize, Vec<(&'static str, u64)>>>,
+    /// Whether members run transactions.
+    eos: bool,
+}
+
+/// Where a transaction commit stops (a crash): nowhere, before the transaction commits (it
+/// aborts), or after it committed and before the state write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The whole commit.
+    Never,
+    /// The process dies before `commit_transaction`.
+    BeforeCommit,
+    /// The process dies after `commit_transaction`, before writing the ranges' WriteBatches.
+    BeforeWrite,
 }
 
 pub fn log_end(log: &MemoryChangelog, topic: &str) -> u64 {
@@ -188,7 +324,21 @@ impl<'s> Cluster<'s> {
             compactable: HashMap::new(),
             input: Vec::new(),
             clock: Clock::default(),
+            groups: spec.groups(),
+            hidden: Hidden::default(),
+            history: Mutex::new(HashMap::new()),
+            eos: spec.exactly_once,
         }
+    }
+
+    /// Every topic the members read.
+    fn topics(&self) -> Vec<&'static str> {
+        self.groups.iter().flatten().copied().collect()
+    }
+
+    /// The records of `topic` a `read_committed` reader sees.
+    pub fn committed(&self, topic: &str) -> Vec<(u64, RawRecord)> {
+        committed_records(&self.log, &self.hidden, topic)
     }
 
     /// Appends a record of (key index, value index) to the input.
@@ -281,6 +431,10 @@ impl<'s> Cluster<'s> {
             log: self.log.clone(),
             budget: AtomicU64::new(u64::MAX),
             ghost: AtomicBool::new(false),
+            txn: self.eos.then(|| Transaction {
+                hidden: self.hidden.clone(),
+                open: Mutex::new(Vec::new()),
+            }),
         });
         let config = EngineConfig {
             application_id: APP.into(),
@@ -289,6 +443,7 @@ impl<'s> Cluster<'s> {
             mailbox_capacity: 64,
             changelogs: true,
             cache_max_bytes: self.spec.cache_bytes,
+            transactional: self.eos,
             ..EngineConfig::default()
         };
         let internal = self.spec.internal.iter().map(|t| (t.clone(), 1)).collect();
@@ -300,9 +455,18 @@ impl<'s> Cluster<'s> {
             internal,
         )
         .expect("engine");
-        engine.restore_from(self.log.clone());
+        engine.restore_from(Arc::new(ReadCommitted {
+            log: self.log.clone(),
+            hidden: self.hidden.clone(),
+        }));
+        if self.eos {
+            // As the runtime does: claims are visible at once, outside the transaction.
+            engine
+                .write_claims_to(self.log.clone())
+                .expect("claims sink");
+        }
         let mut positions = HashMap::new();
-        for topic in self.spec.topics() {
+        for topic in self.topics() {
             let c = self.committed.get(topic).cloned().unwrap_or_default();
             let resume = Resume {
                 committed: c.offset,
@@ -328,49 +492,97 @@ impl<'s> Cluster<'s> {
         }
     }
 
-    /// Dispatches up to `n` records of each input log from the member's positions; the two
-    /// inputs of a join in the order they were produced.
+    /// Dispatches up to `n` records of each topic from the member's positions, sub-topology by
+    /// sub-topology, as far as a `read_committed` reader sees. A sub-topology of several topics
+    /// takes first what an earlier member took, in that order, then new records in offset order:
+    /// so a replay takes them in the first run's order (order-sensitive replays, issue 41 item
+    /// 2, are refused under `at_least_once`, and not modelled).
     pub fn process(&self, m: &mut Member, n: usize) {
-        if self.spec.second_input.is_some() {
-            let inputs = self.spec.inputs();
-            let mut logs: Vec<_> = inputs
-                .iter()
-                .map(|t| {
-                    let from = m.positions[t];
-                    self.log
-                        .records(t, 0)
-                        .into_iter()
-                        .filter(move |(o, _)| *o >= from)
-                        .peekable()
-                })
-                .collect();
-            for _ in 0..n.saturating_mul(inputs.len()) {
-                let next = (0..logs.len())
-                    .filter_map(|i| logs[i].peek().map(|(o, _)| (*o, i)))
-                    .min();
-                let Some((_, i)) = next else { break };
-                let (offset, record) = logs[i].next().expect("peeked");
-                if !self.dispatch(m, inputs[i], offset, record) {
-                    return;
-                }
-            }
-        } else {
-            for topic in self.spec.topics() {
-                let from = m.positions[topic];
-                for (offset, record) in self
-                    .log
-                    .records(topic, 0)
-                    .into_iter()
-                    .filter(|(o, _)| *o >= from)
-                    .take(n)
-                {
-                    if !self.dispatch(m, topic, offset, record) {
-                        return;
-                    }
-                }
+        for (g, group) in self.groups.iter().enumerate() {
+            if !self.process_group(m, g, group, n) {
+                return;
             }
         }
         assert!(m.engine.wait_idle(Duration::from_secs(30)), "engine hung");
+    }
+
+    /// [`Cluster::process`] of one sub-topology; `false` when the member died.
+    fn process_group(&self, m: &mut Member, g: usize, group: &[&'static str], n: usize) -> bool {
+        if let [topic] = group {
+            let from = m.positions[topic];
+            for (offset, record) in self
+                .committed(topic)
+                .into_iter()
+                .filter(|(o, _)| *o >= from)
+                .take(n)
+            {
+                if !self.dispatch(m, topic, offset, record) {
+                    return false;
+                }
+            }
+            return true;
+        }
+        let mut logs: Vec<BTreeMap<u64, RawRecord>> = group
+            .iter()
+            .map(|t| {
+                let from = m.positions[t];
+                self.committed(t)
+                    .into_iter()
+                    .filter(|(o, _)| *o >= from)
+                    .collect()
+            })
+            .collect();
+        // The last stable offset of each: no record at or past it may be taken yet.
+        let stable: Vec<u64> = {
+            let hidden = self.hidden.lock().unwrap();
+            group
+                .iter()
+                .map(|t| {
+                    hidden
+                        .get(*t)
+                        .and_then(|h| h.first().copied())
+                        .unwrap_or(u64::MAX)
+                })
+                .collect()
+        };
+        let mut history = self.history.lock().unwrap();
+        let history = history.entry(g).or_default();
+        let mut budget = n.saturating_mul(group.len());
+        let mut seen = vec![0u64; group.len()];
+        for &(topic, offset) in history.iter() {
+            let t = group
+                .iter()
+                .position(|g| *g == topic)
+                .expect("a topic of the group");
+            seen[t] = seen[t].max(offset + 1);
+            if offset < m.positions[topic] {
+                continue;
+            }
+            if budget == 0 || offset >= stable[t] {
+                return true;
+            }
+            // Missing below the stable offset: an aborted transaction's record.
+            if let Some(record) = logs[t].remove(&offset) {
+                budget -= 1;
+                if !self.dispatch(m, topic, offset, record) {
+                    return false;
+                }
+            }
+        }
+        while budget > 0 {
+            let next = (0..logs.len())
+                .filter_map(|t| logs[t].range(seen[t]..).next().map(|(o, _)| (*o, t)))
+                .min();
+            let Some((offset, t)) = next else { break };
+            let record = logs[t].remove(&offset).expect("found");
+            seen[t] = offset + 1;
+            history.push((group[t], offset));
+            budget -= 1;
+            if !self.dispatch(m, group[t], offset, record) {
+                return false;
+            }
+        }
+        true
     }
 
     /// Dispatches one record, waiting while the member is full; `false` when the member died.
@@ -399,16 +611,26 @@ impl<'s> Cluster<'s> {
         true
     }
 
-    /// Range-commits (durably or not) and commits offsets unless the member is fenced.
-    pub fn commit(&mut self, m: &mut Member, durable: bool) {
-        if durable {
-            m.engine.request_durable_commit();
+    /// Range-commits (durably or not) and commits offsets unless the member is fenced; under
+    /// `exactly_once_v2` a transaction commit. False when a transaction aborted (the member is
+    /// halted).
+    pub fn commit(&mut self, m: &mut Member, durable: bool) -> bool {
+        let durable = if self.eos {
+            if !self.transaction(m, Stop::Never) {
+                return false;
+            }
+            true
         } else {
-            m.engine.request_commit();
-        }
-        assert!(m.engine.wait_idle(Duration::from_secs(30)), "engine hung");
-        let progress = m.engine.collect_progress();
-        self.offset_commit(m, &progress);
+            if durable {
+                m.engine.request_durable_commit();
+            } else {
+                m.engine.request_commit();
+            }
+            assert!(m.engine.wait_idle(Duration::from_secs(30)), "engine hung");
+            let progress = m.engine.collect_progress();
+            self.offset_commit(m, &progress);
+            durable
+        };
         if durable && m.engine.failure().is_none() && m.generation == self.generation {
             if !m.committed_once {
                 // Its first commit repaired every leftover its restore read; the cleaner may now
@@ -423,6 +645,52 @@ impl<'s> Cluster<'s> {
             }
             m.committed_once = true;
         }
+        true
+    }
+
+    /// A transaction commit as `kafka::transaction` runs it, up to `stop`: seal every range,
+    /// wait until they are ready, send the offsets (refused to an older generation: a zombie),
+    /// commit, write the WriteBatches, resume. True when it completed; otherwise the member is
+    /// halted, and its transaction aborted unless it committed.
+    pub fn transaction(&mut self, m: &mut Member, stop: Stop) -> bool {
+        assert!(m.engine.wait_idle(Duration::from_secs(30)), "engine hung");
+        m.engine.seal_for_transaction();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let ready = loop {
+            match m.engine.transaction_ready() {
+                Ok(true) => break true,
+                Ok(false) => {
+                    assert!(Instant::now() < deadline, "the ranges did not seal");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                // A lost record (the process died) or a fenced task.
+                Err(_) => break false,
+            }
+        };
+        let fenced = m.generation != self.generation;
+        if !ready || fenced || stop == Stop::BeforeCommit {
+            assert!(
+                m.engine.halt(Duration::from_secs(30)),
+                "the ranges did not halt"
+            );
+            m.process.abort_transaction();
+            return false;
+        }
+        let progress = m.engine.prepare_transaction();
+        self.offset_commit(m, &progress);
+        m.process.commit_transaction();
+        if stop == Stop::BeforeWrite {
+            assert!(
+                m.engine.halt(Duration::from_secs(30)),
+                "the ranges did not halt"
+            );
+            return false;
+        }
+        m.engine
+            .finish_transaction()
+            .expect("writing the committed transaction's state");
+        m.engine.resume_after_transaction();
+        true
     }
 
     /// The coordinator accepts offset commits of the current generation only.
@@ -431,7 +699,7 @@ impl<'s> Cluster<'s> {
             return;
         }
         for p in progress {
-            let Some(topic) = self.spec.topics().into_iter().find(|t| *t == p.topic) else {
+            let Some(topic) = self.topics().into_iter().find(|t| *t == p.topic) else {
                 continue;
             };
             self.committed.insert(
@@ -450,23 +718,30 @@ impl<'s> Cluster<'s> {
         for s in self.spec.stores() {
             let t = changelog_topic(APP, s);
             let below = self.compactable.get(&t).copied().unwrap_or(0);
+            // The cleaner stops at the last stable offset.
+            let below = match self.hidden.lock().unwrap().get(&t).and_then(|h| h.first()) {
+                Some(stable) => below.min(*stable),
+                None => below,
+            };
             self.log.compact(&t, 0, below, drop_tombstones);
         }
     }
 
     /// Processes everything there is and commits, until nothing moves.
     pub fn drain(&mut self, m: &mut Member) {
+        let topics = self.topics();
         let ends = |log: &MemoryChangelog| -> Vec<u64> {
-            self.spec.topics().iter().map(|t| log_end(log, t)).collect()
+            topics.iter().map(|t| log_end(log, t)).collect()
         };
         loop {
             let before = ends(&self.log);
             self.process(m, usize::MAX);
-            self.commit(m, true);
+            assert!(
+                self.commit(m, true),
+                "a commit of the current member failed"
+            );
             let after = ends(&self.log);
-            let caught_up = self
-                .spec
-                .topics()
+            let caught_up = topics
                 .iter()
                 .zip(&after)
                 .all(|(t, end)| m.positions[t] >= *end);
@@ -576,7 +851,7 @@ pub fn run(
     check: Check<'_>,
 ) -> Result<(), TestCaseError> {
     let mut cluster = Cluster::new(spec, factor);
-    let partitions: Vec<TopicPartition> = spec
+    let partitions: Vec<TopicPartition> = cluster
         .topics()
         .into_iter()
         .map(|t| TopicPartition::new(t, 0))
@@ -603,19 +878,40 @@ pub fn run(
             }
             Op::Commit { durable, zombie: z } => {
                 if z {
-                    if let Some((m, _)) = zombie.as_mut() {
-                        cluster.commit(m, durable);
+                    let refused = zombie
+                        .as_mut()
+                        .is_some_and(|(m, _)| !cluster.commit(m, durable));
+                    if refused {
+                        // Fenced at the transaction: it rolls back and rejoins as a new
+                        // member, which the model does not need.
+                        end_zombie(&mut zombie, &partitions);
                     }
                 } else if let Some(m) = member.as_mut() {
-                    cluster.commit(m, durable);
+                    assert!(cluster.commit(m, durable), "the member's commit failed");
                 }
             }
             Op::Crash { after, ghost } => {
+                if cluster.eos {
+                    // Its transaction timed out, so that the restore can read past it.
+                    end_zombie(&mut zombie, &partitions);
+                }
                 if let Some(mut m) = member.take() {
                     m.process.ghost.store(ghost, Ordering::SeqCst);
                     m.process.budget.store(after, Ordering::SeqCst);
-                    m.engine.request_durable_commit();
-                    m.engine.wait_idle(Duration::from_secs(30));
+                    if cluster.eos {
+                        // A crash while sealing aborts; a ghost crash, once every range is
+                        // ready, lands after the commit and before the state write.
+                        let stop = if ghost {
+                            Stop::BeforeWrite
+                        } else {
+                            Stop::BeforeCommit
+                        };
+                        cluster.transaction(&mut m, stop);
+                        m.process.abort_transaction();
+                    } else {
+                        m.engine.request_durable_commit();
+                        m.engine.wait_idle(Duration::from_secs(30));
+                    }
                     drop(m); // the process is gone; its dir keeps what it wrote
                 }
                 member = Some(cluster.start(dir));
@@ -637,9 +933,21 @@ pub fn run(
                 if next == dir {
                     continue;
                 }
+                if cluster.eos {
+                    end_zombie(&mut zombie, &partitions);
+                }
                 if let Some(mut old) = member.take() {
                     if z && zombie.is_none() {
                         zombie = Some((old, dir));
+                    } else if cluster.eos {
+                        // As `revoke_in_transaction`: commit everything, then close. The
+                        // runtime keeps the ranges parked until they close; here they resume,
+                        // so what they did since (a tick's releases) is rolled back.
+                        assert!(cluster.commit(&mut old, true), "the revoke's commit failed");
+                        assert!(old.engine.halt(Duration::from_secs(30)), "no halt");
+                        old.process.abort_transaction();
+                        old.engine
+                            .revoke(&partitions, Duration::from_secs(30), true);
                     } else {
                         let revoked =
                             old.engine
@@ -653,14 +961,11 @@ pub fn run(
                 dir = next;
                 member = Some(cluster.start(dir));
             }
-            Op::EndZombie => {
-                if let Some((mut z, _)) = zombie.take() {
-                    z.engine.revoke(&partitions, Duration::from_secs(30), true);
-                }
-            }
+            Op::EndZombie => end_zombie(&mut zombie, &partitions),
             Op::Compact { tombstones } => cluster.compact(tombstones),
             Op::ChangeFactor { factor, keep } => {
-                if let Some(m) = member.as_mut() {
+                // `exactly_once_v2` refuses live changes (`kafka::elastic`): restarts only.
+                if let Some(m) = member.as_mut().filter(|_| !cluster.eos) {
                     if m.engine.failure().is_none() {
                         m.engine
                             .set_parallelising_factor(factor, None, Duration::from_secs(30))
@@ -674,14 +979,21 @@ pub fn run(
             Op::Configure(factor) => cluster.factor = factor,
         }
     }
-    if let Some((mut z, _)) = zombie.take() {
-        z.engine.revoke(&partitions, Duration::from_secs(30), true);
-    }
+    end_zombie(&mut zombie, &partitions);
     for &(k, v) in closing {
         cluster.produce(k, v);
     }
     let mut last = member.take().expect("a member");
     cluster.drain(&mut last);
+    assert!(
+        cluster
+            .hidden
+            .lock()
+            .unwrap()
+            .values()
+            .all(BTreeSet::is_empty),
+        "a transaction is still open after the drain"
+    );
     check(&cluster, &last.engine, "the last member")?;
     drop(last);
     // A member restored from scratch (compacted as far as allowed) agrees.
@@ -721,10 +1033,26 @@ pub fn run(
     check(&cluster, &restored.engine, "a member restored from scratch")
 }
 
+/// The zombie learns it lost the partition; its open transaction aborts.
+fn end_zombie(zombie: &mut Option<(Member, usize)>, partitions: &[TopicPartition]) {
+    if let Some((mut z, _)) = zombie.take() {
+        if z.process.txn.is_some() {
+            assert!(
+                z.engine.halt(Duration::from_secs(30)),
+                "the zombie did not halt"
+            );
+            z.process.abort_transaction();
+        }
+        z.engine.revoke(partitions, Duration::from_secs(30), true);
+    }
+}
+
 /// The cluster after `input` was produced and processed by one member at P = 1 without a
 /// crash, a rebalance or a factor change: the sequential run a model compares with.
+/// It runs under `at_least_once` whatever the spec says.
 pub fn uninterrupted<'s>(spec: &'s Spec, input: &[(String, String, i64)]) -> (Cluster<'s>, Member) {
     let mut cluster = Cluster::new(spec, 1);
+    cluster.eos = false;
     for (k, v, t) in input {
         cluster.append(k.clone(), v.clone(), *t);
     }

@@ -434,6 +434,26 @@ impl Engine {
             }
             task.subtasks.push(subtask);
         }
+        // The partition's stream time where dispatch resumes: the latest committed time of the
+        // ranges whose records all lie below the resume offsets. Records of other ranges that
+        // raised it (by a tick) are not read again, so a restarted range would otherwise judge
+        // a late record by its own older time. A range ahead of the resume offsets is left out:
+        // the records read again below its offset never had its time.
+        let starts: Vec<Option<u64>> = task.trackers.iter().map(|t| t.position()).collect();
+        for s in &task.subtasks {
+            let core = s.core.lock();
+            let within = core
+                .committed
+                .iter()
+                .zip(&starts)
+                .all(|(c, start)| match c {
+                    None => true,
+                    Some(c) => start.is_some_and(|st| *c <= st),
+                });
+            if let (true, Some(t)) = (within, core.instance.stream_time()) {
+                task.clock.time = Some(task.clock.time.map_or(t, |c| c.max(t)));
+            }
+        }
         Ok(())
     }
 
