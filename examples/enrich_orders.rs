@@ -223,12 +223,6 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         None => runtime.run_until_signal()?,
     }
     stop.store(true, Ordering::SeqCst);
-    for h in helpers {
-        match h.join() {
-            Ok(Err(e)) => eprintln!("demo helper failed: {e}"),
-            Err(_) => eprintln!("demo helper panicked"),
-            Ok(Ok(())) => {}
-        }
-    }
+    common::join_helpers(helpers);
     Ok(())
 }

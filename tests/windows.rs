@@ -576,20 +576,25 @@ fn the_readme_windowed_example_emits_each_window_once() {
     assert_eq!(out.read_key_values(), vec![("alice@0".to_string(), 2)]);
 }
 
-/// Lateness and window closes follow the partition's stream time, in whichever key range a key
-/// is, as with one range: at P = 16, `b`'s record at 40 closes `a`'s window [0,10) although
-/// `a`'s range is quiet, and `a`'s record at 3 is then late. Before, each range had its own
-/// time: the window waited for a record of `a`'s range newer than 15, and the one at 3 counted.
-#[test]
-fn lateness_and_window_closes_follow_the_partition_time_in_quiet_ranges_too() {
+/// `a` and a key in another key range than `a`'s at P = 16.
+fn keys_in_two_ranges() -> (String, String) {
     use rill::topology::{key_hash, range_of};
-    // Keys in different ranges at P = 16.
     let range = |k: &str| range_of(key_hash(k.as_bytes()), 16);
     let a = "a".to_string();
     let b = (0..)
         .map(|i| format!("b{i}"))
         .find(|k| range(k) != range(&a))
         .unwrap();
+    (a, b)
+}
+
+/// Lateness and window closes follow the partition's stream time, in whichever key range a key
+/// is, as with one range: at P = 16, `b`'s record at 40 closes `a`'s window [0,10) although
+/// `a`'s range is quiet, and `a`'s record at 3 is then late. Before, each range had its own
+/// time: the window waited for a record of `a`'s range newer than 15, and the one at 3 counted.
+#[test]
+fn lateness_and_window_closes_follow_the_partition_time_in_quiet_ranges_too() {
+    let (a, b) = keys_in_two_ranges();
     for p in [1, 16] {
         let bld = StreamsBuilder::new();
         final_counts(&bld);
@@ -629,13 +634,7 @@ fn lateness_and_window_closes_follow_the_partition_time_in_quiet_ranges_too() {
 /// Before, async ranges took no ticks and the window waited for a record of `a`'s range.
 #[test]
 fn a_quiet_range_behind_an_async_stage_closes_its_windows_by_the_partition_time() {
-    use rill::topology::{key_hash, range_of};
-    let range = |k: &str| range_of(key_hash(k.as_bytes()), 16);
-    let a = "a".to_string();
-    let b = (0..)
-        .map(|i| format!("b{i}"))
-        .find(|k| range(k) != range(&a))
-        .unwrap();
+    let (a, b) = keys_in_two_ranges();
     for p in [1, 16] {
         let bld = StreamsBuilder::new();
         bld.stream("in", StringSerde, StringSerde)

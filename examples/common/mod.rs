@@ -49,3 +49,14 @@ pub fn read(
     }
     Ok(())
 }
+
+/// Waits for the demo's helper threads, reporting one that failed or panicked.
+pub fn join_helpers(helpers: Vec<std::thread::JoinHandle<Result<(), Error>>>) {
+    for h in helpers {
+        match h.join() {
+            Ok(Err(e)) => eprintln!("demo helper failed: {e}"),
+            Err(_) => eprintln!("demo helper panicked"),
+            Ok(Ok(())) => {}
+        }
+    }
+}

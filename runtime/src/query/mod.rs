@@ -399,11 +399,12 @@ impl StoreReader {
                 .map_err(fill)?;
             let snapshot = snapshot.expect("with_engine ran")?;
             let mut out = Vec::with_capacity(snapshot.ranges.len());
+            let busy = || QueryError::Busy {
+                store: self.store.clone(),
+                what: "a range's batch",
+            };
             for (s, factor) in &snapshot.ranges {
-                let mut core = s.core.try_lock_for(RANGE_WAIT).ok_or(QueryError::Busy {
-                    store: self.store.clone(),
-                    what: "a range's batch",
-                })?;
+                let mut core = s.core.try_lock_for(RANGE_WAIT).ok_or_else(busy)?;
                 if let Some((bound, wait)) = &self.bound {
                     // The bound's partition only: other partitions hold other records.
                     while s.id.partition == bound.partition
@@ -422,10 +423,7 @@ impl StoreReader {
                         // Processing of this range goes on while the read sleeps.
                         drop(core);
                         std::thread::sleep(POSITION_POLL);
-                        core = s.core.try_lock_for(RANGE_WAIT).ok_or(QueryError::Busy {
-                            store: self.store.clone(),
-                            what: "a range's batch",
-                        })?;
+                        core = s.core.try_lock_for(RANGE_WAIT).ok_or_else(busy)?;
                     }
                 }
                 let served = Served {
