@@ -350,6 +350,10 @@ fn http_routes_answer_values_with_their_range_404_for_unknown_stores_and_absent_
         "{unknown}"
     );
 
+    // Every key applied before the scans (a 200 for one key says nothing of the others).
+    for k in ["rill", "streams"] {
+        await_status(addr, &format!("/stores/kv-store/keys/{k}"), 200);
+    }
     let range = await_status(addr, "/stores/kv-store/range?from=kafka&to=rill", 200);
     let keys: Vec<&str> = range["entries"]
         .as_array()
@@ -428,6 +432,8 @@ fn http_routes_answer_values_with_their_range_404_for_unknown_stores_and_absent_
         wrong_serde.get(&"kafka".to_string()),
         Err(QueryError::Serde { what: "value", .. })
     ));
+    // The window store's sub-topology restores on its own: read once it serves.
+    await_status(addr, &format!("/stores/{WINDOWS}/windows/alice"), 200);
     let windows = running
         .window_store(WINDOWS, StringSerde, I64Serde)
         .expect("win-store");
