@@ -350,13 +350,6 @@ impl Runtime {
 
     /// Starts processing on a background thread.
     pub fn start(&self) -> Result<RunningRuntime, RuntimeError> {
-        self.start_stopping_on_signal(false)
-    }
-
-    /// [`Runtime::start`]; with `on_signal`, SIGTERM and SIGINT stop it cleanly from the moment
-    /// the brokers answered (a signal while the state dir opens or the group is joined must not
-    /// kill the process).
-    fn start_stopping_on_signal(&self, on_signal: bool) -> Result<RunningRuntime, RuntimeError> {
         let c = &self.config;
         let health = Arc::new(Health::with_listener(self.state_listener.clone()));
         // Before anything registers metric handles: handles taken earlier would be no-ops.
@@ -414,14 +407,9 @@ impl Runtime {
         } else {
             (c.state_dir.clone(), None)
         };
-        // From here on a signal stops the service cleanly; while the brokers are awaited above,
-        // it still ends the process at once (nothing has started that needs a drain).
         let stop = Arc::new(AtomicBool::new(false));
         // A shutdown request of another instance, once the endpoints channel read one.
         let requested: Arc<Mutex<Option<ShutdownRequest>>> = Arc::default();
-        if on_signal {
-            control.stop_on_signal(stop.clone(), health.clone());
-        }
         tracing::info!(
             application_id = %c.application_id,
             bootstrap = %self.bootstrap,
@@ -829,7 +817,9 @@ impl Runtime {
     /// Runs until SIGTERM or SIGINT, then drains, commits and returns; a second signal exits at
     /// once.
     pub fn run_until_signal(&self) -> Result<(), RuntimeError> {
-        self.start_stopping_on_signal(true)?.join()
+        let running = self.start()?;
+        running.stop_on_signal()?;
+        running.join()
     }
 }
 
