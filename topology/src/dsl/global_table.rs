@@ -97,7 +97,7 @@ where
             .global_get(&self.table.store, &kb)?
             .map(|b| self.table.value_serde.deserialize(&b))
             .transpose()?;
-        forward_joined(ctx, record, |v| (self.joiner)(v, row));
+        forward_joined(ctx, record, None, |v| (self.joiner)(v, row));
         Ok(())
     }
 }

@@ -17,9 +17,14 @@
 //! grace period; the records due then join in timestamp order, each with the table as of its
 //! timestamp, so a table update up to `grace` late still meets them. A record older than the
 //! stream's time minus the grace period joins at once, as in Kafka Streams. The stream's time
-//! is that of the records this key range buffered (Kafka Streams: its task's), kept in the
-//! buffer store so that a restart or a replay releases the same records at the same points;
-//! buffered records are released only by later stream records, and carry no headers.
+//! is the task's, as every window of rill keeps it (`crate::time`): the partition's at the
+//! record's offset, whatever the factor, committed with the range, and handed to a quiet range
+//! by a tick, which releases what is due then. So a record is released at the same offset as
+//! at P = 1, across factor changes, restarts and replays. Where rill differs from Kafka Streams
+//! on purpose: Kafka Streams' join keeps its own time, over the stream side's records only;
+//! rill's task time counts the table's records too, so a table whose timestamps run ahead of
+//! the stream releases the waiting records earlier (an out-of-order table update older than
+//! that time minus the grace period then misses them). Released records carry no headers.
 //!
 //! The two topics' records reach the join in timestamp order when both are already populated
 //! (`max.task.idle.ms`, see `rill_runtime::kafka::time_sync`), so each stream record meets the
@@ -36,7 +41,7 @@ use crate::keyrange::key_hash;
 use crate::processor::{Datum, ProcessError, Processor, ProcessorContext, Typed};
 use crate::record::{Headers, Record};
 use crate::serdes::{Serde, SerdeError};
-use crate::store::StoreKind;
+use crate::store::{KeyValueBytes, StoreKind};
 use crate::versioned::VersionedBytes;
 use crate::window::{time_bytes, time_from};
 
@@ -59,9 +64,9 @@ struct StreamTableJoin<K, V, VT, VR> {
 }
 
 /// Buffer entries: `'b' T(timestamp) topic-hash offset n -> key length (4) key value`, in
-/// timestamp order; `'t' -> T(stream time)`.
+/// timestamp order. (Stores written before the buffer took the task's time also hold a `'t'`
+/// entry, its own time then: it is no longer read.)
 const HELD: u8 = b'b';
-const STREAM_TIME: u8 = b't';
 
 /// The grace period's buffer of a join (see the module doc).
 struct GraceBuffer<K, V> {
@@ -75,25 +80,24 @@ struct GraceBuffer<K, V> {
 }
 
 impl<K: Datum + Clone, V: Datum + Clone> GraceBuffer<K, V> {
-    /// Holds `record` and returns the records due, in timestamp order; or the record itself
-    /// when it is too old to wait or has no key (a left join passes it through at once).
+    /// Holds `record`, or returns it when it is too old to wait (older than `now`, the stream
+    /// time, minus the grace period) or has no key (a left join passes it through at once).
     fn hold<KO, VO>(
         &mut self,
         record: Record<K, V>,
+        now: i64,
         ctx: &mut ProcessorContext<'_, KO, VO>,
-    ) -> Result<Vec<Record<K, V>>, ProcessError> {
+    ) -> Result<Option<Record<K, V>>, ProcessError> {
         let Some(key) = record.key.as_ref() else {
-            return Ok(vec![record]);
+            return Ok(Some(record));
         };
+        let ts = record.timestamp;
+        if ts < now.saturating_sub(self.grace_ms) {
+            return Ok(Some(record));
+        }
         let kb = self.key_serde.serialize(key)?;
         let meta = ctx.record_meta();
         let (topic, offset) = (key_hash(meta.topic.as_bytes()), meta.offset);
-        let store = ctx.store(&self.store)?;
-        let time = store.get(&[STREAM_TIME])?.and_then(|b| time_from(&b));
-        let ts = record.timestamp;
-        if time.is_some_and(|t| ts < t.saturating_sub(self.grace_ms)) {
-            return Ok(vec![record]);
-        }
         let n = match self.last {
             Some((t, o, n)) if (t, o) == (topic, offset) => n + 1,
             _ => 0,
@@ -110,12 +114,18 @@ impl<K: Datum + Clone, V: Datum + Clone> GraceBuffer<K, V> {
         let mut held = key_len.to_be_bytes().to_vec();
         held.extend_from_slice(&kb);
         held.extend_from_slice(&self.value_serde.serialize(&record.value)?);
-        store.put(&entry, &held)?;
-        let now = time.map_or(ts, |t| t.max(ts));
-        if time != Some(now) {
-            store.put(&[STREAM_TIME], &time_bytes(now))?;
-        }
-        // Due: held at or before `now - grace`.
+        ctx.store(&self.store)?.put(&entry, &held)?;
+        Ok(None)
+    }
+
+    /// Takes the records due at stream time `now` (held at or before `now - grace`), in
+    /// timestamp order, each with the routing hash of its key (they may be other keys' than the
+    /// record being processed: their joins' writes belong to their own keys' ranges).
+    fn take_due(
+        &self,
+        store: &mut dyn KeyValueBytes,
+        now: i64,
+    ) -> Result<Vec<(Record<K, V>, Option<u64>)>, ProcessError> {
         let bound = now.saturating_sub(self.grace_ms);
         let upper = bound.checked_add(1).map(|b| {
             let mut u = vec![HELD];
@@ -127,8 +137,9 @@ impl<K: Datum + Clone, V: Datum + Clone> GraceBuffer<K, V> {
             .map_or(Bound::Excluded(&[HELD + 1][..]), Bound::Excluded);
         let mut due = Vec::new();
         for (k, v) in store.range(Bound::Included(&[HELD][..]), to)? {
+            let hash = store.routing_hash_of(&k)?;
             store.delete(&k)?;
-            due.push(self.decode(&k, &v)?);
+            due.push((self.decode(&k, &v)?, hash));
         }
         Ok(due)
     }
@@ -168,14 +179,26 @@ where
         record: Record<K, V>,
         ctx: &mut ProcessorContext<'_, K, VR>,
     ) -> Result<(), ProcessError> {
-        let due = match self.buffer.as_mut() {
-            Some(buffer) => buffer.hold(record, ctx)?,
-            None => return self.join_one(record, ctx),
+        let Some(buffer) = self.buffer.as_mut() else {
+            return self.join_one(record, None, ctx);
         };
-        for record in due {
-            self.join_one(record, ctx)?;
+        let now = ctx
+            .current_stream_time()
+            .map_or(record.timestamp, |t| t.max(record.timestamp));
+        if let Some(record) = buffer.hold(record, now, ctx)? {
+            self.join_one(record, None, ctx)?;
         }
-        Ok(())
+        self.release_due(now, ctx)
+    }
+
+    fn on_stream_time(
+        &mut self,
+        ctx: &mut ProcessorContext<'_, K, VR>,
+    ) -> Result<(), ProcessError> {
+        match ctx.current_stream_time() {
+            Some(now) if self.buffer.is_some() => self.release_due(now, ctx),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -186,10 +209,27 @@ where
     VT: Datum + Clone,
     VR: Datum + Clone,
 {
-    /// Joins `record` with the table (as of its timestamp when versioned) and forwards it.
+    /// Joins the records of the grace buffer due at stream time `now`.
+    fn release_due(
+        &self,
+        now: i64,
+        ctx: &mut ProcessorContext<'_, K, VR>,
+    ) -> Result<(), ProcessError> {
+        let Some(buffer) = self.buffer.as_ref() else {
+            return Ok(());
+        };
+        for (record, hash) in buffer.take_due(ctx.store(&buffer.store)?, now)? {
+            self.join_one(record, hash, ctx)?;
+        }
+        Ok(())
+    }
+
+    /// Joins `record` with the table (as of its timestamp when versioned) and forwards it,
+    /// about the key of routing hash `hash` when it is not the processed record's.
     fn join_one(
         &self,
         record: Record<K, V>,
+        hash: Option<u64>,
         ctx: &mut ProcessorContext<'_, K, VR>,
     ) -> Result<(), ProcessError> {
         let table = match &record.key {
@@ -215,25 +255,30 @@ where
                 return Ok(());
             }
         };
-        forward_joined(ctx, record, |v| (self.joiner)(v, table));
+        forward_joined(ctx, record, hash, |v| (self.joiner)(v, table));
         Ok(())
     }
 }
 
-/// Forwards `join(value)` with the record's key and timestamp, or counts the record as
+/// Forwards `join(value)` with the record's key and timestamp (about the key of routing hash
+/// `hash`, when given: see [`ProcessorContext::forward_about`]), or counts the record as
 /// unmatched when it is `None`.
 pub(super) fn forward_joined<K: Datum, V, VR: Datum>(
     ctx: &mut ProcessorContext<'_, K, VR>,
     record: Record<K, V>,
+    hash: Option<u64>,
     join: impl FnOnce(V) -> Option<VR>,
 ) {
     match join(record.value) {
-        Some(value) => ctx.forward(Record {
-            key: record.key,
-            value,
-            timestamp: record.timestamp,
-            headers: record.headers,
-        }),
+        Some(value) => ctx.forward_about(
+            Record {
+                key: record.key,
+                value,
+                timestamp: record.timestamp,
+                headers: record.headers,
+            },
+            hash,
+        ),
         None => ctx.record_dropped("unmatched_join"),
     }
 }
