@@ -2,8 +2,9 @@
 //! a streams group with the wordcount topology, the broker creates the internal topics and
 //! assigns every task to it, Kafka's own `kafka-streams-groups` tool (`StreamsGroupCommand`)
 //! shows the member, offsets commit at the member's epoch (a stale epoch or a stranger is
-//! refused), and a leave empties the group. The runtime does not run on this protocol
-//! yet: this is its client, alone.
+//! refused), and a leave empties the group; and the wordcount service runs on the protocol
+//! (`group.protocol=streams`): two instances share the tasks, one is killed, the counts stay
+//! exact.
 //!
 //! Run with `scripts/test`, or after `scripts/kafka start`:
 //! `RILL_TEST_BOOTSTRAP=127.0.0.1:9092 cargo test --test kafka_streams_group -- --ignored`.
@@ -11,6 +12,8 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+
+use common::service::{feed, final_counts, kill, lines, terminate, Service};
 use std::time::{Duration, Instant};
 
 use rill::runtime::kafka::streams_group::{
@@ -183,6 +186,86 @@ fn a_member_joins_a_streams_group_gets_every_task_and_leaves() {
         assert!(
             Instant::now() < deadline,
             "the member is still in the group after leaving:\n{described}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The member ids `kafka-streams-groups --describe --members` shows for `app`.
+fn members_of(app: &str) -> BTreeSet<String> {
+    streams_groups(&["--describe", "--members", "--group", app])
+        .split_whitespace()
+        .filter(|w| w.starts_with("rill-") && !w.starts_with("rill-process-"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test"]
+fn the_wordcount_service_runs_on_the_streams_protocol_through_a_kill() {
+    let app = common::unique("sgsvc");
+    let (input, output) = (common::unique("sgsvc-in"), common::unique("sgsvc-out"));
+    common::create_topic(&input, 4);
+    common::create_topic(&output, 4);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let instance = |name: &str| {
+        let mut s = Service::new(&app, name, &input, &output, dir.path());
+        s.set("group.protocol", "streams");
+        // Static membership is not there yet on this protocol.
+        s.unset("kafka.group.instance.id");
+        s.unset("kafka.session.timeout.ms");
+        s
+    };
+    let (a, b) = (instance("a"), instance("b"));
+    let (batches, truth) = lines(30, 200);
+    let producer = feed(&input, batches, Duration::from_millis(300));
+    let mut child_a = a.spawn();
+    std::thread::sleep(Duration::from_secs(3));
+    let mut child_b = b.spawn();
+    // Both members own tasks, as the broker's own tool shows.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while members_of(&app).len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "two members within 60 s:\n{}\nA:\n{}\nB:\n{}",
+            streams_groups(&["--describe", "--members", "--group", &app]),
+            a.log_tail(20),
+            b.log_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(a.log_text().contains("streams group assignment")
+        && b.log_text().contains("streams group assignment"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "both instances assigned within 60 s:\nA:\n{}\nB:\n{}",
+            a.log_tail(20),
+            b.log_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    kill(&mut child_a);
+    producer.join().expect("producer");
+    // A's tasks move to B once A's session (45 s, the broker's default) has expired.
+    let got = final_counts(&output, &truth, Duration::from_secs(180));
+    let clean = terminate(&mut child_b);
+    assert_eq!(
+        got,
+        truth,
+        "counts after A was killed on the streams protocol; B's log:\n{}",
+        b.log_tail(30)
+    );
+    assert!(clean, "B exits 0 on SIGTERM; its log:\n{}", b.log_tail(30));
+    // B left the group on its way out.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !members_of(&app).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "members left after B stopped: {:?}",
+            members_of(&app)
         );
         std::thread::sleep(Duration::from_millis(500));
     }

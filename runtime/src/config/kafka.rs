@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::ConfigError;
+use super::{ConfigError, GroupProtocol, ProcessingGuarantee};
 
 /// What a refused `kafka.*` setting looks like, and why it is refused.
 struct Guard {
@@ -58,6 +58,45 @@ pub(super) fn check_kafka(kafka: &BTreeMap<String, String>) -> Result<(), Config
         }
     }
     Ok(())
+}
+
+/// The group protocol in effect: `group.protocol`, or `kafka.group.protocol=consumer` (the
+/// older way to ask for KIP-848) when the former is left at `classic`; refused when the two
+/// disagree, and `streams` where it cannot run yet.
+pub(super) fn group_protocol(
+    top: GroupProtocol,
+    kafka: &BTreeMap<String, String>,
+    guarantee: ProcessingGuarantee,
+    has_brokers: bool,
+) -> Result<GroupProtocol, ConfigError> {
+    let passed = kafka.get("group.protocol").map(|v| v.trim().to_string());
+    let protocol = match (top, passed.as_deref()) {
+        (GroupProtocol::Classic, Some("consumer")) => GroupProtocol::Consumer,
+        (GroupProtocol::Classic, Some("classic") | None) => GroupProtocol::Classic,
+        (t, None) => t,
+        (t, Some(v)) if v == t.name() && t != GroupProtocol::Streams => t,
+        (_, Some(v)) => {
+            return Err(ConfigError::Refused {
+                key: "kafka.group.protocol".into(),
+                value: v.to_string(),
+                why: "set the group protocol with `group.protocol` (classic, consumer or streams) and remove kafka.group.protocol",
+            })
+        }
+    };
+    if protocol == GroupProtocol::Streams {
+        let refuse = |why| ConfigError::Refused {
+            key: "group.protocol".into(),
+            value: "streams".into(),
+            why,
+        };
+        if !has_brokers {
+            return Err(refuse("the embedded cluster does not speak the streams group protocol: set bootstrap.servers to Apache Kafka 4.2 or later"));
+        }
+        if guarantee == ProcessingGuarantee::ExactlyOnceV2 {
+            return Err(refuse("exactly_once_v2 on the streams group protocol is not built yet (its transactional offset commits need the member epoch): use at_least_once, or group.protocol=classic or consumer"));
+        }
+    }
+    Ok(protocol)
 }
 
 /// The largest parallelising factor `exactly_once_v2` accepts: every range's offset must fit in

@@ -126,6 +126,29 @@ pub enum OrderSensitivePolicy {
     Allow,
 }
 
+/// The consumer-group protocol an instance joins its group with (`group.protocol`, Kafka
+/// Streams' key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupProtocol {
+    /// The classic protocol: librdkafka's client-side assignors.
+    Classic,
+    /// KIP-848: the broker assigns partitions (its `range` assignor co-partitions).
+    Consumer,
+    /// KIP-1071: the broker assigns tasks; rill speaks it itself (`kafka::streams_member`).
+    Streams,
+}
+
+impl GroupProtocol {
+    /// The value as the key takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupProtocol::Classic => "classic",
+            GroupProtocol::Consumer => "consumer",
+            GroupProtocol::Streams => "streams",
+        }
+    }
+}
+
 /// Where the HTTP endpoint listens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MetricsAddr {
@@ -164,6 +187,8 @@ pub struct Config {
     pub processing_guarantee: ProcessingGuarantee,
     /// Whether order-sensitive sub-topologies start under `at_least_once`.
     pub at_least_once_order_sensitive: OrderSensitivePolicy,
+    /// The group protocol (with a `kafka.group.protocol` of `consumer` read as `consumer`).
+    pub group_protocol: GroupProtocol,
     /// HTTP endpoint.
     pub metrics_addr: MetricsAddr,
     /// Memory budget of RocksDB (block cache and memtables).
@@ -281,6 +306,9 @@ settings! {
     "processing.guarantee" => processing_guarantee: ProcessingGuarantee = ProcessingGuarantee::AtLeastOnce,
         shown "`at_least_once`",
         doc "`at_least_once`: outputs at least once, state exactly once; `exactly_once_v2` (Kafka Streams' name): outputs, changelogs and offsets commit in one Kafka transaction per commit interval, so `read_committed` consumers see each output once (needs `bootstrap.servers`; not with `parallelising.auto`, nor live factor changes)";
+    "group.protocol" => group_protocol: GroupProtocol = GroupProtocol::Classic,
+        shown "`classic`",
+        doc "how the instances share the work (Kafka Streams' key): `classic` (librdkafka's assignors), `consumer` (KIP-848, the broker assigns partitions), `streams` (KIP-1071, the broker assigns tasks; needs Apache Kafka 4.2+ and `at_least_once` for now)";
     "at.least.once.order.sensitive" => at_least_once_order_sensitive: OrderSensitivePolicy = OrderSensitivePolicy::Refuse,
         shown "`refuse`",
         doc "a topology with a sub-topology in which records of several input topics reach one repartition topic and state (a table-table or stream-stream join, or the foreign-key join, before a `group_by`) replays its inputs after a crash under `at_least_once` in whatever order they are queued then, and repartition de-duplication downstream can then keep outputs of two orders (wrong aggregates, for good): `refuse` stops at start with an error naming the sub-topology; `allow` starts it with a warning. `exactly_once_v2` replays nothing it committed, so it needs neither";
@@ -520,6 +548,12 @@ impl ConfigBuilder {
                 })
             }
         };
+        let group_protocol = kafka::group_protocol(
+            s.group_protocol,
+            &kafka,
+            s.processing_guarantee,
+            bootstrap_servers.is_some(),
+        )?;
         if s.processing_guarantee == ProcessingGuarantee::ExactlyOnceV2 {
             kafka::check_exactly_once(
                 factor,
@@ -546,6 +580,7 @@ impl ConfigBuilder {
             mailbox_capacity: s.mailbox_capacity.usize(),
             processing_guarantee: s.processing_guarantee,
             at_least_once_order_sensitive: s.at_least_once_order_sensitive,
+            group_protocol,
             metrics_addr: s.metrics_addr,
             rocksdb_memory_bytes: s.rocksdb_memory_bytes.usize(),
             rocksdb_max_open_files: s.rocksdb_max_open_files.0,

@@ -60,6 +60,7 @@ impl Config {
                 MetricsAddr::On(a) => a.to_string(),
             },
         );
+        put("group.protocol", self.group_protocol.name().into());
         put(
             "at.least.once.order.sensitive",
             match self.at_least_once_order_sensitive {

@@ -6,8 +6,8 @@ use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
 use super::{
-    CorruptionHandler, MetricsAddr, OrderSensitivePolicy, ProcessingGuarantee, ProductionHandler,
-    MIB,
+    CorruptionHandler, GroupProtocol, MetricsAddr, OrderSensitivePolicy, ProcessingGuarantee,
+    ProductionHandler, MIB,
 };
 use crate::engine::RecordErrorHandler;
 
@@ -209,6 +209,17 @@ impl Setting for CorruptionHandler {
             "fail" => Ok(CorruptionHandler::Fail),
             "rebuild" => Ok(CorruptionHandler::Rebuild),
             _ => Err("fail or rebuild".into()),
+        }
+    }
+}
+
+impl Setting for GroupProtocol {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "classic" => Ok(GroupProtocol::Classic),
+            "consumer" => Ok(GroupProtocol::Consumer),
+            "streams" => Ok(GroupProtocol::Streams),
+            _ => Err("classic, consumer or streams".into()),
         }
     }
 }

@@ -6,6 +6,7 @@
 //! by a slower range still gets its offsets committed, so a crash does not replay its outputs.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -15,6 +16,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use rill_topology::KeyRange;
 
 use super::metadata::{self, RangeOffsets};
+use super::streams_group::OffsetToCommit;
+use super::streams_member::StreamsMember;
 use crate::engine::{PartitionProgress, TopicPartition};
 
 /// Attempts of a synchronous commit while the group coordinator is not ready.
@@ -35,6 +38,9 @@ pub struct Committer {
     /// Per topic, per partition: the offset after the last record the consumer returned. Only
     /// the source loop's thread writes it (callbacks run inside its `poll`).
     returned: Mutex<HashMap<String, Vec<u64>>>,
+    /// Under `group.protocol=streams`: commits go to the coordinator at the member epoch
+    /// (librdkafka is not a member of that group). Taken on the source loop's thread only.
+    streams: Option<Arc<Mutex<StreamsMember>>>,
 }
 
 fn is_coordinator_busy(e: &KafkaError) -> bool {
@@ -46,6 +52,14 @@ fn is_coordinator_busy(e: &KafkaError) -> bool {
 }
 
 impl Committer {
+    /// A committer of a streams group member: commits go through `member`.
+    pub fn via_streams_group(member: Arc<Mutex<StreamsMember>>) -> Self {
+        Committer {
+            streams: Some(member),
+            ..Committer::default()
+        }
+    }
+
     /// Notes that the consumer returned the record at `offset` of `topic`/`partition`.
     pub fn note_returned(&self, topic: &str, partition: u32, offset: u64) {
         let mut returned = self.returned.lock();
@@ -168,6 +182,11 @@ impl Committer {
         if tpl.count() == 0 {
             return Ok(0);
         }
+        if let Some(member) = &self.streams {
+            return commit_at_member_epoch(&mut member.lock(), &tpl)
+                .map(|()| tpl.count())
+                .inspect_err(|_| self.forget());
+        }
         match mode {
             CommitMode::Sync => commit_within(consumer, &tpl, SYNC_TIMEOUT)?,
             CommitMode::Async => consumer.commit(&tpl, mode)?,
@@ -224,6 +243,43 @@ fn commit_within<C: ConsumerContext>(
         };
         rd::rd_kafka_queue_destroy(queue);
         result.map_err(KafkaError::ConsumerCommit)
+    }
+}
+
+/// Commits `tpl` through the streams group's coordinator at the member's epoch.
+fn commit_at_member_epoch(
+    member: &mut StreamsMember,
+    tpl: &TopicPartitionList,
+) -> Result<(), KafkaError> {
+    use rdkafka::error::RDKafkaErrorCode as C;
+    let offsets: Vec<OffsetToCommit> = tpl
+        .elements()
+        .iter()
+        .map(|e| OffsetToCommit {
+            topic: e.topic().to_string(),
+            partition: e.partition(),
+            offset: match e.offset() {
+                Offset::Offset(o) => o,
+                _ => -1,
+            },
+            metadata: Some(e.metadata().to_string()).filter(|m| !m.is_empty()),
+        })
+        .collect();
+    let answers = member.commit(&offsets).map_err(|e| {
+        tracing::debug!(error = %e, "offset commit to the streams group failed");
+        KafkaError::ConsumerCommit(C::Fail)
+    })?;
+    match answers.iter().find(|(_, _, code)| *code != 0) {
+        None => Ok(()),
+        Some((topic, partition, code)) => {
+            tracing::debug!(%topic, partition, code, "the streams group refused an offset commit");
+            Err(KafkaError::ConsumerCommit(match code {
+                25 => C::UnknownMemberId,
+                110 => C::FencedMemberEpoch,
+                113 => C::StaleMemberEpoch,
+                _ => C::Fail,
+            }))
+        }
     }
 }
 

@@ -30,6 +30,7 @@ use rill_topology::HASH_ID;
 
 use super::committer::Committer;
 use super::metadata;
+use super::streams_member::StreamsMember;
 use super::transaction::Transactions;
 use crate::engine::{partition_list, Engine, PriorClaim, Resume, TopicPartition};
 
@@ -72,7 +73,15 @@ pub struct SourceContext {
     pub time_sync: Mutex<super::time_sync::TimeSync>,
     /// Gives the consumer its `bootstrap.servers` back when it forgot every broker.
     pub brokers: super::broker_watch::BrokerWatch,
+    /// Under `group.protocol=streams`: the membership (the consumer is assigned manually, and
+    /// no callback runs; see [`SourceContext::streams_turn`]). Never held across a call into
+    /// this context's other methods: `committer` takes it to commit.
+    pub streams: Option<Arc<Mutex<StreamsMember>>>,
 }
+
+/// How long a streams group member may go without a heartbeat answer before it counts its tasks
+/// as lost: the broker's default `group.streams.session.timeout.ms`.
+const STREAMS_SESSION: Duration = Duration::from_secs(45);
 
 impl ClientContext for SourceContext {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
@@ -272,6 +281,70 @@ pub fn raw_metadata(tpl: &TopicPartitionList) -> Vec<Vec<u8>> {
 }
 
 impl SourceContext {
+    /// Under `group.protocol=streams`: heartbeats when due and applies what the broker's
+    /// assignment changed, as the rebalance callback does under the other protocols: revoked
+    /// partitions drain and commit (or, lost, are dropped), then new ones are assigned.
+    pub fn streams_turn(&self, consumer: &BaseConsumer<Self>) -> Result<(), String> {
+        let Some(member) = &self.streams else {
+            return Ok(());
+        };
+        let change = member.lock().turn(STREAMS_SESSION);
+        let change = match change {
+            Ok(Some(change)) => change,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(e.to_string()),
+        };
+        crate::engine::Burst::release();
+        self.rebalances.fetch_add(1, Ordering::Relaxed);
+        self.health.set_rebalancing(true);
+        crate::metrics::record_rebalance();
+        tracing::info!(revoke = %partition_list(&change.revoke), assign = %partition_list(&change.assign), lost = change.lost, "streams group assignment");
+        let list = |tps: &[TopicPartition]| {
+            let mut tpl = TopicPartitionList::new();
+            for tp in tps {
+                tpl.add_partition(&tp.topic, tp.partition as i32);
+            }
+            tpl
+        };
+        let result = (|| {
+            if !change.revoke.is_empty() {
+                let tpl = list(&change.revoke);
+                self.on_revoke(consumer, &tpl, change.lost);
+                consumer.incremental_unassign(&tpl)?;
+            }
+            if !change.assign.is_empty() {
+                let mut tpl = list(&change.assign);
+                self.on_assign(consumer, &mut tpl)?;
+                consumer.incremental_assign(&tpl)?;
+                self.pause_waiting(consumer, &tpl)?;
+                self.health.set_assigned();
+            }
+            Ok::<(), KafkaError>(())
+        })();
+        self.health.set_rebalancing(false);
+        result.map_err(|e| format!("applying the streams group's assignment: {e}"))
+    }
+
+    /// Under `group.protocol=streams`: revokes every partition (draining and committing) and
+    /// leaves the group, so the broker hands the tasks to the other members at once.
+    pub fn leave_streams_group(&self, consumer: &BaseConsumer<Self>) {
+        let Some(member) = &self.streams else {
+            return;
+        };
+        let all = self.engine.lock().assigned_partitions();
+        if !all.is_empty() {
+            let mut tpl = TopicPartitionList::new();
+            for tp in &all {
+                tpl.add_partition(&tp.topic, tp.partition as i32);
+            }
+            self.on_revoke(consumer, &tpl, false);
+            if let Err(e) = consumer.incremental_unassign(&tpl) {
+                tracing::debug!(error = %e, "unassigning on leave");
+            }
+        }
+        member.lock().leave();
+    }
+
     /// Under `exactly_once_v2`: commits the instance's transaction (every task's work, not only
     /// the revoked ones', as Kafka Streams does), then closes the revoked tasks. Lost partitions,
     /// or a commit that fails, make the loop roll every task back.
@@ -324,7 +397,10 @@ impl SourceContext {
         }
         let committed = committed_offsets(consumer, tpl)?;
         let raw = raw_metadata(&committed);
-        let generation = group_generation(consumer);
+        let generation = match &self.streams {
+            Some(member) => member.lock().epoch(),
+            None => group_generation(consumer),
+        };
         let mut engine = self.engine.lock();
         for (e, meta) in committed.elements().iter().zip(raw) {
             let (topic, partition) = (e.topic().to_string(), e.partition() as u32);

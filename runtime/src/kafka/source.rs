@@ -155,6 +155,9 @@ pub fn run(
             ctx.engine.lock().fence_all();
             break Err(SourceError::Fatal { code, reason });
         }
+        if let Err(e) = ctx.streams_turn(consumer) {
+            break Err(SourceError::Rebalance(e));
+        }
         if let Err(e) = start_restored(consumer, &ctx) {
             break Err(e);
         }

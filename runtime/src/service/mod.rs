@@ -34,8 +34,8 @@ use rill_topology::{Topic, Topology};
 
 use crate::auto_factor::{AutoFactor, AutoPolicy};
 use crate::config::{
-    Config, CorruptionHandler, MetricsAddr, OrderSensitivePolicy, ProcessingGuarantee,
-    ProductionHandler,
+    Config, CorruptionHandler, GroupProtocol, MetricsAddr, OrderSensitivePolicy,
+    ProcessingGuarantee, ProductionHandler,
 };
 use crate::control::ControlPlane;
 use crate::elastic::{self, FactorControl};
@@ -45,6 +45,7 @@ use crate::http::{self, HttpError, HttpServer};
 use crate::kafka::admin::{client_config, cluster_id};
 use crate::kafka::broker_watch::BrokerWatch;
 use crate::kafka::changelog_reader::KafkaChangelogReader;
+use crate::kafka::committer::Committer;
 use crate::kafka::embedded::EmbeddedCluster;
 use crate::kafka::producer::KafkaSink;
 use crate::kafka::rebalance::SourceContext;
@@ -552,11 +553,11 @@ impl Runtime {
             .sub_topologies()
             .iter()
             .any(|s| s.sources.len() > 1);
-        let kip848 = c
-            .kafka
-            .get("group.protocol")
-            .is_some_and(|p| p == "consumer");
-        if kip848 {
+        let protocol = c.group_protocol;
+        if protocol == GroupProtocol::Streams {
+            // The broker assigns the tasks (KIP-1071) and co-partitions them; the consumer is
+            // assigned by hand and is no group member (librdkafka does not speak the protocol).
+        } else if protocol == GroupProtocol::Consumer {
             // The broker assigns (KIP-848); its `range` assignor co-partitions.
             if co_partitioned {
                 cfg.set("group.remote.assignor", "range");
@@ -596,6 +597,17 @@ impl Runtime {
         for (k, v) in &c.kafka {
             cfg.set(k, v);
         }
+        match protocol {
+            GroupProtocol::Consumer => {
+                cfg.set("group.protocol", "consumer");
+            }
+            GroupProtocol::Streams => {
+                cfg.remove("group.protocol");
+            }
+            GroupProtocol::Classic => {}
+        }
+        let streams =
+            (protocol == GroupProtocol::Streams).then(|| self.streams_member(&partitions));
         let (engine2, health3) = (engine.clone(), health.clone());
         let (drain_timeout, held_limit, unavailable_timeout, max_task_idle) = (
             c.shutdown_timeout,
@@ -609,7 +621,11 @@ impl Runtime {
         let context = move || SourceContext {
             engine: engine2.clone(),
             drain_timeout,
-            committer: Default::default(),
+            committer: match &streams {
+                Some(member) => Committer::via_streams_group(member.clone()),
+                None => Committer::default(),
+            },
+            streams: streams.clone(),
             error: Mutex::new(None),
             rebalances: AtomicU64::new(0),
             restoring: Mutex::new(std::collections::BTreeSet::new()),
@@ -631,8 +647,10 @@ impl Runtime {
         let join = move || -> Result<BaseConsumer<SourceContext>, KafkaError> {
             let consumer: BaseConsumer<SourceContext> = cfg.create_with_context(context())?;
             consumer.context().brokers.attach(consumer.client());
-            let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
-            consumer.subscribe(&refs)?;
+            if consumer.context().streams.is_none() {
+                let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
+                consumer.subscribe(&refs)?;
+            }
             Ok(consumer)
         };
         let mut consumer = join()?;
@@ -693,13 +711,13 @@ impl Runtime {
                             if response != UncaughtErrorResponse::ReplaceThread {
                                 // Leaving the group fires the last revocation while the engine
                                 // exists.
-                                consumer.unsubscribe();
+                                leave(&consumer);
                                 break r;
                             }
                             e
                         }
                         _ => {
-                            consumer.unsubscribe();
+                            leave(&consumer);
                             break r;
                         }
                     };
@@ -725,6 +743,7 @@ impl Runtime {
                     // The old consumer closes before the new one joins: left open, its session
                     // timer rejoins the group by itself (under the same group.instance.id) and
                     // is handed partitions that nobody polls until max.poll.interval.ms.
+                    consumer.context().leave_streams_group(&consumer);
                     drop(consumer);
                     consumer = match join() {
                         Ok(c) => c,
@@ -773,6 +792,43 @@ impl Runtime {
             endpoints,
             _temp_state: temp_state,
         })
+    }
+
+    /// This instance's membership in its streams group (`group.protocol=streams`); `partitions`
+    /// holds every topic's partition count, internal topics included (resolved names).
+    fn streams_member(
+        &self,
+        partitions: &BTreeMap<String, u32>,
+    ) -> Arc<Mutex<crate::kafka::streams_member::StreamsMember>> {
+        use crate::kafka::streams_group::{Endpoint, TopologyDescription};
+        let c = &self.config;
+        let topology = TopologyDescription::of(&self.topology, &c.application_id, partitions);
+        let topics = self
+            .topology
+            .sub_topologies()
+            .iter()
+            .map(|st| {
+                let names = st.sources.iter().map(|(t, _)| self.resolve(t)).collect();
+                (st.id.to_string(), names)
+            })
+            .collect();
+        let endpoint = c.application_server.as_deref().and_then(|a| {
+            let (host, port) = a.rsplit_once(':')?;
+            Some(Endpoint {
+                host: host.to_string(),
+                port: port.parse().ok()?,
+            })
+        });
+        Arc::new(Mutex::new(
+            crate::kafka::streams_member::StreamsMember::new(
+                &self.bootstrap,
+                &c.application_id,
+                topology,
+                topics,
+                endpoint,
+                c.shutdown_timeout.max(Duration::from_secs(30)),
+            ),
+        ))
     }
 
     /// Whether this instance keeps the endpoint map (and publishes into it with
@@ -856,6 +912,16 @@ fn column_families(
         }
     }
     names
+}
+
+/// Leaves the group, so that the last revocation runs (draining and committing) while the
+/// engine exists.
+fn leave(consumer: &BaseConsumer<SourceContext>) {
+    if consumer.context().streams.is_some() {
+        consumer.context().leave_streams_group(consumer);
+    } else {
+        consumer.unsubscribe();
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,310 @@
+//! An instance as a member of a streams group (`group.protocol=streams`, KIP-1071): it joins
+//! with its topology, heartbeats on the source loop's thread, turns the active tasks the broker
+//! assigns into the input partitions to assign or revoke, and commits offsets at its member
+//! epoch.
+//!
+//! The broker assigns a task to this member only once its previous owner reported it revoked,
+//! so the member reconciles in two steps, as Kafka Streams' client does: each heartbeat answer
+//! that carries a new target is turned into a [`Change`] (revocations first, then assignments);
+//! the source loop applies it (draining and committing what is revoked) and the next heartbeat,
+//! sent at once, reports the tasks owned then. A member the broker fenced (an unknown member or
+//! a stale epoch, after a pause longer than the session) loses its tasks without committing and
+//! joins again.
+//!
+//! Not here yet (issue 44): standby and warm-up tasks (every heartbeat reports none), the
+//! endpoints the broker distributes (queries use the endpoints topic, which works under every
+//! protocol), static membership, TLS and SASL on the coordinator connection, and
+//! `exactly_once_v2` (refused at start).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use super::streams_group::{
+    Endpoint, Heartbeat, HeartbeatResponse, OffsetToCommit, StreamsGroupClient, StreamsGroupError,
+    TaskIds, TopologyDescription,
+};
+use crate::engine::TopicPartition;
+
+/// Time allowed for one request to the coordinator.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The heartbeat interval until the broker names one.
+const FIRST_INTERVAL: Duration = Duration::from_millis(500);
+/// Wait before reconnecting after a failed heartbeat.
+const RETRY: Duration = Duration::from_millis(500);
+/// Kafka's `UNKNOWN_MEMBER_ID`.
+const UNKNOWN_MEMBER_ID: i16 = 25;
+/// Kafka's `FENCED_MEMBER_EPOCH`.
+const FENCED_MEMBER_EPOCH: i16 = 110;
+
+/// What the source loop does with its partitions after a heartbeat.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Change {
+    /// Partitions to drain, commit and unassign (or drop without committing when `lost`).
+    pub revoke: Vec<TopicPartition>,
+    /// Partitions to assign.
+    pub assign: Vec<TopicPartition>,
+    /// The member was fenced: `revoke` holds every partition, and nothing of them commits.
+    pub lost: bool,
+}
+
+/// One instance's membership in its application's streams group.
+pub struct StreamsMember {
+    bootstrap: String,
+    group: String,
+    member_id: String,
+    process_id: String,
+    endpoint: Option<Endpoint>,
+    rebalance_timeout: Duration,
+    topology: TopologyDescription,
+    /// Input topics (resolved names) of each sub-topology, by its id: a task `(id, p)` is
+    /// partition `p` of each.
+    topics: BTreeMap<String, Vec<String>>,
+    /// The coordinator connection; `None` after a failure (reconnected at the next heartbeat).
+    client: Option<StreamsGroupClient>,
+    /// 0 until joined; the broker's epoch afterwards.
+    epoch: i32,
+    /// Active tasks owned: assigned to the consumer and the engine.
+    owned: BTreeSet<(String, i32)>,
+    /// The tasks the broker assigned last, not applied yet.
+    pending: Option<BTreeSet<(String, i32)>>,
+    interval: Duration,
+    /// When the next heartbeat is due.
+    due: Instant,
+    /// When a heartbeat last got an answer (a member silent for longer than the session is
+    /// fenced by the broker: its tasks are treated as lost).
+    answered: Instant,
+}
+
+impl StreamsMember {
+    /// A member of group `group` (the application id) reached through `bootstrap`, with the
+    /// application's `topology` and the input topics of each sub-topology by id.
+    pub fn new(
+        bootstrap: &str,
+        group: &str,
+        topology: TopologyDescription,
+        topics: BTreeMap<String, Vec<String>>,
+        endpoint: Option<Endpoint>,
+        rebalance_timeout: Duration,
+    ) -> Self {
+        let id = unique_id();
+        StreamsMember {
+            bootstrap: bootstrap.to_string(),
+            group: group.to_string(),
+            member_id: format!("rill-{id:016x}"),
+            process_id: format!("rill-process-{id:016x}"),
+            endpoint,
+            rebalance_timeout,
+            topology,
+            topics,
+            client: None,
+            epoch: 0,
+            owned: BTreeSet::new(),
+            pending: None,
+            interval: FIRST_INTERVAL,
+            due: Instant::now(),
+            answered: Instant::now(),
+        }
+    }
+
+    /// The member epoch (0 while joining).
+    pub fn epoch(&self) -> i32 {
+        self.epoch
+    }
+
+    /// The partitions of `tasks`.
+    fn partitions(&self, tasks: &BTreeSet<(String, i32)>) -> BTreeSet<TopicPartition> {
+        tasks
+            .iter()
+            .flat_map(|(sub, p)| {
+                self.topics
+                    .get(sub)
+                    .into_iter()
+                    .flatten()
+                    .map(move |t| TopicPartition::new(t.clone(), *p as u32))
+            })
+            .collect()
+    }
+
+    /// Heartbeats when one is due and returns what to change; `session` bounds how long the
+    /// member may go without an answer before it counts its tasks as lost.
+    pub fn turn(&mut self, session: Duration) -> Result<Option<Change>, StreamsGroupError> {
+        if Instant::now() < self.due {
+            return Ok(None);
+        }
+        match self.heartbeat() {
+            Ok(r) => {
+                self.answered = Instant::now();
+                self.epoch = r.member_epoch;
+                self.interval = Duration::from_millis(r.heartbeat_interval_ms.max(100) as u64);
+                self.due = Instant::now() + self.interval;
+                if let Some(status) = r.status.as_ref().filter(|s| !s.is_empty()) {
+                    tracing::debug!(?status, "streams group status");
+                }
+                if let Some(active) = &r.active_tasks {
+                    let target: BTreeSet<(String, i32)> = active
+                        .iter()
+                        .flat_map(|t| t.partitions.iter().map(|p| (t.subtopology.clone(), *p)))
+                        .collect();
+                    if target != self.owned {
+                        self.pending = Some(target);
+                    }
+                }
+                Ok(self.take_change())
+            }
+            Err(StreamsGroupError::Broker { code, message, .. })
+                if code == UNKNOWN_MEMBER_ID || code == FENCED_MEMBER_EPOCH =>
+            {
+                tracing::warn!(
+                    code,
+                    ?message,
+                    "fenced out of the streams group: its tasks are lost; joining again"
+                );
+                Ok(Some(self.rejoin()))
+            }
+            Err(e @ StreamsGroupError::Broker { .. }) => Err(e),
+            Err(e) => {
+                // The coordinator moved or the connection broke: reconnect, unless silent for
+                // longer than the session (the broker fenced us meanwhile).
+                self.client = None;
+                self.due = Instant::now() + RETRY;
+                if self.answered.elapsed() > session {
+                    tracing::warn!(error = %e, "no heartbeat answer for longer than the session: the tasks are lost; joining again");
+                    return Ok(Some(self.rejoin()));
+                }
+                tracing::debug!(error = %e, "streams group heartbeat failed (retrying)");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Forgets the membership: every owned task is lost, the next heartbeat joins anew.
+    fn rejoin(&mut self) -> Change {
+        let lost = std::mem::take(&mut self.owned);
+        self.pending = None;
+        self.epoch = 0;
+        self.client = None;
+        self.due = Instant::now();
+        Change {
+            revoke: self.partitions(&lost).into_iter().collect(),
+            assign: Vec::new(),
+            lost: true,
+        }
+    }
+
+    /// The change towards the pending target: revocations first; assignments once nothing
+    /// remains to revoke (the broker hands a task over only after its owner reported it gone).
+    fn take_change(&mut self) -> Option<Change> {
+        let target = self.pending.take()?;
+        let gone: BTreeSet<(String, i32)> = self.owned.difference(&target).cloned().collect();
+        let new: BTreeSet<(String, i32)> = target.difference(&self.owned).cloned().collect();
+        let kept = self.partitions(&target);
+        let change = Change {
+            // A partition read by a kept task stays (sub-topologies share no inputs, but be safe).
+            revoke: self
+                .partitions(&gone)
+                .into_iter()
+                .filter(|tp| !kept.contains(tp))
+                .collect(),
+            assign: self.partitions(&new).into_iter().collect(),
+            lost: false,
+        };
+        self.owned = target;
+        // Report the tasks owned now at once.
+        self.due = Instant::now();
+        (!change.revoke.is_empty() || !change.assign.is_empty()).then_some(change)
+    }
+
+    fn client(&mut self) -> Result<&mut StreamsGroupClient, StreamsGroupError> {
+        if self.client.is_none() {
+            self.client = Some(StreamsGroupClient::connect(
+                &self.bootstrap,
+                &self.group,
+                REQUEST_TIMEOUT,
+            )?);
+        }
+        self.client.as_mut().ok_or_else(|| StreamsGroupError::Io {
+            addr: self.bootstrap.clone(),
+            source: std::io::Error::other("no coordinator connection"),
+        })
+    }
+
+    fn heartbeat(&mut self) -> Result<HeartbeatResponse, StreamsGroupError> {
+        let joining = self.epoch == 0;
+        let tasks = |owned: &BTreeSet<(String, i32)>| {
+            let mut by_sub: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+            for (sub, p) in owned {
+                by_sub.entry(sub.clone()).or_default().push(*p);
+            }
+            by_sub
+                .into_iter()
+                .map(|(subtopology, partitions)| TaskIds {
+                    subtopology,
+                    partitions,
+                })
+                .collect::<Vec<_>>()
+        };
+        let heartbeat = Heartbeat {
+            group_id: self.group.clone(),
+            member_id: self.member_id.clone(),
+            member_epoch: self.epoch,
+            endpoint_information_epoch: 0,
+            instance_id: None,
+            rebalance_timeout_ms: if joining {
+                i32::try_from(self.rebalance_timeout.as_millis()).unwrap_or(i32::MAX)
+            } else {
+                -1
+            },
+            topology: joining.then(|| self.topology.clone()),
+            // The broker wants the three lists together; no standby or warm-up tasks yet.
+            active_tasks: Some(tasks(&self.owned)),
+            standby_tasks: Some(Vec::new()),
+            warmup_tasks: Some(Vec::new()),
+            process_id: joining.then(|| self.process_id.clone()),
+            user_endpoint: if joining { self.endpoint.clone() } else { None },
+            shutdown_application: false,
+        };
+        self.client()?.heartbeat(&heartbeat)
+    }
+
+    /// Commits `offsets` at the member epoch; a partition the coordinator refuses (a stale
+    /// epoch: the member was fenced) comes back with its error code.
+    pub fn commit(
+        &mut self,
+        offsets: &[OffsetToCommit],
+    ) -> Result<Vec<(String, i32, i16)>, StreamsGroupError> {
+        let (group, member, epoch) = (self.group.clone(), self.member_id.clone(), self.epoch);
+        let r = self
+            .client()
+            .and_then(|c| c.commit_offsets(&group, &member, epoch, offsets));
+        if r.is_err() {
+            self.client = None;
+        }
+        r
+    }
+
+    /// Leaves the group (epoch -1): the broker reassigns the tasks at once. Best effort.
+    pub fn leave(&mut self) {
+        if self.epoch <= 0 {
+            return;
+        }
+        self.epoch = -1;
+        self.owned.clear();
+        if let Err(e) = self.heartbeat() {
+            tracing::debug!(error = %e, "leaving the streams group failed (the session expires instead)");
+        }
+    }
+}
+
+/// A random id for this member and its process (the standard library's per-process random
+/// hasher keys, mixed with the time).
+fn unique_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
