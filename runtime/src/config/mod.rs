@@ -3,9 +3,9 @@
 //! Every key, its default and its meaning are declared once, in the `settings!` table below: it
 //! defines the serde struct the sources deserialize into (unknown keys are refused by
 //! `deny_unknown_fields`), the defaults, and [`KEYS`], from which [`key_table`] renders the table
-//! in docs/operating.md (a test keeps the two equal). `kafka.*` keys pass through to librdkafka without
-//! the prefix, except settings that would break the idempotent producer rill's exactness relies
-//! on (see [`ConfigError::Refused`]).
+//! in docs/operating.md (a test keeps the two equal). `kafka.*` keys pass through to librdkafka
+//! without the prefix, except settings that would break the idempotent producer rill's exactness
+//! relies on (see [`ConfigError::Refused`]).
 //!
 //! Every key can also come from the environment as `RILL_` + the key upper-cased with `.` -> `_`
 //! (`RILL_BOOTSTRAP_SERVERS`); `kafka.*` keys as `RILL_KAFKA_<KEY>` (e.g. `RILL_KAFKA_SECURITY_PROTOCOL`).
