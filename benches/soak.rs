@@ -2,7 +2,7 @@
 //! input rate, one of them restarted (SIGTERM, start again) every ten minutes, the other running
 //! all along through every rebalance this causes. Every ten seconds it samples each instance's
 //! resident memory, open file descriptors and threads; at the end it checks the final counts
-//! against the ground truth and prints the figures the README quotes.
+//! against the ground truth and prints the figures benches/results/ANALYSIS.md quotes.
 //!
 //! ```sh
 //! cargo build --release --example wordcount

@@ -71,6 +71,30 @@ extern "C" fn set_purge_delay() {
     }
 }
 
+/// The Rust snippets of the README and of the user guide under `docs/`, compiled and run as doc
+/// tests (`cargo test --doc`), so that every example there stays true.
+#[cfg(doctest)]
+mod docs {
+    macro_rules! doc_file {
+        ($name:ident, $path:literal) => {
+            #[doc = include_str!($path)]
+            pub struct $name;
+        };
+    }
+    doc_file!(Readme, "../README.md");
+    doc_file!(Guide, "../docs/README.md");
+    doc_file!(Topologies, "../docs/topologies.md");
+    doc_file!(WindowsAndTime, "../docs/windows-and-time.md");
+    doc_file!(TablesAndJoins, "../docs/tables-and-joins.md");
+    doc_file!(AsyncStages, "../docs/async-stages.md");
+    doc_file!(Guarantees, "../docs/guarantees.md");
+    doc_file!(Parallelism, "../docs/parallelism.md");
+    doc_file!(Operating, "../docs/operating.md");
+    doc_file!(InteractiveQueries, "../docs/interactive-queries.md");
+    doc_file!(KafkaStreams, "../docs/kafka-streams.md");
+    doc_file!(Architecture, "../docs/architecture.md");
+}
+
 pub use rill_runtime as runtime;
 pub use rill_state as state;
 pub use rill_topology as topology;

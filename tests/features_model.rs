@@ -316,8 +316,8 @@ fn stream_left_join() -> Spec {
 
 /// [`INPUT`] left-joined with the versioned table of [`RIGHT`] to [`OUTPUT`] as `l+r`: each
 /// record meets the table's version as of its timestamp. The history (10 s) outlasts every
-/// case's input, as the store's observed stream time is kept per key range (README), so which
-/// old versions it drops depends on the layout.
+/// case's input, as the store's observed stream time is kept per key range
+/// (docs/tables-and-joins.md), so which old versions it drops depends on the layout.
 fn stream_versioned_table_join() -> Spec {
     let b = StreamsBuilder::new();
     let table = b.table(

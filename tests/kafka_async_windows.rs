@@ -91,11 +91,11 @@ fn topology(input: &str, output: &str) -> Topology {
 ///
 /// Those late records are late by far more than grace because rill documents that behind an
 /// async stage a record late in input order "is dropped once the records before it settled,
-/// and may be accepted while they have not" (README, "Event time behind an async stage"): a
-/// record late by seconds is accepted when a slower key's earlier record is still waiting for
-/// its call. Ten minutes before the first record, a late record is dropped as soon as any
-/// record of its range settled, which happened long before (a few hundred of its own key's
-/// records precede it).
+/// and may be accepted while they have not" (docs/async-stages.md, "Event time behind an async
+/// stage"): a record late by seconds is accepted when a slower key's earlier record is still
+/// waiting for its call. Ten minutes before the first record, a late record is dropped as soon
+/// as any record of its range settled, which happened long before (a few hundred of its own
+/// key's records precede it).
 fn backlog(rng: &mut Rng, base: i64) -> Vec<Click> {
     let mut clock = [base; PARTITIONS as usize];
     let mut most = [base; PARTITIONS as usize];

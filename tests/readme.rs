@@ -1,14 +1,18 @@
-//! The README's reference tables agree with the code: the config keys with their defaults, and
-//! the metric names.
+//! The reference tables of the user guide (`docs/operating.md`) agree with the code: the config
+//! keys with their defaults, and the metric names. The guide's and the README's Rust snippets
+//! run as doc tests of the `rill` crate (`src/lib.rs`).
 
 use std::collections::BTreeSet;
 
-fn readme() -> String {
+/// The chapter that holds the reference tables.
+const TABLES: &str = "docs/operating.md";
+
+fn reference() -> String {
     // Cargo sets the variable when it runs the test too; the run-time value is right even when a
     // shared target dir holds a binary built from another clone of the repository.
     let root = std::env::var("CARGO_MANIFEST_DIR")
         .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string());
-    let path = format!("{root}/README.md");
+    let path = format!("{root}/{TABLES}");
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"))
 }
 
@@ -18,7 +22,7 @@ fn table(text: &str, header: &str) -> Vec<String> {
     let start = lines
         .iter()
         .position(|l| l.starts_with(header))
-        .unwrap_or_else(|| panic!("no table starting with {header:?} in the README"));
+        .unwrap_or_else(|| panic!("no table starting with {header:?} in {TABLES}"));
     lines[start..]
         .iter()
         .take_while(|l| l.starts_with('|'))
@@ -29,18 +33,18 @@ fn table(text: &str, header: &str) -> Vec<String> {
 #[test]
 fn the_config_table_is_the_one_the_code_declares() {
     let expected = rill::runtime::config::key_table();
-    let found = table(&readme(), "| key | default | meaning |").join("\n") + "\n";
+    let found = table(&reference(), "| key | default | meaning |").join("\n") + "\n";
     assert_eq!(
         found, expected,
-        "the README's config table differs from rill_runtime::config::KEYS; paste this table \
-         into the README:\n{expected}"
+        "the config table of {TABLES} differs from rill_runtime::config::KEYS; paste this \
+         table there:\n{expected}"
     );
 }
 
 #[test]
 fn the_metric_table_lists_every_metric_and_no_other() {
-    let rows = table(&readme(), "| metric | type | labels |");
-    let in_readme: BTreeSet<String> = rows
+    let rows = table(&reference(), "| metric | type | labels |");
+    let in_guide: BTreeSet<String> = rows
         .iter()
         .skip(2)
         .flat_map(|row| {
@@ -56,7 +60,7 @@ fn the_metric_table_lists_every_metric_and_no_other() {
         .map(|n| n.to_string())
         .collect();
     assert_eq!(
-        in_readme, in_code,
-        "the README's metric table and rill_runtime::metrics::ALL differ"
+        in_guide, in_code,
+        "the metric table of {TABLES} and rill_runtime::metrics::ALL differ"
     );
 }

@@ -544,7 +544,7 @@ fn late_records_are_counted_in_the_metric() {
     assert_eq!(driver.with_stats(|s| s.late_dropped()), 3);
 }
 
-/// The README's windowed example, as written there.
+/// The windowed example of docs/windows-and-time.md, as written there.
 #[test]
 fn the_readme_windowed_example_emits_each_window_once() {
     let builder = StreamsBuilder::new();

@@ -22,8 +22,8 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 /// The option every example service takes; flatten it into the example's arguments.
 #[derive(clap::Args, Debug)]
 pub struct ServiceArgs {
-    /// TOML config file (keys as in the README); RILL_CONFIG names one too, RILL_* variables
-    /// override it
+    /// TOML config file (keys as in docs/operating.md); RILL_CONFIG names one too, RILL_*
+    /// variables override it
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 }

@@ -83,7 +83,7 @@ pub const QUERIES: &str = "rill_queries_total";
 /// Time to answer one interactive query over HTTP, by route.
 pub const QUERY_LATENCY: &str = "rill_query_latency_seconds";
 
-/// Every metric name above (the README's metric table is checked against it).
+/// Every metric name above (the metric table of docs/operating.md is checked against it).
 pub const ALL: &[&str] = &[
     RECORDS_CONSUMED,
     RECORDS_PROCESSED,

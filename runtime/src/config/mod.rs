@@ -3,9 +3,9 @@
 //! Every key, its default and its meaning are declared once, in the `settings!` table below: it
 //! defines the serde struct the sources deserialize into (unknown keys are refused by
 //! `deny_unknown_fields`), the defaults, and [`KEYS`], from which [`key_table`] renders the table
-//! in the README (a test keeps the two equal). `kafka.*` keys pass through to librdkafka without
-//! the prefix, except settings that would break the idempotent producer rill's exactness relies
-//! on (see [`ConfigError::Refused`]).
+//! in docs/operating.md (a test keeps the two equal). `kafka.*` keys pass through to librdkafka
+//! without the prefix, except settings that would break the idempotent producer rill's exactness
+//! relies on (see [`ConfigError::Refused`]).
 //!
 //! Every key can also come from the environment as `RILL_` + the key upper-cased with `.` -> `_`
 //! (`RILL_BOOTSTRAP_SERVERS`); `kafka.*` keys as `RILL_KAFKA_<KEY>` (e.g. `RILL_KAFKA_SECURITY_PROTOCOL`).
@@ -62,7 +62,7 @@ pub use crate::kafka::producer::ProductionHandler;
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
     /// The key is not known.
-    #[error("unknown config key `{0}` (the keys are listed in the README and rill_runtime::config::KEYS; librdkafka settings take the `kafka.` prefix)")]
+    #[error("unknown config key `{0}` (the keys are listed in docs/operating.md and rill_runtime::config::KEYS; librdkafka settings take the `kafka.` prefix)")]
     UnknownKey(String),
     /// The value is not valid for the key.
     #[error("config key `{key}` = `{value}`: expected {expected}")]
@@ -225,12 +225,12 @@ pub struct Config {
     pub kafka: BTreeMap<String, String>,
 }
 
-/// One documented key: its name, its default as the README shows it, and what it means.
+/// One documented key: its name, its default as docs/operating.md shows it, and what it means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Key {
     /// The dotted key, e.g. `parallelising.factor`.
     pub name: &'static str,
-    /// The default, as shown in the README (Markdown).
+    /// The default, as shown in docs/operating.md (Markdown).
     pub default: &'static str,
     /// One line on what it sets.
     pub doc: &'static str,
@@ -265,7 +265,7 @@ macro_rules! settings {
             }
         }
 
-        /// Every key rill reads besides `kafka.*`, in the order the README lists them.
+        /// Every key rill reads besides `kafka.*`, in the order docs/operating.md lists them.
         pub const KEYS: &[Key] = &[
             $( Key { name: $key, default: $shown, doc: $doc }, )*
         ];
@@ -335,7 +335,7 @@ settings! {
         doc "calls of async stages (`map_values_async` and the like) one sub-task may have running at once; records of one key still run one at a time, in offset order";
     "async.threads" => async_threads: Whole<1> = Whole((cores() / 2).max(1)),
         shown "cores / 2 (at least 1)",
-        doc "threads of the runtime that runs async stages' calls and handles their answers (when no worker is busy with the range); the calls wait on I/O, so few threads do: on 2 cores one thread ran S1 ~10 % faster than two, at less CPU per record";
+        doc "threads of the runtime that runs async stages' calls and handles their answers (when no worker is busy with the range); the calls wait on I/O, so few threads do (BENCHMARKS.md has the measurement)";
     "retry.max.attempts" => retry_max_attempts: Whole<1> = Whole(3),
         shown "3",
         doc "attempts of an async stage's call that fails with `ProcessError::Retryable` before `processing.exception.handler` decides (1: no retry)";
@@ -377,7 +377,7 @@ const MIB: u64 = 1 << 20;
 /// The meaning of the `kafka.*` row of the key table.
 const KAFKA_DOC: &str = "passed to librdkafka without the prefix (settings that break the idempotent producer are refused); rill's defaults of its own: `metadata.recovery.rebootstrap.trigger.ms=15000` (librdkafka: 300000), because a single broker that comes back from a long pause can answer metadata with no brokers for a moment, after which librdkafka forgets every broker until this trigger; for the consumer `fetch.wait.max.ms=10` (500: a resumed partition waited for the outstanding long poll), `max.partition.fetch.bytes=65536` and `queued.min.messages=2000` (1048576 and 100000: librdkafka holds every prefetched record as a ~250 B op, and one fetch of 1 MiB per partition is ~30k small records; raise the first for records of many KiB); restore consumers, unless these are set, 262144 and 10000 (every partition restores at once)";
 
-/// The key table as the README shows it (Markdown), `kafka.*` last.
+/// The key table as docs/operating.md shows it (Markdown), `kafka.*` last.
 pub fn key_table() -> String {
     let mut out = String::from("| key | default | meaning |\n|---|---|---|\n");
     for k in KEYS {

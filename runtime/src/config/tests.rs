@@ -1,4 +1,4 @@
-//! Tests of the configuration: sources, precedence, values, the README key table.
+//! Tests of the configuration: sources, precedence, values, the key table of docs/operating.md.
 
 use super::*;
 
@@ -308,7 +308,8 @@ fn kafka_settings_that_break_the_idempotent_producer_are_refused() {
     }
 }
 
-/// The README shows each default as the effective config does (machine-dependent ones aside).
+/// docs/operating.md shows each default as the effective config does (machine-dependent ones
+/// aside).
 #[test]
 fn shown_defaults_match_the_effective_defaults() {
     let c = ConfigBuilder::new()

@@ -585,7 +585,7 @@ impl Runtime {
             // brings up to max.partition.fetch.bytes per partition (1 MiB: ~30k small
             // compressed records) whatever queued.min.messages says; the mailboxes buffer behind
             // it already. 64 KiB and 2000 records (defaults 1 MiB and 100k): the memory bench's
-            // peak 352-371 MiB instead of 535-664, S2 faster at less CPU, S3 as fast (README).
+            // peak 352-371 MiB instead of 535-664, S2 faster at less CPU, S3 as fast (ANALYSIS.md).
             .set("max.partition.fetch.bytes", "65536")
             .set("queued.min.messages", "2000")
             // Statistics feed rill_consumer_lag_records (see `metrics::set_lag_from_statistics`).
