@@ -474,3 +474,61 @@ fn application_server_takes_host_and_port_and_names_the_key_otherwise() {
     }
     assert_eq!(base.build().expect("config").application_server, None);
 }
+
+#[test]
+fn the_group_protocol_takes_kafka_streams_values_and_refuses_what_streams_lacks() {
+    let build = |pairs: &[(&str, &str)]| {
+        let mut b = ConfigBuilder::new().set("application.id", "a");
+        for (k, v) in pairs {
+            b = b.set(k, v);
+        }
+        b.build()
+    };
+    let protocol = |pairs: &[(&str, &str)]| build(pairs).map(|c| c.group_protocol);
+    assert_eq!(protocol(&[]).unwrap(), GroupProtocol::Classic);
+    assert_eq!(
+        protocol(&[("group.protocol", "consumer")]).unwrap(),
+        GroupProtocol::Consumer
+    );
+    // The older way to ask for KIP-848 still works.
+    assert_eq!(
+        protocol(&[("kafka.group.protocol", "consumer")]).unwrap(),
+        GroupProtocol::Consumer
+    );
+    let brokers = ("bootstrap.servers", "127.0.0.1:9092");
+    assert_eq!(
+        protocol(&[brokers, ("group.protocol", "streams")]).unwrap(),
+        GroupProtocol::Streams
+    );
+    let refused = |pairs: &[(&str, &str)], key: &str| match build(pairs) {
+        Err(ConfigError::Refused { key: k, .. }) => assert_eq!(k, key, "{pairs:?}"),
+        other => panic!("{pairs:?}: {other:?}"),
+    };
+    refused(&[("group.protocol", "streams")], "group.protocol");
+    refused(
+        &[
+            brokers,
+            ("group.protocol", "streams"),
+            ("processing.guarantee", "exactly_once_v2"),
+        ],
+        "group.protocol",
+    );
+    refused(
+        &[
+            ("group.protocol", "consumer"),
+            ("kafka.group.protocol", "classic"),
+        ],
+        "kafka.group.protocol",
+    );
+    refused(
+        &[brokers, ("kafka.group.protocol", "streams")],
+        "kafka.group.protocol",
+    );
+    match build(&[("group.protocol", "eager")]) {
+        Err(e) => assert!(
+            e.to_string().contains("classic, consumer or streams"),
+            "{e}"
+        ),
+        Ok(_) => panic!("eager accepted"),
+    }
+}

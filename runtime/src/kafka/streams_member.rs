@@ -35,6 +35,10 @@ const RETRY: Duration = Duration::from_millis(500);
 const UNKNOWN_MEMBER_ID: i16 = 25;
 /// Kafka's `FENCED_MEMBER_EPOCH`.
 const FENCED_MEMBER_EPOCH: i16 = 110;
+/// Kafka's error codes a heartbeat retries on another connection: `REQUEST_TIMED_OUT`,
+/// `NETWORK_EXCEPTION`, `COORDINATOR_LOAD_IN_PROGRESS` (a fresh broker), `COORDINATOR_NOT_AVAILABLE`,
+/// `NOT_COORDINATOR` (the coordinator moved).
+const RETRIABLE: [i16; 5] = [7, 13, 14, 15, 16];
 
 /// What the source loop does with its partitions after a heartbeat.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -161,7 +165,7 @@ impl StreamsMember {
                 );
                 Ok(Some(self.rejoin()))
             }
-            Err(e @ StreamsGroupError::Broker { .. }) => Err(e),
+            Err(e @ StreamsGroupError::Broker { code, .. }) if !RETRIABLE.contains(&code) => Err(e),
             Err(e) => {
                 // The coordinator moved or the connection broke: reconnect, unless silent for
                 // longer than the session (the broker fenced us meanwhile).
@@ -276,7 +280,11 @@ impl StreamsMember {
         let r = self
             .client()
             .and_then(|c| c.commit_offsets(&group, &member, epoch, offsets));
-        if r.is_err() {
+        let moved = |answers: &Vec<(String, i32, i16)>| {
+            answers.iter().any(|(_, _, code)| RETRIABLE.contains(code))
+        };
+        if r.as_ref().map_or(true, moved) {
+            // Reconnect (to the coordinator as it is now) for the next commit.
             self.client = None;
         }
         r
