@@ -68,6 +68,9 @@ struct StreamTableJoin<K, V, VT, VR> {
 /// entry, its own time then: it is no longer read.)
 const HELD: u8 = b'b';
 
+/// Held records due for their join, each with its key's routing hash.
+type Due<K, V> = Vec<(Record<K, V>, Option<u64>)>;
+
 /// The grace period's buffer of a join (see the module doc).
 struct GraceBuffer<K, V> {
     store: String,
@@ -125,7 +128,7 @@ impl<K: Datum + Clone, V: Datum + Clone> GraceBuffer<K, V> {
         &self,
         store: &mut dyn KeyValueBytes,
         now: i64,
-    ) -> Result<Vec<(Record<K, V>, Option<u64>)>, ProcessError> {
+    ) -> Result<Due<K, V>, ProcessError> {
         let bound = now.saturating_sub(self.grace_ms);
         let upper = bound.checked_add(1).map(|b| {
             let mut u = vec![HELD];
