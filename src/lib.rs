@@ -72,6 +72,8 @@ extern "C" fn set_purge_delay() {
 }
 
 pub use rill_runtime as runtime;
+/// Schema Registry serdes: Avro, Protobuf and JSON Schema in the Confluent wire format.
+pub use rill_runtime::registry;
 pub use rill_state as state;
 pub use rill_topology as topology;
 
