@@ -11,8 +11,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::{
-    reader_check, wire, RegistryError, SchemaLookup, SchemaRegistry, SchemaType,
-    SubjectNameStrategy, SubjectRole, WriterSchema,
+    reader_check, wire, RegistryError, SchemaRegistry, SchemaType, SubjectNameStrategy,
+    SubjectRole, WriterSchema,
 };
 
 const NAME: &str = "AvroSerde";
@@ -35,23 +35,7 @@ pub struct AvroSerde<T> {
 }
 
 impl<T> AvroSerde<T> {
-    /// A serde for the `role` (key or value) of `topic` (subject `{topic}-key` or
-    /// `{topic}-value`), with the Avro schema `schema` (JSON text).
-    pub fn for_topic(
-        registry: &SchemaRegistry,
-        topic: &str,
-        role: SubjectRole,
-        schema: &str,
-    ) -> Result<Self, RegistryError> {
-        Self::new(
-            registry,
-            SubjectNameStrategy::Topic {
-                topic: topic.to_string(),
-                role,
-            },
-            schema,
-        )
-    }
+    for_topic_method!("the Avro schema `schema` (JSON text).");
 
     /// A serde with the Avro schema `schema` (JSON text) under the subject that `strategy`
     /// names (the record strategies use the schema's full name, `namespace.name`).
@@ -73,18 +57,9 @@ impl<T> AvroSerde<T> {
         })
     }
 
-    /// Writes with the subject's latest registered schema instead of registering the serde's
-    /// own (`use.latest.version`); the value is resolved to that schema (a field it has and the
-    /// value lacks takes its default).
-    pub fn use_latest(mut self) -> Self {
-        self.writer.set_lookup(SchemaLookup::UseLatest);
-        self
-    }
-
-    /// The subject the serde writes under.
-    pub fn subject(&self) -> &str {
-        self.writer.subject()
-    }
+    writer_methods!(
+        "Writes with the subject's latest registered schema instead of registering the serde's own (`use.latest.version`); the value is resolved to that schema (a field it has and the value lacks takes its default)."
+    );
 
     /// The parsed schema of `id`, of type Avro.
     fn schema_of(&self, id: u32) -> Result<Arc<Schema>, RegistryError> {
@@ -127,7 +102,7 @@ impl<T> AvroSerde<T> {
     }
 
     fn writer_is_own(&self) -> bool {
-        self.writer.lookup == SchemaLookup::AutoRegister
+        self.writer.lookup == super::SchemaLookup::AutoRegister
     }
 
     fn decode(&self, bytes: &[u8]) -> Result<T, RegistryError>

@@ -7,8 +7,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::{
-    reader_check, wire, RegistryError, SchemaLookup, SchemaRegistry, SchemaType,
-    SubjectNameStrategy, SubjectRole, WriterSchema,
+    reader_check, wire, RegistryError, SchemaRegistry, SchemaType, SubjectNameStrategy,
+    SubjectRole, WriterSchema,
 };
 
 const NAME: &str = "JsonSchemaSerde";
@@ -27,23 +27,7 @@ pub struct JsonSchemaSerde<T> {
 }
 
 impl<T> JsonSchemaSerde<T> {
-    /// A serde for the `role` of `topic` (subject `{topic}-key` or `{topic}-value`) with the
-    /// JSON Schema `schema`.
-    pub fn for_topic(
-        registry: &SchemaRegistry,
-        topic: &str,
-        role: SubjectRole,
-        schema: &str,
-    ) -> Result<Self, RegistryError> {
-        Self::new(
-            registry,
-            SubjectNameStrategy::Topic {
-                topic: topic.to_string(),
-                role,
-            },
-            schema,
-        )
-    }
+    for_topic_method!("the JSON Schema `schema`.");
 
     /// A serde with the JSON Schema `schema` under the subject `strategy` names (the record
     /// strategies use the schema's `title`).
@@ -63,17 +47,9 @@ impl<T> JsonSchemaSerde<T> {
         })
     }
 
-    /// Writes with the id of the subject's latest registered schema instead of registering the
-    /// serde's own.
-    pub fn use_latest(mut self) -> Self {
-        self.writer.set_lookup(SchemaLookup::UseLatest);
-        self
-    }
-
-    /// The subject the serde writes under.
-    pub fn subject(&self) -> &str {
-        self.writer.subject()
-    }
+    writer_methods!(
+        "Writes with the id of the subject's latest registered schema instead of registering the serde's own."
+    );
 }
 
 fn payload_error(reason: String) -> SerdeError {

@@ -56,6 +56,41 @@
 //! - Protobuf records are decoded into the serde's prost type; the writer's `.proto` is fetched
 //!   (an unknown id is an error) but not used to decode.
 
+/// The methods every registry serde has: `use_latest` and `subject` (over its `writer`).
+macro_rules! writer_methods {
+    ($use_latest_doc:literal) => {
+        #[doc = $use_latest_doc]
+        pub fn use_latest(mut self) -> Self {
+            self.writer
+                .set_lookup($crate::registry::SchemaLookup::UseLatest);
+            self
+        }
+
+        /// The subject the serde writes under.
+        pub fn subject(&self) -> &str {
+            self.writer.subject()
+        }
+    };
+}
+
+/// `for_topic(registry, topic, role, schema)` of a serde whose `new` takes a strategy and a
+/// schema.
+macro_rules! for_topic_method {
+    ($schema_doc:literal) => {
+        /// A serde for the `role` (key or value) of `topic` (subject `{topic}-key` or
+        /// `{topic}-value`), with
+        #[doc = $schema_doc]
+        pub fn for_topic(
+            registry: &SchemaRegistry,
+            topic: &str,
+            role: SubjectRole,
+            schema: &str,
+        ) -> Result<Self, RegistryError> {
+            Self::new(registry, SubjectNameStrategy::topic(topic, role), schema)
+        }
+    };
+}
+
 mod avro;
 mod client;
 mod json_schema;
@@ -106,6 +141,14 @@ pub enum SubjectNameStrategy {
 }
 
 impl SubjectNameStrategy {
+    /// The topic name strategy for the `role` of `topic`.
+    pub fn topic(topic: &str, role: SubjectRole) -> Self {
+        SubjectNameStrategy::Topic {
+            topic: topic.to_string(),
+            role,
+        }
+    }
+
     /// The subject for a record named `record` (its fully-qualified name, when the schema has
     /// one).
     pub fn subject(&self, record: Option<&str>) -> Result<String, RegistryError> {

@@ -5,8 +5,8 @@ use std::marker::PhantomData;
 use rill_topology::serdes::{Serde, SerdeError};
 
 use super::{
-    reader_check, wire, RegistryError, SchemaLookup, SchemaRegistry, SchemaType,
-    SubjectNameStrategy, SubjectRole, WriterSchema,
+    reader_check, wire, RegistryError, SchemaRegistry, SchemaType, SubjectNameStrategy,
+    SubjectRole, WriterSchema,
 };
 
 const NAME: &str = "ProtobufSerde";
@@ -38,10 +38,7 @@ impl<T> ProtobufSerde<T> {
     ) -> Result<Self, RegistryError> {
         Self::new(
             registry,
-            SubjectNameStrategy::Topic {
-                topic: topic.to_string(),
-                role,
-            },
+            SubjectNameStrategy::topic(topic, role),
             proto,
             message,
         )
@@ -65,17 +62,9 @@ impl<T> ProtobufSerde<T> {
         })
     }
 
-    /// Writes with the id of the subject's latest registered schema instead of registering the
-    /// serde's own (the message indexes stay those of the serde's `.proto`).
-    pub fn use_latest(mut self) -> Self {
-        self.writer.set_lookup(SchemaLookup::UseLatest);
-        self
-    }
-
-    /// The subject the serde writes under.
-    pub fn subject(&self) -> &str {
-        self.writer.subject()
-    }
+    writer_methods!(
+        "Writes with the id of the subject's latest registered schema instead of registering the serde's own (the message indexes stay those of the serde's `.proto`)."
+    );
 
     /// The message indexes the serde writes.
     pub fn indexes(&self) -> &[i32] {
