@@ -9,7 +9,9 @@
 //! The registry is `RILL_TEST_REGISTRY` (a Confluent-compatible URL) when set, else rill's
 //! in-process [`MockSchemaRegistry`]: no real registry can be installed here (Karapace is not on
 //! the package index this machine reaches, and Apicurio Registry 3.3.3's app needs an artifact
-//! Maven Central does not serve), so the mock answers as Confluent's API documents it.
+//! Maven Central does not serve), so the mock answers as Confluent's API documents it; that it
+//! does, and that the bytes are Confluent's, `scripts/registry-interop` checks against
+//! Confluent's own Python serializers (not part of `scripts/test`: it installs PyPI packages).
 //!
 //! Run with `scripts/test`, or after `scripts/kafka start`:
 //! `RILL_TEST_BOOTSTRAP=127.0.0.1:9092 cargo test --test schema_registry -- --ignored`.
