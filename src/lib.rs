@@ -96,6 +96,8 @@ mod docs {
 }
 
 pub use rill_runtime as runtime;
+/// Schema Registry serdes: Avro, Protobuf and JSON Schema in the Confluent wire format.
+pub use rill_runtime::registry;
 pub use rill_state as state;
 pub use rill_topology as topology;
 

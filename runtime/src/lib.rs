@@ -5,6 +5,8 @@
 //! - `driver` (feature `test-util`): the broker-free `TestDriver` for unit tests of topologies;
 //! - [`elastic`]: live changes of the parallelising factor of a running service (by hand, or
 //!   following the load with `parallelising.auto`);
+//! - [`registry`]: Schema Registry serdes (Avro, Protobuf, JSON Schema in the Confluent wire
+//!   format);
 //! - [`kafka`]: what the Kafka edge offers besides the runtime: the commit metadata codec, topic
 //!   administration and the embedded cluster.
 //!
@@ -27,6 +29,7 @@ pub mod kafka;
 pub mod metrics;
 pub mod query;
 pub(crate) mod queue_time;
+pub mod registry;
 pub mod reset;
 pub mod service;
 pub(crate) mod sink;
