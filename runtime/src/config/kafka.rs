@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{ConfigError, GroupProtocol, ProcessingGuarantee};
+use super::{ConfigError, GroupProtocol};
 
 /// What a refused `kafka.*` setting looks like, and why it is refused.
 struct Guard {
@@ -66,7 +66,6 @@ pub(super) fn check_kafka(kafka: &BTreeMap<String, String>) -> Result<(), Config
 pub(super) fn group_protocol(
     top: GroupProtocol,
     kafka: &BTreeMap<String, String>,
-    guarantee: ProcessingGuarantee,
     has_brokers: bool,
 ) -> Result<GroupProtocol, ConfigError> {
     let passed = kafka.get("group.protocol").map(|v| v.trim().to_string());
@@ -91,9 +90,6 @@ pub(super) fn group_protocol(
         };
         if !has_brokers {
             return Err(refuse("the embedded cluster does not speak the streams group protocol: set bootstrap.servers to Apache Kafka 4.2 or later"));
-        }
-        if guarantee == ProcessingGuarantee::ExactlyOnceV2 {
-            return Err(refuse("exactly_once_v2 on the streams group protocol is not built yet (its transactional offset commits need the member epoch): use at_least_once, or group.protocol=classic or consumer"));
         }
     }
     Ok(protocol)

@@ -308,7 +308,7 @@ settings! {
         doc "`at_least_once`: outputs at least once, state exactly once; `exactly_once_v2` (Kafka Streams' name): outputs, changelogs and offsets commit in one Kafka transaction per commit interval, so `read_committed` consumers see each output once (needs `bootstrap.servers`; not with `parallelising.auto`, nor live factor changes)";
     "group.protocol" => group_protocol: GroupProtocol = GroupProtocol::Classic,
         shown "`classic`",
-        doc "how the instances share the work (Kafka Streams' key): `classic` (librdkafka's assignors), `consumer` (KIP-848, the broker assigns partitions), `streams` (KIP-1071, the broker assigns tasks; needs Apache Kafka 4.2+ and `at_least_once` for now)";
+        doc "how the instances share the work (Kafka Streams' key): `classic` (librdkafka's assignors), `consumer` (KIP-848, the broker assigns partitions), `streams` (KIP-1071, the broker assigns tasks; needs Apache Kafka 4.2+)";
     "at.least.once.order.sensitive" => at_least_once_order_sensitive: OrderSensitivePolicy = OrderSensitivePolicy::Refuse,
         shown "`refuse`",
         doc "a topology with a sub-topology in which records of several input topics reach one repartition topic and state (a table-table or stream-stream join, or the foreign-key join, before a `group_by`) replays its inputs after a crash under `at_least_once` in whatever order they are queued then, and repartition de-duplication downstream can then keep outputs of two orders (wrong aggregates, for good): `refuse` stops at start with an error naming the sub-topology; `allow` starts it with a warning. `exactly_once_v2` replays nothing it committed, so it needs neither";
@@ -548,12 +548,8 @@ impl ConfigBuilder {
                 })
             }
         };
-        let group_protocol = kafka::group_protocol(
-            s.group_protocol,
-            &kafka,
-            s.processing_guarantee,
-            bootstrap_servers.is_some(),
-        )?;
+        let group_protocol =
+            kafka::group_protocol(s.group_protocol, &kafka, bootstrap_servers.is_some())?;
         if s.processing_guarantee == ProcessingGuarantee::ExactlyOnceV2 {
             kafka::check_exactly_once(
                 factor,

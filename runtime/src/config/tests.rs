@@ -476,7 +476,7 @@ fn application_server_takes_host_and_port_and_names_the_key_otherwise() {
 }
 
 #[test]
-fn the_group_protocol_takes_kafka_streams_values_and_refuses_what_streams_lacks() {
+fn the_group_protocol_takes_kafka_streams_values_and_refuses_what_cannot_run() {
     let build = |pairs: &[(&str, &str)]| {
         let mut b = ConfigBuilder::new().set("application.id", "a");
         for (k, v) in pairs {
@@ -505,14 +505,6 @@ fn the_group_protocol_takes_kafka_streams_values_and_refuses_what_streams_lacks(
         other => panic!("{pairs:?}: {other:?}"),
     };
     refused(&[("group.protocol", "streams")], "group.protocol");
-    refused(
-        &[
-            brokers,
-            ("group.protocol", "streams"),
-            ("processing.guarantee", "exactly_once_v2"),
-        ],
-        "group.protocol",
-    );
     refused(
         &[
             ("group.protocol", "consumer"),

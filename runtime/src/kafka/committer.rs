@@ -60,6 +60,12 @@ impl Committer {
         }
     }
 
+    /// Under `group.protocol=streams`: the member's (group, member id, epoch), which a
+    /// transaction's offsets are sent as.
+    pub fn streams_identity(&self) -> Option<(String, String, i32)> {
+        self.streams.as_ref().map(|m| m.lock().identity())
+    }
+
     /// Notes that the consumer returned the record at `offset` of `topic`/`partition`.
     pub fn note_returned(&self, topic: &str, partition: u32, offset: u64) {
         let mut returned = self.returned.lock();

@@ -13,8 +13,8 @@
 //!
 //! Not here yet (issue 44): standby and warm-up tasks (every heartbeat reports none), the
 //! endpoints the broker distributes (queries use the endpoints topic, which works under every
-//! protocol), static membership, TLS and SASL on the coordinator connection, and
-//! `exactly_once_v2` (refused at start).
+//! protocol), static membership, and TLS and SASL on the coordinator connection. Under
+//! `exactly_once_v2` a transaction's offsets are sent as this member (`kafka::transaction`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -80,22 +80,30 @@ pub struct StreamsMember {
 }
 
 impl StreamsMember {
-    /// A member of group `group` (the application id) reached through `bootstrap`, with the
-    /// application's `topology` and the input topics of each sub-topology by id.
+    /// A new member id.
+    pub fn new_member_id() -> String {
+        format!("rill-{:016x}", unique_id())
+    }
+
+    /// Member `member_id` of group `group` (the application id) reached through `bootstrap`,
+    /// with the application's `topology` and the input topics of each sub-topology by id. A
+    /// member id kept across restarts (the service keeps it in the state dir) makes a restarted
+    /// instance rejoin as the member it was, so its tasks come back at once instead of after
+    /// the session of a vanished member.
     pub fn new(
         bootstrap: &str,
         group: &str,
+        member_id: String,
         topology: TopologyDescription,
         topics: BTreeMap<String, Vec<String>>,
         endpoint: Option<Endpoint>,
         rebalance_timeout: Duration,
     ) -> Self {
-        let id = unique_id();
         StreamsMember {
             bootstrap: bootstrap.to_string(),
             group: group.to_string(),
-            member_id: format!("rill-{id:016x}"),
-            process_id: format!("rill-process-{id:016x}"),
+            process_id: format!("rill-process-{:016x}", unique_id()),
+            member_id,
             endpoint,
             rebalance_timeout,
             topology,
@@ -113,6 +121,11 @@ impl StreamsMember {
     /// The member epoch (0 while joining).
     pub fn epoch(&self) -> i32 {
         self.epoch
+    }
+
+    /// (group, member id, member epoch).
+    pub fn identity(&self) -> (String, String, i32) {
+        (self.group.clone(), self.member_id.clone(), self.epoch)
     }
 
     /// The partitions of `tasks`.

@@ -104,6 +104,52 @@ fn aborted(
     }
 }
 
+/// Sends `offsets` to `producer`'s open transaction as `member` of a streams group (group,
+/// member id, member epoch). librdkafka builds group metadata only for groups it is a member of,
+/// and in a streams group rill is the member (`kafka::streams_member`); the coordinator fences a
+/// stale epoch as it fences a stale generation. A refusal is its message, and whether the
+/// producer is done for (fatal).
+fn send_offsets_as_member<P: Producer<C>, C: rdkafka::producer::ProducerContext>(
+    producer: &P,
+    offsets: &TopicPartitionList,
+    member: &(String, String, i32),
+) -> Result<(), (String, bool)> {
+    use rdkafka::bindings as rd;
+    use std::ffi::{CStr, CString};
+    let text = |s: &str| CString::new(s).map_err(|_| (format!("{s:?} holds a NUL byte"), false));
+    let (group, member_id) = (text(&member.0)?, text(&member.1)?);
+    let timeout = i32::try_from(REQUEST_TIMEOUT.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: the strings and the list outlive the calls; librdkafka copies the metadata's
+    // strings, and the metadata and any error object are destroyed exactly once, here.
+    unsafe {
+        let md = rd::rd_kafka_consumer_group_metadata_new_with_genid(
+            group.as_ptr(),
+            member.2,
+            member_id.as_ptr(),
+            std::ptr::null(),
+        );
+        if md.is_null() {
+            return Err(("librdkafka built no group metadata".into(), false));
+        }
+        let err = rd::rd_kafka_send_offsets_to_transaction(
+            producer.client().native_ptr(),
+            offsets.ptr(),
+            md,
+            timeout,
+        );
+        rd::rd_kafka_consumer_group_metadata_destroy(md);
+        if err.is_null() {
+            return Ok(());
+        }
+        let message = CStr::from_ptr(rd::rd_kafka_error_string(err))
+            .to_string_lossy()
+            .into_owned();
+        let fatal = rd::rd_kafka_error_is_fatal(err) != 0;
+        rd::rd_kafka_error_destroy(err);
+        Err((message, fatal))
+    }
+}
+
 impl Transactions {
     /// Registers the producer's transactional id with the coordinator (fencing an earlier
     /// producer with that id and aborting its open transaction) and begins the first transaction.
@@ -168,7 +214,17 @@ impl Transactions {
         let mut progress = engine.lock().prepare_transaction();
         committer.past_unreturned(consumer, &mut progress);
         let offsets = offsets(&progress)?;
-        if offsets.count() > 0 {
+        if let (true, Some(member)) = (offsets.count() > 0, committer.streams_identity()) {
+            let producer = self.sink.producer();
+            if let Err(refusal) = send_offsets_as_member(&*producer, &offsets, &member) {
+                let what = format!("sending the offsets as streams group member: {}", refusal.0);
+                return Err(if refusal.1 {
+                    TransactionError::Fatal(what)
+                } else {
+                    aborted(&self.sink, engine, &what, None)
+                });
+            }
+        } else if offsets.count() > 0 {
             let group = consumer.group_metadata().ok_or_else(|| {
                 aborted(
                     &self.sink,

@@ -823,12 +823,32 @@ impl Runtime {
             crate::kafka::streams_member::StreamsMember::new(
                 &self.bootstrap,
                 &c.application_id,
+                self.streams_member_id(),
                 topology,
                 topics,
                 endpoint,
                 c.shutdown_timeout.max(Duration::from_secs(30)),
             ),
         ))
+    }
+
+    /// The streams group member id this instance had before a restart (kept in the state dir's
+    /// `STREAMS_MEMBER_ID`), else a new one, kept there for the next start.
+    fn streams_member_id(&self) -> String {
+        use crate::kafka::streams_member::StreamsMember;
+        let path = self.config.state_dir.join("STREAMS_MEMBER_ID");
+        let kept = std::fs::read_to_string(&path).ok().filter(|id| {
+            let id = id.trim();
+            !id.is_empty() && id.len() <= 64 && id.chars().all(|c| c.is_ascii_graphic())
+        });
+        if let Some(id) = kept {
+            return id.trim().to_string();
+        }
+        let id = StreamsMember::new_member_id();
+        if let Err(e) = std::fs::write(&path, &id) {
+            tracing::warn!(path = %path.display(), error = %e, "could not keep the streams group member id: a restart joins as a new member");
+        }
+        id
     }
 
     /// Whether this instance keeps the endpoint map (and publishes into it with
