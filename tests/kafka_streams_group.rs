@@ -270,3 +270,75 @@ fn the_wordcount_service_runs_on_the_streams_protocol_through_a_kill() {
         std::thread::sleep(Duration::from_millis(500));
     }
 }
+
+/// Static membership on the streams protocol: an instance with `kafka.group.instance.id` that
+/// stops (SIGTERM) leaves as a static member, so the broker keeps its tasks for it instead of
+/// moving them to the other instance; restarted, it takes them back; the counts stay exact.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test"]
+fn a_static_member_gets_its_tasks_back_after_a_restart() {
+    let app = common::unique("sgstatic");
+    let (input, output) = (
+        common::unique("sgstatic-in"),
+        common::unique("sgstatic-out"),
+    );
+    common::create_topic(&input, 4);
+    common::create_topic(&output, 4);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let instance = |name: &str| {
+        let mut s = Service::new(&app, name, &input, &output, dir.path());
+        s.set("group.protocol", "streams");
+        s.unset("kafka.session.timeout.ms");
+        s.set("kafka.group.instance.id", &format!("{app}-{name}"));
+        s
+    };
+    let (a, b) = (instance("a"), instance("b"));
+    let assignments = |s: &Service| s.log_text().matches("streams group assignment").count();
+    let (batches, truth) = lines(30, 200);
+    let producer = feed(&input, batches, Duration::from_millis(300));
+    let mut child_a = a.spawn();
+    let mut child_b = b.spawn();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while members_of(&app).len() < 2 || assignments(&a) == 0 || assignments(&b) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "both members assigned within 60 s:\nA:\n{}\nB:\n{}",
+            a.log_tail(20),
+            b.log_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Let the assignment settle (a first target may move tasks once).
+    std::thread::sleep(Duration::from_secs(8));
+    let b_before = assignments(&b);
+    assert!(
+        terminate(&mut child_a),
+        "A exits 0; its log:\n{}",
+        a.log_tail(20)
+    );
+    std::thread::sleep(Duration::from_secs(8));
+    assert_eq!(
+        assignments(&b),
+        b_before,
+        "B was handed nothing while the static member A was away; B's log:\n{}",
+        b.log_tail(20)
+    );
+    let a_before = assignments(&a);
+    let mut child_a = a.spawn();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while assignments(&a) == a_before {
+        assert!(
+            Instant::now() < deadline,
+            "A took its tasks back within 30 s:\n{}",
+            a.log_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    producer.join().expect("producer");
+    let got = final_counts(&output, &truth, Duration::from_secs(120));
+    assert!(
+        terminate(&mut child_a) & terminate(&mut child_b),
+        "both exit 0"
+    );
+    assert_eq!(got, truth, "counts; A's log:\n{}", a.log_tail(30));
+}

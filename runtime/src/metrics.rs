@@ -82,6 +82,13 @@ pub const ENFORCED_PROCESSING: &str = "rill_enforced_processing_total";
 pub const QUERIES: &str = "rill_queries_total";
 /// Time to answer one interactive query over HTTP, by route.
 pub const QUERY_LATENCY: &str = "rill_query_latency_seconds";
+/// Heartbeats of the streams group protocol (`group.protocol=streams`), by outcome (`ok`,
+/// `refused` by the coordinator, `failed` to reach it).
+pub const STREAMS_HEARTBEATS: &str = "rill_streams_group_heartbeats_total";
+/// The member epoch the streams group coordinator gave this instance last.
+pub const STREAMS_MEMBER_EPOCH: &str = "rill_streams_group_member_epoch";
+/// Tasks this instance owns in its streams group, by kind (`active`).
+pub const STREAMS_TASKS: &str = "rill_streams_group_tasks";
 
 /// Every metric name above (the metric table of docs/operating.md is checked against it).
 pub const ALL: &[&str] = &[
@@ -112,6 +119,9 @@ pub const ALL: &[&str] = &[
     ENFORCED_PROCESSING,
     QUERIES,
     QUERY_LATENCY,
+    STREAMS_HEARTBEATS,
+    STREAMS_MEMBER_EPOCH,
+    STREAMS_TASKS,
 ];
 
 /// Bucket bounds of [`PROCESS_LATENCY`], in seconds: 5 µs to 10 s.

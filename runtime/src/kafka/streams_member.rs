@@ -13,7 +13,7 @@
 //!
 //! Not here yet (issue 44): standby and warm-up tasks (every heartbeat reports none), the
 //! endpoints the broker distributes (queries use the endpoints topic, which works under every
-//! protocol), static membership, and TLS and SASL on the coordinator connection. Under
+//! protocol), and TLS and SASL on the coordinator connection. Under
 //! `exactly_once_v2` a transaction's offsets are sent as this member (`kafka::transaction`).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -56,6 +56,9 @@ pub struct StreamsMember {
     bootstrap: String,
     group: String,
     member_id: String,
+    /// `group.instance.id` (static membership): a member that leaves with it keeps its tasks
+    /// for the session, for the restart that rejoins under it.
+    instance_id: Option<String>,
     process_id: String,
     endpoint: Option<Endpoint>,
     rebalance_timeout: Duration,
@@ -94,6 +97,7 @@ impl StreamsMember {
         bootstrap: &str,
         group: &str,
         member_id: String,
+        instance_id: Option<String>,
         topology: TopologyDescription,
         topics: BTreeMap<String, Vec<String>>,
         endpoint: Option<Endpoint>,
@@ -104,6 +108,7 @@ impl StreamsMember {
             group: group.to_string(),
             process_id: format!("rill-process-{:016x}", unique_id()),
             member_id,
+            instance_id,
             endpoint,
             rebalance_timeout,
             topology,
@@ -148,10 +153,19 @@ impl StreamsMember {
         if Instant::now() < self.due {
             return Ok(None);
         }
-        match self.heartbeat() {
+        let answer = self.heartbeat();
+        let outcome = match &answer {
+            Ok(_) => "ok",
+            Err(StreamsGroupError::Broker { .. }) => "refused",
+            Err(_) => "failed",
+        };
+        metrics::counter!(crate::metrics::STREAMS_HEARTBEATS, "outcome" => outcome).increment(1);
+        match answer {
             Ok(r) => {
                 self.answered = Instant::now();
                 self.epoch = r.member_epoch;
+                metrics::gauge!(crate::metrics::STREAMS_MEMBER_EPOCH)
+                    .set(f64::from(r.member_epoch));
                 self.interval = Duration::from_millis(r.heartbeat_interval_ms.max(100) as u64);
                 self.due = Instant::now() + self.interval;
                 if let Some(status) = r.status.as_ref().filter(|s| !s.is_empty()) {
@@ -226,6 +240,8 @@ impl StreamsMember {
             lost: false,
         };
         self.owned = target;
+        metrics::gauge!(crate::metrics::STREAMS_TASKS, "kind" => "active")
+            .set(self.owned.len() as f64);
         // Report the tasks owned now at once.
         self.due = Instant::now();
         (!change.revoke.is_empty() || !change.assign.is_empty()).then_some(change)
@@ -265,7 +281,7 @@ impl StreamsMember {
             member_id: self.member_id.clone(),
             member_epoch: self.epoch,
             endpoint_information_epoch: 0,
-            instance_id: None,
+            instance_id: self.instance_id.clone(),
             rebalance_timeout_ms: if joining {
                 i32::try_from(self.rebalance_timeout.as_millis()).unwrap_or(i32::MAX)
             } else {
@@ -303,12 +319,14 @@ impl StreamsMember {
         r
     }
 
-    /// Leaves the group (epoch -1): the broker reassigns the tasks at once. Best effort.
+    /// Leaves the group: with epoch -1 the broker reassigns the tasks at once; a static member
+    /// (`group.instance.id`) leaves with -2 and keeps them for its session, for the restart that
+    /// rejoins under that id. Best effort.
     pub fn leave(&mut self) {
         if self.epoch <= 0 {
             return;
         }
-        self.epoch = -1;
+        self.epoch = if self.instance_id.is_some() { -2 } else { -1 };
         self.owned.clear();
         if let Err(e) = self.heartbeat() {
             tracing::debug!(error = %e, "leaving the streams group failed (the session expires instead)");

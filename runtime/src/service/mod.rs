@@ -602,7 +602,8 @@ impl Runtime {
                 cfg.set("group.protocol", "consumer");
             }
             GroupProtocol::Streams => {
-                cfg.remove("group.protocol");
+                // rill is the member (`streams_member`), static membership included.
+                cfg.remove("group.protocol").remove("group.instance.id");
             }
             GroupProtocol::Classic => {}
         }
@@ -824,6 +825,7 @@ impl Runtime {
                 &self.bootstrap,
                 &c.application_id,
                 self.streams_member_id(),
+                c.kafka.get("group.instance.id").cloned(),
                 topology,
                 topics,
                 endpoint,
