@@ -51,6 +51,24 @@ pub struct Change {
     pub lost: bool,
 }
 
+/// Who a member is and how it reaches its group.
+pub struct Membership {
+    /// `bootstrap.servers`.
+    pub bootstrap: String,
+    /// The group: the application id.
+    pub group: String,
+    /// The member id. One kept across restarts (the service keeps it in the state dir) makes a
+    /// restarted instance rejoin as the member it was, so its tasks come back at once instead
+    /// of after the session of a vanished member.
+    pub member_id: String,
+    /// `group.instance.id`, for static membership.
+    pub instance_id: Option<String>,
+    /// `application.server`.
+    pub endpoint: Option<Endpoint>,
+    /// How long the coordinator waits for a revocation.
+    pub rebalance_timeout: Duration,
+}
+
 /// One instance's membership in its application's streams group.
 pub struct StreamsMember {
     bootstrap: String,
@@ -88,29 +106,21 @@ impl StreamsMember {
         format!("rill-{:016x}", unique_id())
     }
 
-    /// Member `member_id` of group `group` (the application id) reached through `bootstrap`,
-    /// with the application's `topology` and the input topics of each sub-topology by id. A
-    /// member id kept across restarts (the service keeps it in the state dir) makes a restarted
-    /// instance rejoin as the member it was, so its tasks come back at once instead of after
-    /// the session of a vanished member.
+    /// A member as `who` says, with the application's `topology` and the input topics of each
+    /// sub-topology by id.
     pub fn new(
-        bootstrap: &str,
-        group: &str,
-        member_id: String,
-        instance_id: Option<String>,
+        who: Membership,
         topology: TopologyDescription,
         topics: BTreeMap<String, Vec<String>>,
-        endpoint: Option<Endpoint>,
-        rebalance_timeout: Duration,
     ) -> Self {
         StreamsMember {
-            bootstrap: bootstrap.to_string(),
-            group: group.to_string(),
+            bootstrap: who.bootstrap,
+            group: who.group,
             process_id: format!("rill-process-{:016x}", unique_id()),
-            member_id,
-            instance_id,
-            endpoint,
-            rebalance_timeout,
+            member_id: who.member_id,
+            instance_id: who.instance_id,
+            endpoint: who.endpoint,
+            rebalance_timeout: who.rebalance_timeout,
             topology,
             topics,
             client: None,

@@ -822,14 +822,16 @@ impl Runtime {
         });
         Arc::new(Mutex::new(
             crate::kafka::streams_member::StreamsMember::new(
-                &self.bootstrap,
-                &c.application_id,
-                self.streams_member_id(),
-                c.kafka.get("group.instance.id").cloned(),
+                crate::kafka::streams_member::Membership {
+                    bootstrap: self.bootstrap.clone(),
+                    group: c.application_id.clone(),
+                    member_id: self.streams_member_id(),
+                    instance_id: c.kafka.get("group.instance.id").cloned(),
+                    endpoint,
+                    rebalance_timeout: c.shutdown_timeout.max(Duration::from_secs(30)),
+                },
                 topology,
                 topics,
-                endpoint,
-                c.shutdown_timeout.max(Duration::from_secs(30)),
             ),
         ))
     }
