@@ -252,10 +252,12 @@ fn main() -> Result<(), Error> {
     loop {
         let mut c = Client::connect(addr_a)?;
         let kinds: Vec<bool> = (0..40)
-            .filter_map(|k| match c.get(&format!("/stores/counts/keys/key-{k:08}")) {
-                Ok((200, body)) => Some(body.contains("\"forwarded_by\"")),
-                _ => None,
-            })
+            .filter_map(
+                |k| match c.get(&format!("/stores/counts/keys/key-{k:08}")) {
+                    Ok((200, body)) => Some(body.contains("\"forwarded_by\"")),
+                    _ => None,
+                },
+            )
             .collect();
         if kinds.contains(&true) && kinds.contains(&false) {
             break;
@@ -273,7 +275,10 @@ fn main() -> Result<(), Error> {
 
     println!("phase  target_qps  achieved_qps  records/s  local_p50_ms  local_p99_ms  fwd_p50_ms  fwd_p99_ms  failed");
     let mut by_rate: std::collections::BTreeMap<u64, Vec<f64>> = Default::default();
-    for (i, rate) in [0u64, 1_000, 10_000, 0, 1_000, 10_000].into_iter().enumerate() {
+    for (i, rate) in [0u64, 1_000, 10_000, 0, 1_000, 10_000]
+        .into_iter()
+        .enumerate()
+    {
         let stop = Arc::new(AtomicBool::new(false));
         let seen = Arc::new(Mutex::new(Seen::default()));
         let threads = if rate > 0 {

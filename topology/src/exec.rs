@@ -156,6 +156,9 @@ pub struct TaskInstance {
     /// The partition's stream time at the offset of the record `process` takes next (see
     /// [`TaskInstance::set_partition_time`]).
     partition_time: Option<i64>,
+    /// What the next record may add to the stream time at most (see
+    /// [`TaskInstance::set_time_bound`]).
+    time_bound: Option<i64>,
     /// Per window, session or versioned store: the times the sub-task keeps for it.
     clocks: HashMap<String, StoreClock>,
     /// The record cache; `None` when caching is off.
@@ -343,6 +346,7 @@ impl TaskInstance {
             settled_time: None,
             last_event_time: None,
             partition_time: None,
+            time_bound: None,
             clocks,
             cache: None,
             cacheable,
@@ -456,6 +460,18 @@ impl TaskInstance {
     /// as it would with one range (P = 1), whichever range its key is in.
     pub fn set_partition_time(&mut self, t: Option<i64>) {
         self.partition_time = t;
+    }
+
+    /// Bounds what the next record [`process`](Self::process)es adds to the stream time: a
+    /// record written behind an async stage carries the time its writer had settled, and moves
+    /// the stream time no further (its own timestamp is kept for windows and outputs).
+    pub fn set_time_bound(&mut self, bound: Option<i64>) {
+        self.time_bound = bound;
+    }
+
+    /// The settled time (see the module doc), if any record settled.
+    pub fn settled_time(&self) -> Option<i64> {
+        self.settled_time
     }
 
     /// Takes the time the record [`process`](Self::process) took last advanced the stream time
@@ -581,6 +597,7 @@ impl TaskInstance {
         let topology = Arc::clone(&self.topology);
         self.last_event_time = None;
         let partition_time = self.partition_time.take();
+        let time_bound = self.time_bound.take();
         if let NodeKind::Source {
             extract,
             on_invalid,
@@ -603,8 +620,19 @@ impl TaskInstance {
                 }
             }
         }
-        // The record's time for the stream time: its own, or the partition's at its offset.
-        let ts = partition_time.map_or(record.timestamp, |p| p.max(record.timestamp));
+        // The record's time for the stream time: its own (no later than its bound), or the
+        // partition's at its offset. A bound below 0 (nothing settled) adds nothing.
+        let own = time_bound.map_or(record.timestamp, |b| b.min(record.timestamp));
+        let ts = match (partition_time, own >= 0) {
+            (Some(p), true) => p.max(own),
+            (Some(p), false) => p,
+            (None, true) => own,
+            (None, false) => {
+                // Nothing to move the stream time by: the record runs at the time there is.
+                self.last_event_time = None;
+                return self.deliver_to_children(source, record, meta, env);
+            }
+        };
         self.last_event_time = Some(ts);
         self.record_time = Some(self.record_time.map_or(ts, |r| r.max(ts)));
         let advanced = self.stream_time.is_none_or(|t| ts > t);

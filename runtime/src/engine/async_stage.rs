@@ -623,6 +623,7 @@ impl Core {
             }
             let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
             env.origin = Some((source.id, offset, hash));
+            env.settled = Some(self.instance.settled_time().unwrap_or(i64::MIN));
             for (node, outputs) in answers {
                 outcome = self.instance.resume(node, outputs, &meta, &mut env);
                 if outcome.is_err() {
@@ -672,6 +673,7 @@ impl Core {
             }
             let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
             env.origin = Some((source.id, offset, hash));
+            env.settled = Some(self.instance.settled_time().unwrap_or(i64::MIN));
             let r = self.instance.punctuate_settled(&mut env);
             env.finish()?;
             r.map_err(|e| EngineError::Task {

@@ -77,6 +77,11 @@ impl Engine {
         let running = task.is_running() && !task.held;
         // Taken now, counted only once the record is queued or skipped (not handed back).
         let event_time = self.shared.topology.event_time(&source.topic, &raw);
+        // Behind an async stage's internal topic, no further than the writer had settled.
+        let event_time = match source.topic.is_internal() {
+            true => super::env::time_bound(&raw.headers).map_or(event_time, |b| b.min(event_time)),
+            false => event_time,
+        };
         let partition_time = task.clock.with(event_time);
         let tracker = &mut task.trackers[topic_index];
         // Skip when the range that held this hash (under any past factor) already applied it.

@@ -24,8 +24,38 @@ pub(super) struct Env<'a> {
     /// (input topic id, input offset) of the record being processed; `None` outside of one
     /// (wall-clock punctuation, init), whose repartition outputs carry no origin.
     pub(super) origin: Option<(u64, u64, u64)>,
+    /// Behind an async stage: the time the range had settled when the outputs were made,
+    /// stamped on its internal-topic outputs as [`SETTLED_HEADER`] (`i64::MIN`: nothing settled
+    /// yet).
+    pub(super) settled: Option<i64>,
     seq: u32,
     error: Option<EngineError>,
+}
+
+/// Header of a record written to an internal topic behind an async stage: the settled time of
+/// the range that wrote it (big-endian i64). The results of a range's calls reach the topic in
+/// the order they complete; a reader moves its stream time no further than this bound (see
+/// [`time_bound`]), so a record still waiting for its call when a later one was written is not
+/// late when it arrives (Flink's async I/O anchor: results reorder, never across a watermark).
+pub(crate) const SETTLED_HEADER: &str = "rill.settled";
+
+/// The bound [`SETTLED_HEADER`] carries, if any; the header is removed (processors never see it,
+/// so their outputs do not carry it on).
+pub(crate) fn take_time_bound(headers: &mut rill_topology::Headers) -> Option<i64> {
+    let bound = time_bound(headers);
+    if bound.is_some() {
+        headers.remove(SETTLED_HEADER);
+    }
+    bound
+}
+
+/// The bound [`SETTLED_HEADER`] carries, if any.
+pub(crate) fn time_bound(headers: &rill_topology::Headers) -> Option<i64> {
+    headers
+        .last(SETTLED_HEADER)
+        .flatten()
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(i64::from_be_bytes)
 }
 
 impl<'a> Env<'a> {
@@ -41,6 +71,7 @@ impl<'a> Env<'a> {
             state,
             deliveries,
             origin: None,
+            settled: None,
             seq: 0,
             error: None,
         }
@@ -91,6 +122,12 @@ impl TaskEnv for Env<'_> {
                     .map(u32::from_be_bytes)
                     .filter(|&p| p < self.shared.partitions_of(topic));
                 record.headers.remove(rill_topology::PARTITION_HEADER);
+                if let Some(bound) = self.settled {
+                    record.headers.remove(SETTLED_HEADER);
+                    record
+                        .headers
+                        .add(SETTLED_HEADER, bound.to_be_bytes().to_vec());
+                }
                 Some(named.unwrap_or_else(|| {
                     self.shared.internal_partition(topic, record.key.as_deref())
                 }))

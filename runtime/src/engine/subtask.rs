@@ -776,6 +776,8 @@ impl Core {
                 record_applied(entries, &o, input.hash, id.range);
             }
             raw.headers.remove(ORIGIN_HEADER);
+            self.instance
+                .set_time_bound(super::env::take_time_bound(&mut raw.headers));
         }
         let record = match self.instance.decode(&source.topic, &raw) {
             Ok(r) => Some(r),
