@@ -76,6 +76,45 @@ enum Limit {
     MetadataBytes(usize),
 }
 
+/// The settled times of the ranges of one task (one factor), by range index: what a range
+/// behind an async stage stamps on its internal-topic outputs is their minimum, the time up to
+/// which every range of the partition has settled. A range that runs ahead must not move the
+/// reader's stream time past the records another range still waits for (the ranges' writes
+/// interleave there).
+///
+/// Invariant: slot `i` is written only by range `i` (under its core lock) and only grows, as a
+/// settled time does; so a minimum read while others write is at most stale-low, and a lower
+/// bound is always a safe one (it only delays the reader's stream time).
+#[derive(Debug)]
+pub(crate) struct SettledTimes(Vec<std::sync::atomic::AtomicI64>);
+
+impl SettledTimes {
+    /// `ranges` slots, nothing settled.
+    pub fn new(ranges: usize) -> Self {
+        SettledTimes(
+            (0..ranges)
+                .map(|_| std::sync::atomic::AtomicI64::new(i64::MIN))
+                .collect(),
+        )
+    }
+
+    /// Range `index` settled up to `time`.
+    pub fn set(&self, index: usize, time: Option<i64>) {
+        if let (Some(slot), Some(t)) = (self.0.get(index), time) {
+            slot.fetch_max(t, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// The time every range settled up to (`i64::MIN`: one settled nothing yet).
+    pub fn min(&self) -> i64 {
+        self.0
+            .iter()
+            .map(|s| s.load(std::sync::atomic::Ordering::SeqCst))
+            .min()
+            .unwrap_or(i64::MIN)
+    }
+}
+
 /// What [`Core::process`] leaves running: the calls of a record that reached an async stage.
 pub(crate) struct Launch {
     pub calls: Vec<AsyncCall>,
@@ -623,7 +662,9 @@ impl Core {
             }
             let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
             env.origin = Some((source.id, offset, hash));
-            env.settled = Some(self.instance.settled_time().unwrap_or(i64::MIN));
+            self.settled_times
+                .set(id.index, self.instance.settled_time());
+            env.settled = Some(self.settled_times.min());
             for (node, outputs) in answers {
                 outcome = self.instance.resume(node, outputs, &meta, &mut env);
                 if outcome.is_err() {
@@ -671,9 +712,11 @@ impl Core {
             if let Some(state) = self.state.as_mut() {
                 state.set_routing_hash(hash);
             }
+            self.settled_times
+                .set(id.index, self.instance.settled_time());
             let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
             env.origin = Some((source.id, offset, hash));
-            env.settled = Some(self.instance.settled_time().unwrap_or(i64::MIN));
+            env.settled = Some(self.settled_times.min());
             let r = self.instance.punctuate_settled(&mut env);
             env.finish()?;
             r.map_err(|e| EngineError::Task {
@@ -950,6 +993,38 @@ mod tests {
                 }
                 proptest::prop_assert_eq!(open.first(), oracle.first().copied());
             }
+        }
+
+        /// Ranges setting their settled times from threads of their own (each only its slot,
+        /// times that grow): a minimum read meanwhile is never above the true minimum of what was
+        /// set so far, and the final one is exact.
+        #[test]
+        fn settled_times_give_a_minimum_never_above_the_ranges(
+            times in proptest::collection::vec(proptest::collection::vec(0i64..1000, 1..50), 1..5),
+        ) {
+            let slots = std::sync::Arc::new(SettledTimes::new(times.len()));
+            let threads: Vec<_> = times
+                .iter()
+                .cloned()
+                .enumerate()
+                .map(|(i, ts)| {
+                    let slots = slots.clone();
+                    std::thread::spawn(move || {
+                        let mut high = i64::MIN;
+                        for t in ts {
+                            high = high.max(t);
+                            slots.set(i, Some(high));
+                            // Range i's own slot is at least what it set: the minimum is not above it.
+                            assert!(slots.min() <= high);
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().expect("a range's thread");
+            }
+            let want = times.iter().map(|ts| ts.iter().copied().max().unwrap_or(i64::MIN)).min();
+            proptest::prop_assert_eq!(Some(slots.min()), want);
         }
 
         /// Records of two sources admitted in one order and closed in any: the settled time is

@@ -47,7 +47,7 @@ pub struct Lineage {
 }
 
 use super::applied::AppliedAbove;
-use super::async_stage::{AsyncStage, Completion, Drain, Launch};
+use super::async_stage::{AsyncStage, Completion, Drain, Launch, SettledTimes};
 use super::commit::Sealed;
 use super::env::Env;
 use super::origin::{
@@ -133,6 +133,8 @@ pub(crate) struct Core {
     pub(super) applied_above: Vec<AppliedAbove>,
     /// The async side, when the sub-topology has an async stage.
     pub(super) asyncs: Option<AsyncStage>,
+    /// The settled times of the task's ranges, this one's included (see [`SettledTimes`]).
+    pub(super) settled_times: Arc<SettledTimes>,
     /// Per source topic: the offset after the last record sealed or made durable.
     pub(super) committed: Vec<Option<u64>>,
     /// The sealed commit, if one waits for its outputs.
@@ -196,6 +198,8 @@ pub(crate) struct Opening {
     pub repairs: Vec<(String, BTreeSet<Vec<u8>>)>,
     /// Commit attempts this lineage already made under an earlier factor.
     pub first_attempt: u64,
+    /// The settled times of the task's ranges (see [`SettledTimes`]).
+    pub settled_times: Arc<SettledTimes>,
 }
 
 impl SubTask {
@@ -281,6 +285,7 @@ impl SubTask {
                     id.range,
                 )
             }),
+            settled_times: opening.settled_times,
             sealed: None,
             deliveries,
             origins,
@@ -708,6 +713,10 @@ impl Core {
         let mut env = Env::new(shared, id, self.state.as_mut(), &self.deliveries);
         let r = self.instance.advance_stream_time(time, &mut env);
         env.finish()?;
+        // A quiet range settled up to the partition's time (ticks reach an async range only
+        // when none of its calls is open).
+        self.settled_times
+            .set(id.index, self.instance.settled_time());
         settle_unsourced(r.map(|_| ()), "the partition's stream time", id, shared)
     }
 

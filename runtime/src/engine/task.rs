@@ -405,6 +405,7 @@ impl Engine {
         let topics = task.trackers.len();
         let mut states = restored.states.into_iter();
         let mut repairs = restored.repairs.into_iter();
+        let settled_times = Arc::new(super::async_stage::SettledTimes::new(task.factor));
         for (index, range) in ranges(task.factor).into_iter().enumerate() {
             let id = SubTaskId {
                 sub_topology: sub,
@@ -417,6 +418,7 @@ impl Engine {
                 fence: task.fence.clone(),
                 repairs: repairs.next().unwrap_or_default(),
                 first_attempt: task.attempts_from,
+                settled_times: settled_times.clone(),
             };
             let (subtask, local) = SubTask::open(id, &self.shared, states.next(), topics, opening)?;
             // Records applied above the range's offset (commit metadata): listed again by the
