@@ -46,6 +46,18 @@ fn free_port() -> u16 {
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test"]
 fn two_instances_answer_every_key_at_either_forwarding_to_the_owner() {
+    two_instances_answer_every_key("classic");
+}
+
+/// The same on the streams group protocol (KIP-1071): the endpoints topic carries who owns
+/// what whichever protocol assigned it.
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test"]
+fn two_instances_answer_every_key_on_the_streams_group_protocol() {
+    two_instances_answer_every_key("streams");
+}
+
+fn two_instances_answer_every_key(protocol: &str) {
     const PARTS: u32 = 4;
     let app = common::unique("iq2");
     let input = common::unique("iq2-in");
@@ -67,6 +79,7 @@ fn two_instances_answer_every_key_at_either_forwarding_to_the_owner() {
             .set("parallelising.factor", 2)
             .set("worker.threads", 2)
             .set("commit.interval.ms", 100)
+            .set("group.protocol", protocol)
             .build()
             .expect("config")
     };
