@@ -22,6 +22,7 @@ pub mod cache;
 pub mod dsl;
 pub mod exec;
 pub mod global;
+pub mod describe;
 pub mod graph;
 pub mod keyrange;
 pub mod processor;
@@ -38,6 +39,7 @@ pub use dsl::{
     Produced, Repartitioned, SessionWindowedKStream, Split, StreamsBuilder, TimeWindowedKStream,
     TopologyError,
 };
+pub use describe::DescribeFormat;
 pub use graph::{OrderSensitive, Topic, Topology};
 pub use keyrange::{
     kafka_partition, key_hash, range_of, ranges, KeyRange, HASH_ID, OFFSET_HASH_ID,
