@@ -166,7 +166,7 @@ pub fn inspect(dir: &Path, options: InspectOptions) -> Result<Inspection, StateE
             StateError::backend(format!("{op} of column family `{name}`"), e)
         };
         let progress = match db
-            .get_cf(cf, PROGRESS_KEY)
+            .get_cf(&cf, PROGRESS_KEY)
             .map_err(|e| backend("read the progress record", e))?
         {
             None => ProgressRecord::Missing,
@@ -181,14 +181,14 @@ pub fn inspect(dir: &Path, options: InspectOptions) -> Result<Inspection, StateE
         };
         let int = |property: &str| -> Result<u64, StateError> {
             Ok(db
-                .property_int_value_cf(cf, property)
+                .property_int_value_cf(&cf, property)
                 .map_err(|e| backend(&format!("read property {property}"), e))?
                 .unwrap_or(0))
         };
         let (entries, entries_exact) = if options.count_entries {
             let mut count = 0u64;
             let iter = db.iterator_cf(
-                cf,
+                &cf,
                 rocksdb::IteratorMode::From(&[DATA_PREFIX], rocksdb::Direction::Forward),
             );
             for item in iter {

@@ -17,6 +17,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use rill_runtime::kafka::metadata::{self, MetadataError};
 
+#[path = "rill/inspect.rs"]
 mod inspect;
 
 /// What `rill offsets --help` says after the options.
