@@ -100,10 +100,16 @@ fn config(dir: &Path) -> StateConfig {
 }
 
 /// A state dir of application `inspected` with store `counts` on partitions 0 (two ranges) and
-/// 1 (one range, with a changelog checkpoint).
+/// 1 (one range, with a changelog checkpoint), reading topic `words`.
 fn write_state(dir: &Path) {
+    write_state_of(dir, "inspected", "words");
+}
+
+/// [`write_state`] for application `app` reading `topic`: partition 0's halves are at offsets
+/// 3 and 3, partition 1 at 9.
+fn write_state_of(dir: &Path, app: &str, topic: &str) {
     let db = StateDb::open(&config(dir)).expect("open");
-    db.bind_application("inspected", &["counts"]).expect("bind");
+    db.bind_application(app, &["counts"]).expect("bind");
     for (partition, range, next, words) in [
         (0, KeyRange::nth(0, 2), 3, 2),
         (0, KeyRange::nth(1, 2), 3, 1),
@@ -115,11 +121,11 @@ fn write_state(dir: &Path) {
         for w in 0..words {
             store.put(format!("w{w}").as_bytes(), b"1").expect("put");
         }
-        let mut p = Progress::new(range, "words", next);
+        let mut p = Progress::new(range, topic, next);
         p.stream_time = Some(42);
         if partition == 1 {
             p.changelogs
-                .push(TopicOffset::with_applied("inspected-counts-changelog".into(), 17, []));
+                .push(TopicOffset::with_applied(format!("{app}-counts-changelog"), 17, []));
         }
         state.commit(p).expect("commit");
     }
@@ -194,4 +200,83 @@ fn state_inspect_refuses_a_missing_a_foreign_and_a_locked_dir() {
         "x",
     ]);
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// `--bootstrap`: each range against the offsets a group committed, with rill's range metadata
+/// (partition 0) and without (partition 1).
+/// `RILL_TEST_BOOTSTRAP=127.0.0.1:9092 cargo test --workspace --test cli -- --ignored`.
+#[test]
+#[ignore = "needs a Kafka broker: set RILL_TEST_BOOTSTRAP"]
+fn state_inspect_compares_the_ranges_with_the_committed_offsets() {
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+    use rdkafka::{Offset, TopicPartitionList};
+    use rill_runtime::kafka::admin::{client_config, create_topics};
+    use rill_runtime::kafka::metadata::{encode, RangeOffsets};
+
+    let bootstrap = std::env::var("RILL_TEST_BOOTSTRAP")
+        .expect("RILL_TEST_BOOTSTRAP is not set: this test needs a Kafka broker");
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let (app, topic) = (format!("cli-inspect-{nonce}"), format!("cli-inspect-words-{nonce}"));
+    let cfg = client_config(&bootstrap, &Default::default());
+    create_topics(
+        &cfg,
+        &[(topic.clone(), 2)],
+        std::time::Duration::from_secs(30),
+    )
+    .expect("create topic");
+    // Partition 0: rill's metadata, the first half at 3 as locally, the second at 2 (the local
+    // state is ahead); partition 1: a plain offset 12 (the local state at 9 is behind).
+    let mut tpl = TopicPartitionList::new();
+    let ranges = RangeOffsets {
+        hash_id: rill_topology::keyrange::HASH_ID,
+        ranges: vec![(KeyRange::nth(0, 2), 3), (KeyRange::nth(1, 2), 2)],
+        lineage: None,
+        applied: Vec::new(),
+    };
+    let mut elem = tpl.add_partition(&topic, 0);
+    elem.set_offset(Offset::Offset(2)).expect("offset");
+    elem.set_metadata(encode(&ranges, 2).expect("metadata"));
+    tpl.add_partition_offset(&topic, 1, Offset::Offset(12))
+        .expect("offset");
+    let consumer: BaseConsumer = cfg
+        .clone()
+        .set("group.id", &app)
+        .create()
+        .expect("consumer");
+    consumer.commit(&tpl, CommitMode::Sync).expect("commit");
+    drop(consumer);
+
+    let dir = tempfile::tempdir().expect("dir");
+    write_state_of(dir.path(), &app, &topic);
+    let path = dir.path().display().to_string();
+    // The group is the directory's application.id.
+    let out = rill(&["state", "inspect", &path, "--bootstrap", &bootstrap]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for line in [
+        format!("  compared with the offsets committed by group {app}\n"),
+        format!("  input {topic} next 3: at the committed 3\n"),
+        format!("  input {topic} next 3: ahead of the committed 2\n"),
+        format!("  input {topic} next 9: behind the committed 12\n"),
+    ] {
+        assert!(text.contains(&line), "{line:?} in\n{text}");
+    }
+    let out = rill(&[
+        "state",
+        "inspect",
+        &path,
+        "--bootstrap",
+        &bootstrap,
+        "--application-id",
+        "cli-inspect-no-such-group",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
+    let status = |cf: usize| json["column_families"][cf]["progress"]["offsets"][0]["committed"]["status"].clone();
+    assert_eq!(json["group"], "cli-inspect-no-such-group");
+    assert_eq!(status(0), "no-commit");
+    assert_eq!(status(2), "no-commit");
 }
