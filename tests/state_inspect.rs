@@ -51,7 +51,11 @@ fn a_test_driver_state_dir_is_inspected_without_changing_it() {
         },
     )
     .expect("inspect");
-    assert_eq!(snapshot(dir.path()), before, "inspect changed the state dir");
+    assert_eq!(
+        snapshot(dir.path()),
+        before,
+        "inspect changed the state dir"
+    );
 
     // The TestDriver records no APPLICATION (nor CLUSTER) file: a service does.
     assert_eq!(found.application, None);

@@ -67,7 +67,10 @@ fn describe_prints_the_topology_of_a_running_instance() {
     let out = rill(&["describe", "--url", &format!("{url}/"), "--format", "dot"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), dot);
-    assert!(dot.contains("cli-describe-word-counts-repartition"), "{dot}");
+    assert!(
+        dot.contains("cli-describe-word-counts-repartition"),
+        "{dot}"
+    );
     let out = rill(&[
         "describe",
         "--url",
@@ -81,7 +84,11 @@ fn describe_prints_the_topology_of_a_running_instance() {
     // Usage errors exit 2; an instance that is not there exits 1.
     let out = rill(&["describe", "--url", &url, "--format", "svg"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("use text, dot or mermaid"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("use text, dot or mermaid"),
+        "{}",
+        stderr(&out)
+    );
     let out = rill(&["describe", "--url", "127.0.0.1:1"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     running.shutdown().expect("stop");
@@ -124,8 +131,11 @@ fn write_state_of(dir: &Path, app: &str, topic: &str) {
         let mut p = Progress::new(range, topic, next);
         p.stream_time = Some(42);
         if partition == 1 {
-            p.changelogs
-                .push(TopicOffset::with_applied(format!("{app}-counts-changelog"), 17, []));
+            p.changelogs.push(TopicOffset::with_applied(
+                format!("{app}-counts-changelog"),
+                17,
+                [],
+            ));
         }
         state.commit(p).expect("commit");
     }
@@ -159,7 +169,10 @@ fn state_inspect_prints_ranges_progress_and_entries() {
     assert_eq!(json["application_id"], "inspected");
     let cfs = json["column_families"].as_array().expect("array");
     assert_eq!(cfs.len(), 3);
-    assert_eq!(cfs[2]["name"], "counts.p1.r0000000000000000-ffffffffffffffff");
+    assert_eq!(
+        cfs[2]["name"],
+        "counts.p1.r0000000000000000-ffffffffffffffff"
+    );
     assert_eq!(cfs[2]["progress"]["offsets"][0]["topic"], "words");
     assert_eq!(cfs[2]["progress"]["offsets"][0]["next_offset"], 9);
     assert_eq!(cfs[0]["entries_exact"], false);
@@ -218,7 +231,10 @@ fn state_inspect_compares_the_ranges_with_the_committed_offsets() {
     let nonce = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let (app, topic) = (format!("cli-inspect-{nonce}"), format!("cli-inspect-words-{nonce}"));
+    let (app, topic) = (
+        format!("cli-inspect-{nonce}"),
+        format!("cli-inspect-words-{nonce}"),
+    );
     let cfg = client_config(&bootstrap, &Default::default());
     create_topics(
         &cfg,
@@ -275,7 +291,9 @@ fn state_inspect_compares_the_ranges_with_the_committed_offsets() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let json: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
-    let status = |cf: usize| json["column_families"][cf]["progress"]["offsets"][0]["committed"]["status"].clone();
+    let status = |cf: usize| {
+        json["column_families"][cf]["progress"]["offsets"][0]["committed"]["status"].clone()
+    };
     assert_eq!(json["group"], "cli-inspect-no-such-group");
     assert_eq!(status(0), "no-commit");
     assert_eq!(status(2), "no-commit");

@@ -150,8 +150,8 @@ pub fn inspect(dir: &Path, options: InspectOptions) -> Result<Inspection, StateE
     opts.create_if_missing(false);
     opts.create_missing_column_families(false);
     let names = DB::list_cf(&opts, &rocks).map_err(|e| open_error(dir, e))?;
-    let db = DB::open_cf_for_read_only(&opts, &rocks, &names, false)
-        .map_err(|e| open_error(dir, e))?;
+    let db =
+        DB::open_cf_for_read_only(&opts, &rocks, &names, false).map_err(|e| open_error(dir, e))?;
     for name in &names {
         let Some(id) = ColumnFamilyId::parse(name) else {
             if name != rocksdb::DEFAULT_COLUMN_FAMILY_NAME {
@@ -236,7 +236,9 @@ fn disk_bytes(dir: &Path) -> Result<u64, StateError> {
     let mut total = 0;
     for entry in entries {
         let entry = entry.map_err(|e| StateError::io(dir, e))?;
-        let meta = entry.metadata().map_err(|e| StateError::io(entry.path(), e))?;
+        let meta = entry
+            .metadata()
+            .map_err(|e| StateError::io(entry.path(), e))?;
         total += if meta.is_dir() {
             disk_bytes(&entry.path())?
         } else {
@@ -279,7 +281,13 @@ fn locked_by_another_process(lock: &Path) -> Result<bool, StateError> {
     query.l_start = 0;
     query.l_len = 0;
     // SAFETY: `file` is open for the duration of the call and `query` is a valid `flock`.
-    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &mut query as *mut libc::flock) };
+    let rc = unsafe {
+        libc::fcntl(
+            file.as_raw_fd(),
+            libc::F_GETLK,
+            &mut query as *mut libc::flock,
+        )
+    };
     if rc == -1 {
         return Err(StateError::io(lock, std::io::Error::last_os_error()));
     }
@@ -350,7 +358,11 @@ mod tests {
             },
         )
         .unwrap();
-        assert_eq!(snapshot(dir.path()), before, "inspect changed the directory");
+        assert_eq!(
+            snapshot(dir.path()),
+            before,
+            "inspect changed the directory"
+        );
         assert_eq!(found.application.as_deref(), Some("app"));
         assert_eq!(found.cluster, None);
         assert!(found.format.starts_with("rill-state 2\n"));
@@ -379,7 +391,10 @@ mod tests {
             Err(StateError::Io { .. })
         ));
         let err = inspect(dir.path(), InspectOptions::default()).unwrap_err();
-        assert!(err.to_string().contains("not a rill state directory"), "{err}");
+        assert!(
+            err.to_string().contains("not a rill state directory"),
+            "{err}"
+        );
         fs::write(dir.path().join(FORMAT_FILE), "rill-state 1\nhash-id 1\n").unwrap();
         assert!(matches!(
             inspect(dir.path(), InspectOptions::default()),

@@ -155,9 +155,7 @@ impl<'a> Graph<'a> {
 
     /// The kind of store `name` (`key-value`, `window`, ...), when the topology knows it.
     fn store_kind(&self, name: &str) -> &'static str {
-        self.topology
-            .store_kind(name)
-            .map_or("store", |k| k.name())
+        self.topology.store_kind(name).map_or("store", |k| k.name())
     }
 
     /// Topics by number.
@@ -382,9 +380,7 @@ mod tests {
         builder
             .stream("streams-plaintext-input", StringSerde, StringSerde)
             .flat_map_values(|line: String| {
-                line.split(' ')
-                    .map(str::to_string)
-                    .collect::<Vec<String>>()
+                line.split(' ').map(str::to_string).collect::<Vec<String>>()
             })
             .group_by(
                 |_k, w: &String| w.clone(),
@@ -516,7 +512,10 @@ mod tests {
     #[test]
     fn names_are_quoted() {
         assert_eq!(dot_quote("a\"b\\c\nd"), r#""a\"b\\c\nd""#);
-        assert_eq!(mermaid_quote("<x> \"y\" #1"), "\"#lt;x#gt; #quot;y#quot; #35;1\"");
+        assert_eq!(
+            mermaid_quote("<x> \"y\" #1"),
+            "\"#lt;x#gt; #quot;y#quot; #35;1\""
+        );
     }
 
     #[test]

@@ -19,10 +19,10 @@
 #![warn(missing_docs)]
 
 pub mod cache;
+pub mod describe;
 pub mod dsl;
 pub mod exec;
 pub mod global;
-pub mod describe;
 pub mod graph;
 pub mod keyrange;
 pub mod processor;
@@ -34,12 +34,12 @@ pub mod time;
 pub mod versioned;
 pub mod window;
 
+pub use describe::DescribeFormat;
 pub use dsl::{
     CogroupedKStream, Consumed, Grouped, KGroupedStream, KStream, KTable, Materialized, Named,
     Produced, Repartitioned, SessionWindowedKStream, Split, StreamsBuilder, TimeWindowedKStream,
     TopologyError,
 };
-pub use describe::DescribeFormat;
 pub use graph::{OrderSensitive, Topic, Topology};
 pub use keyrange::{
     kafka_partition, key_hash, range_of, ranges, KeyRange, HASH_ID, OFFSET_HASH_ID,

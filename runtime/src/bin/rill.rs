@@ -198,7 +198,8 @@ struct OffsetsArgs {
 struct Failure(String);
 
 fn describe_format(s: &str) -> Result<rill_topology::DescribeFormat, String> {
-    s.parse().map_err(|e: rill_topology::describe::UnknownFormat| e.to_string())
+    s.parse()
+        .map_err(|e: rill_topology::describe::UnknownFormat| e.to_string())
 }
 
 fn http_url(s: &str) -> Result<String, String> {

@@ -235,7 +235,10 @@ pub(crate) fn to_text(found: &Inspection, commits: Option<(&str, &Commits)>) -> 
     let _ = writeln!(
         out,
         "  application.id: {}",
-        found.application.as_deref().unwrap_or("(no APPLICATION file)")
+        found
+            .application
+            .as_deref()
+            .unwrap_or("(no APPLICATION file)")
     );
     let _ = writeln!(
         out,
@@ -263,7 +266,10 @@ pub(crate) fn to_text(found: &Inspection, commits: Option<(&str, &Commits)>) -> 
         );
     }
     if let Some((group, _)) = commits {
-        let _ = writeln!(out, "  compared with the offsets committed by group {group}");
+        let _ = writeln!(
+            out,
+            "  compared with the offsets committed by group {group}"
+        );
     }
     for cf in &found.column_families {
         let _ = writeln!(
@@ -336,11 +342,7 @@ fn progress_text(
         out.push('\n');
     }
     for c in &p.changelogs {
-        let _ = writeln!(
-            out,
-            "  changelog {} checkpoint {}",
-            c.topic, c.next_offset
-        );
+        let _ = writeln!(out, "  changelog {} checkpoint {}", c.topic, c.next_offset);
     }
     for c in &p.carried {
         let _ = writeln!(
