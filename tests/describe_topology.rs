@@ -1,5 +1,5 @@
 //! `Topology::describe()` in Kafka Streams' text format (issue 46, item 5), also served at
-//! `GET /topology`.
+//! `GET /topology` (`?format=dot` and `?format=mermaid` draw it as a graph).
 //!
 //! Kafka Streams 4.x describes the same WordCount (`groupBy((k, v) -> v).count("counts-store")`)
 //! as below; the differences are rill's node names (`flat-map-values-0002` for
@@ -90,5 +90,22 @@ fn the_wordcount_is_described_in_kafka_streams_format_and_served_at_topology() {
     let (status, body) = common::http::get(addr, "/topology");
     assert_eq!(status, "HTTP/1.1 200 OK");
     assert_eq!(body, RILL);
+    // ?format=dot and ?format=mermaid draw it, with the internal topic's resolved name.
+    let topology = common::wordcount("streams-plaintext-input", "streams-wordcount-output");
+    for (format, expected) in [
+        ("text", RILL.to_string()),
+        ("dot", topology.describe_dot(Some("describe"))),
+        ("mermaid", topology.describe_mermaid(Some("describe"))),
+    ] {
+        let (status, body) = common::http::get(addr, &format!("/topology?format={format}"));
+        assert_eq!(status, "HTTP/1.1 200 OK", "{format}");
+        assert_eq!(body, expected, "{format}");
+    }
+    let (_, dot) = common::http::get(addr, "/topology?format=dot");
+    assert!(dot.starts_with("digraph topology {"), "{dot}");
+    assert!(dot.contains("describe-counts-store-repartition"), "{dot}");
+    let (status, body) = common::http::get(addr, "/topology?format=svg");
+    assert_eq!(status, "HTTP/1.1 400 Bad Request");
+    assert!(body.contains("?format=dot"), "{body}");
     running.shutdown().expect("stop");
 }

@@ -110,6 +110,53 @@ async fn not_found() -> Response {
         .into_response()
 }
 
+/// The route `GET /topology[?format=text|dot|mermaid]`: the topology in Kafka Streams' text
+/// format (the default), as a Graphviz DOT digraph or as a Mermaid flowchart, with internal
+/// topics named for `application_id` in the graphs (see [`rill_topology::describe`]). An unknown
+/// format is a 400 naming the known ones. Rendered once here: the topology never changes.
+pub fn topology_routes(topology: &rill_topology::Topology, application_id: &str) -> Router {
+    use rill_topology::DescribeFormat;
+    let rendered: Arc<Vec<(DescribeFormat, String)>> = Arc::new(
+        DescribeFormat::ALL
+            .into_iter()
+            .map(|f| (f, topology.describe_as(f, Some(application_id))))
+            .collect(),
+    );
+    let handler = move |axum::extract::RawQuery(query): axum::extract::RawQuery| {
+        let rendered = rendered.clone();
+        async move {
+            let asked = query
+                .as_deref()
+                .unwrap_or("")
+                .split('&')
+                .filter_map(|pair| pair.strip_prefix("format="))
+                .next_back()
+                .unwrap_or("text");
+            let found = asked
+                .parse::<DescribeFormat>()
+                .ok()
+                .and_then(|f| rendered.iter().find(|(g, _)| *g == f));
+            match found {
+                Some((format, body)) => (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, format.content_type())],
+                    body.clone(),
+                )
+                    .into_response(),
+                None => (
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "unknown topology format `{asked}`: use ?format=text (the default), \
+                         ?format=dot or ?format=mermaid\n"
+                    ),
+                )
+                    .into_response(),
+            }
+        }
+    };
+    Router::new().route("/topology", get(handler))
+}
+
 fn probe(ok: bool, yes: &'static str, no: &'static str) -> Response {
     if ok {
         (StatusCode::OK, format!("{yes}\n")).into_response()

@@ -587,7 +587,7 @@ fn write_format(dir: &Path) -> Result<(), StateError> {
 }
 
 /// Checks the FORMAT file's text against this crate's format version and hash id.
-fn check_format(dir: &Path, text: &str) -> Result<(), StateError> {
+pub(crate) fn check_format(dir: &Path, text: &str) -> Result<(), StateError> {
     let wrong = |detail: String| StateError::WrongFormat {
         dir: dir.to_path_buf(),
         detail,

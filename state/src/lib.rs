@@ -58,6 +58,7 @@ pub mod carry;
 mod cf;
 mod db;
 mod error;
+pub mod inspect;
 mod progress;
 mod read_cache;
 pub mod resplit;

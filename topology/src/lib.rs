@@ -19,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod cache;
+pub mod describe;
 pub mod dsl;
 pub mod exec;
 pub mod global;
@@ -33,6 +34,7 @@ pub mod time;
 pub mod versioned;
 pub mod window;
 
+pub use describe::DescribeFormat;
 pub use dsl::{
     CogroupedKStream, Consumed, Grouped, KGroupedStream, KStream, KTable, Materialized, Named,
     Produced, Repartitioned, SessionWindowedKStream, Split, StreamsBuilder, TimeWindowedKStream,

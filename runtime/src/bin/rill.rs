@@ -2,8 +2,10 @@
 //!
 //! `rill offsets --bootstrap B --group G [--topic T]` prints, per topic partition, the offset
 //! committed by consumer group `G` and the per-key-range next offsets carried in rill's commit
-//! metadata (see `rill_runtime::kafka::metadata`). Exit codes: 0 success, 1 broker error,
-//! 2 usage error.
+//! metadata (see `rill_runtime::kafka::metadata`). `rill reset` resets an application,
+//! `rill describe --url URL` prints a running instance's topology (text, DOT or Mermaid) and
+//! `rill state inspect DIR` reads a state directory without changing it. Exit codes: 0 success,
+//! 1 a broker, HTTP or state-directory error, 2 usage error.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -14,6 +16,9 @@ use clap::{Args, CommandFactory, Parser, Subcommand};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use rill_runtime::kafka::metadata::{self, MetadataError};
+
+#[path = "rill/inspect.rs"]
+mod inspect;
 
 /// What `rill offsets --help` says after the options.
 const OFFSETS_AFTER_HELP: &str = "\
@@ -40,7 +45,8 @@ const RAW_SHOWN_CHARS: usize = 200;
 #[command(
     name = "rill",
     version,
-    after_help = "Exit status: 0 on success, 1 on a broker error, 2 on a usage error."
+    after_help = "Exit status: 0 on success, 1 on a broker, HTTP or state-directory error, 2 on a \
+                  usage error."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -57,6 +63,84 @@ enum Command {
     /// tool): input offsets to the earliest (or a time), internal topics deleted, the local
     /// state dir removed; a dry run unless --execute
     Reset(ResetArgs),
+    /// Print the topology of a running instance (GET /topology on its metrics.addr) as Kafka
+    /// Streams' text, a Graphviz DOT digraph or a Mermaid flowchart
+    #[command(after_help = DESCRIBE_AFTER_HELP)]
+    Describe(DescribeArgs),
+    /// Operator commands on a local state directory (state.dir)
+    #[command(subcommand)]
+    State(StateCommand),
+}
+
+#[derive(Subcommand)]
+enum StateCommand {
+    /// Print a state directory's column families (store, partition, key range), their progress
+    /// records, entries and sizes, read-only; with --bootstrap, against the group's committed
+    /// offsets
+    #[command(after_help = INSPECT_AFTER_HELP)]
+    Inspect(InspectArgs),
+}
+
+/// What `rill describe --help` says after the options.
+const DESCRIBE_AFTER_HELP: &str = "\
+The topology lives in the application's binary: the tool asks a running instance for it, at
+URL/topology?format=FORMAT (the instance's metrics.addr). Render a DOT graph with
+`rill describe --url http://127.0.0.1:9464 --format dot | dot -Tsvg > topology.svg`.
+
+Exit status: 0 on success, 1 when the instance does not answer with the topology, 2 on a usage
+error.";
+
+/// What `rill state inspect --help` says after the options.
+const INSPECT_AFTER_HELP: &str = "\
+The directory is opened read-only and nothing in it changes. A directory in use by a running
+instance is refused (stop the instance, or copy the directory and inspect the copy). Entries
+are RocksDB's estimate unless --count-entries is given.
+
+With --bootstrap, each range's next offset per input topic is compared with the offset the group
+(the application.id; by default the one in the directory's APPLICATION file) committed for
+that range: `at` (equal), `behind` (the local state has applied less than was committed, e.g.
+the partition was processed elsewhere since) or `ahead` (it has applied more, e.g. after a crash
+between the local commit and the offset commit).
+
+Exit status: 0 on success, 1 on a state-directory or broker error, 2 on a usage error.";
+
+#[derive(Args)]
+struct DescribeArgs {
+    /// The instance's HTTP endpoint (metrics.addr), e.g. http://127.0.0.1:9464
+    #[arg(long, value_name = "URL", value_parser = http_url)]
+    url: String,
+    /// text (Kafka Streams' format), dot (Graphviz) or mermaid
+    #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = describe_format)]
+    format: rill_topology::DescribeFormat,
+    /// Timeout of the request, in milliseconds
+    #[arg(long = "timeout-ms", value_name = "MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    timeout_ms: u64,
+}
+
+#[derive(Args)]
+struct InspectArgs {
+    /// The state directory (state.dir)
+    #[arg(value_name = "DIR")]
+    dir: std::path::PathBuf,
+    /// Kafka bootstrap servers: compare the ranges with the group's committed offsets
+    #[arg(long, value_name = "SERVERS", value_parser = non_empty)]
+    bootstrap: Option<String>,
+    /// The application.id (consumer group) to compare with (default: the directory's
+    /// APPLICATION file)
+    #[arg(long = "application-id", value_name = "ID", value_parser = non_empty,
+          requires = "bootstrap")]
+    application_id: Option<String>,
+    /// Count every column family's entries exactly (reads all the state) instead of estimating
+    #[arg(long = "count-entries")]
+    count_entries: bool,
+    /// Print JSON instead of text
+    #[arg(long)]
+    json: bool,
+    /// Timeout of each broker request, in milliseconds
+    #[arg(long = "timeout-ms", value_name = "MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    timeout_ms: u64,
 }
 
 #[derive(Args)]
@@ -111,7 +195,19 @@ struct OffsetsArgs {
 }
 
 /// A failure talking to Kafka (exit 1); usage errors are clap's (exit 2).
-struct BrokerError(String);
+struct Failure(String);
+
+fn describe_format(s: &str) -> Result<rill_topology::DescribeFormat, String> {
+    s.parse()
+        .map_err(|e: rill_topology::describe::UnknownFormat| e.to_string())
+}
+
+fn http_url(s: &str) -> Result<String, String> {
+    if !s.starts_with("http://") {
+        return Err("needs an http:// URL, e.g. http://127.0.0.1:9464".into());
+    }
+    Ok(s.trim_end_matches('/').to_string())
+}
 
 fn non_empty(s: &str) -> Result<String, String> {
     if s.is_empty() {
@@ -127,18 +223,46 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Offsets(args) => offsets(args),
         Command::Reset(args) => reset(args),
+        Command::Describe(args) => describe_topology(args),
+        Command::State(StateCommand::Inspect(args)) => inspect::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(BrokerError(message)) => {
+        Err(Failure(message)) => {
             eprintln!("rill: {message}");
             ExitCode::from(1)
         }
     }
 }
 
+/// `rill describe`: GET URL/topology?format=FORMAT, printed as it comes.
+fn describe_topology(args: &DescribeArgs) -> Result<(), Failure> {
+    let url = if args.url.ends_with("/topology") {
+        format!("{}?format={}", args.url, args.format)
+    } else {
+        format!("{}/topology?format={}", args.url, args.format)
+    };
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_millis(args.timeout_ms)))
+        .build()
+        .into();
+    let failed = |e: ureq::Error| Failure(format!("cannot get {url}: {e}"));
+    let mut response = agent.get(&url).call().map_err(failed)?;
+    let status = response.status();
+    let body = response.body_mut().read_to_string().map_err(failed)?;
+    if !status.is_success() {
+        return Err(Failure(format!(
+            "{url} answered {status}: {}",
+            body.trim_end()
+        )));
+    }
+    print!("{body}");
+    Ok(())
+}
+
 /// `rill reset`: prints the plan, and applies it with `--execute`.
-fn reset(args: &ResetArgs) -> Result<(), BrokerError> {
+fn reset(args: &ResetArgs) -> Result<(), Failure> {
     use rill_runtime::reset::{apply, plan, ResetOptions, ResetTo};
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -157,23 +281,22 @@ fn reset(args: &ResetArgs) -> Result<(), BrokerError> {
         kafka: Default::default(),
         timeout: Duration::from_millis(args.timeout_ms),
     };
-    let plan = plan(&options).map_err(|e| BrokerError(e.to_string()))?;
+    let plan = plan(&options).map_err(|e| Failure(e.to_string()))?;
     print!("{plan}");
     if !args.execute {
         println!("dry run: nothing changed; run again with --execute to apply");
         return Ok(());
     }
-    apply(&options, &plan).map_err(|e| BrokerError(e.to_string()))?;
+    apply(&options, &plan).map_err(|e| Failure(e.to_string()))?;
     println!("reset done: start the application to process its input again");
     Ok(())
 }
 
-/// `rill offsets`: reads the group's committed offsets without joining the group.
-fn offsets(args: &OffsetsArgs) -> Result<(), BrokerError> {
-    let timeout = Duration::from_millis(args.timeout_ms);
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &args.bootstrap)
-        .set("group.id", &args.group)
+/// A client that reads group `group`'s committed offsets without joining the group.
+fn group_reader(bootstrap: &str, group: &str) -> BaseConsumer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("allow.auto.create.topics", "false")
@@ -186,9 +309,15 @@ fn offsets(args: &OffsetsArgs) -> Result<(), BrokerError> {
                     format!("cannot create a Kafka client from these options: {e}"),
                 )
                 .exit()
-        });
+        })
+}
+
+/// `rill offsets`: reads the group's committed offsets without joining the group.
+fn offsets(args: &OffsetsArgs) -> Result<(), Failure> {
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let consumer = group_reader(&args.bootstrap, &args.group);
     let cluster = consumer.fetch_metadata(None, timeout).map_err(|e| {
-        BrokerError(format!(
+        Failure(format!(
             "cannot fetch metadata from {}: {e}",
             args.bootstrap
         ))
@@ -218,7 +347,7 @@ fn offsets(args: &OffsetsArgs) -> Result<(), BrokerError> {
     }
     if let Some(only) = &args.topic {
         if !found_topic {
-            return Err(BrokerError(format!(
+            return Err(Failure(format!(
                 "topic {only} does not exist on {}",
                 args.bootstrap
             )));
@@ -235,7 +364,7 @@ fn offsets(args: &OffsetsArgs) -> Result<(), BrokerError> {
         tpl.add_partition(topic, *partition);
     }
     let committed = consumer.committed_offsets(tpl, timeout).map_err(|e| {
-        BrokerError(format!(
+        Failure(format!(
             "cannot fetch the committed offsets of group {}: {e}",
             args.group
         ))
@@ -260,7 +389,7 @@ fn offsets(args: &OffsetsArgs) -> Result<(), BrokerError> {
         );
     }
     if failed > 0 {
-        return Err(BrokerError(format!(
+        return Err(Failure(format!(
             "could not read the committed offsets of {failed} partitions"
         )));
     }

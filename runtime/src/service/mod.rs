@@ -368,15 +368,8 @@ impl Runtime {
             MetricsAddr::Off => None,
             MetricsAddr::On(addr) => {
                 let mut routes = http::routes(crate::metrics::install()?, health.clone());
-                // The topology in Kafka Streams' describe() format (read-only, like /metrics).
-                let described = self.topology.describe();
-                routes = routes.route(
-                    "/topology",
-                    axum::routing::get(move || {
-                        let text = described.clone();
-                        async move { text }
-                    }),
-                );
+                // The topology as text, DOT or Mermaid (read-only, like /metrics).
+                routes = routes.merge(http::topology_routes(&self.topology, &c.application_id));
                 if c.admin_enabled {
                     routes = routes.merge(elastic::routes(factor_control.clone()));
                     tracing::info!("admin routes enabled: POST /admin/parallelising-factor");
