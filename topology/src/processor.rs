@@ -289,7 +289,7 @@ impl<'a> TaskContext<'a> {
 
     /// Asks for `punctuate` every `interval` of the given clock (Kafka Streams'
     /// `schedule(Duration, PunctuationType, Punctuator)`), from `init`, `process` or
-    /// `punctuate`; the handle cancels it, and [`ProcessorContext::punctuation`] tells which of
+    /// `punctuate`; the handle cancels it, and [`TaskContext::punctuation`] tells which of
     /// several schedules fired. Both clocks count in whole milliseconds, so the interval is
     /// truncated to milliseconds, and is at least 1 ms. Schedules live as long as the sub-task's
     /// processors: after a restart or a factor change only those `init` makes exist again (as
