@@ -15,6 +15,7 @@
 //! stability promise.
 
 #![warn(missing_docs)]
+#![warn(unnameable_types)]
 
 pub(crate) mod auto_factor;
 pub mod config;
@@ -43,8 +44,10 @@ pub use driver::{
 pub use engine::{EngineError, RecordErrorHandler};
 pub use health::{Health, StateListener, StreamsState};
 pub use http::HttpError;
+pub use kafka::global::GlobalError;
 pub use kafka::producer::ProducerError;
 pub use kafka::source::SourceError;
+pub use kafka::transaction::TransactionError;
 pub use service::uncaught::UncaughtErrorResponse;
 pub use service::{RunningRuntime, Runtime, RuntimeError};
 pub use sink::SinkError;
@@ -54,8 +57,9 @@ pub use sink::SinkError;
 pub mod internals {
     pub use crate::engine::changelog::{changelog_topic, ChangelogReader, MemoryChangelog};
     pub use crate::engine::{
-        Dispatch, Engine, EngineConfig, EngineStats, FactorChange, PartitionProgress, PriorClaim,
-        Resume, Revoked, TaskId, TopicPartition,
+        Dispatch, Engine, EngineConfig, EngineStats, FactorChange, FactorChanged, FactorDrain,
+        PartitionProgress, PriorClaim, RangeLoad, Resume, Revoked, SyncedInput, TaskId,
+        TopicPartition,
     };
     pub use crate::sink::{MemorySink, RecordSink, Ticket};
 }

@@ -53,6 +53,7 @@
 //! ```
 
 #![warn(missing_docs)]
+#![warn(unnameable_types)]
 
 pub mod carry;
 mod cf;

@@ -17,6 +17,7 @@
 //! `rill-state`.
 
 #![warn(missing_docs)]
+#![warn(unnameable_types)]
 
 pub mod cache;
 pub mod dsl;

@@ -57,6 +57,8 @@ use source::{parse_toml, DeError, Flat};
 
 use crate::engine::RecordErrorHandler;
 pub use crate::kafka::producer::ProductionHandler;
+pub use crate::engine::config::{AsyncConfig, ProcessingOrder};
+pub use crate::kafka::time_sync::MaxTaskIdle;
 
 /// A configuration key or value that is not accepted.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
@@ -202,9 +204,9 @@ pub struct Config {
     /// Handling of records whose processing fails.
     pub processing_handler: RecordErrorHandler,
     /// How async stages run their calls (`async.max.in.flight`, `retry.*`).
-    pub async_stages: crate::engine::config::AsyncConfig,
+    pub async_stages: AsyncConfig,
     /// How long a task with several inputs waits for an empty one (`max.task.idle.ms`).
-    pub max_task_idle: crate::kafka::time_sync::MaxTaskIdle,
+    pub max_task_idle: MaxTaskIdle,
     /// Bound on the drain at shutdown.
     pub shutdown_timeout: Duration,
     /// What to do with an output record the producer refuses or the sink cannot serialize.
@@ -345,7 +347,7 @@ settings! {
     "processing.order" => processing_order: crate::engine::config::ProcessingOrder = crate::engine::config::ProcessingOrder::Key,
         shown "`key`",
         doc "`key` runs the records of one key one at a time, in offset order; `unordered` runs any records at once (Parallel Consumer's UNORDERED) in sub-topologies without state or repartition topics: records go to sub-tasks by offset, not key, and async stages start any record; outputs of a key may then come out of order";
-    "max.task.idle.ms" => max_task_idle: crate::kafka::time_sync::MaxTaskIdle = crate::kafka::time_sync::MaxTaskIdle::Wait(Duration::ZERO),
+    "max.task.idle.ms" => max_task_idle: MaxTaskIdle = MaxTaskIdle::Wait(Duration::ZERO),
         shown "0",
         doc "Kafka Streams' key: a task that reads several topics (a join, a merge) takes the queued record with the smallest timestamp first; while one of its inputs has nothing queued it waits for records the broker has for it, and when that input is caught up, this long more (milliseconds); `-1` never waits";
     "shutdown.timeout.ms" => shutdown_timeout_ms: Whole<1> = Whole(30_000),
