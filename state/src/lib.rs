@@ -1,6 +1,11 @@
 //! rill's state: one shared RocksDB per process, a column family per (store, partition, key
 //! range), write caches, and atomic commits of state together with progress.
 //!
+//! Applications do not use this crate directly: the runtime of the `rill` crate owns the state
+//! directory and opens, commits and restores it for the topology's stores, which processors
+//! reach through the topology's store traits. It is re-exported as `rill::state` for tools that
+//! inspect a state directory and for rill's own tests and benchmarks.
+//!
 //! # Layout
 //!
 //! ```text
