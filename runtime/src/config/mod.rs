@@ -55,9 +55,9 @@ use redact::redact;
 use setting::{parse, AppId, ApplicationServer, MaxOpenFiles, Whole};
 use source::{parse_toml, DeError, Flat};
 
+pub use crate::engine::config::{AsyncConfig, ProcessingOrder};
 use crate::engine::RecordErrorHandler;
 pub use crate::kafka::producer::ProductionHandler;
-pub use crate::engine::config::{AsyncConfig, ProcessingOrder};
 pub use crate::kafka::time_sync::MaxTaskIdle;
 
 /// A configuration key or value that is not accepted.

@@ -124,11 +124,7 @@ impl<K: Datum + Clone, V: Datum + Clone> GraceBuffer<K, V> {
     /// Takes the records due at stream time `now` (held at or before `now - grace`), in
     /// timestamp order, each with the routing hash of its key (they may be other keys' than the
     /// record being processed: their joins' writes belong to their own keys' ranges).
-    fn take_due(
-        &self,
-        store: &mut dyn KeyValueBytes,
-        now: i64,
-    ) -> Result<Due<K, V>, ProcessError> {
+    fn take_due(&self, store: &mut dyn KeyValueBytes, now: i64) -> Result<Due<K, V>, ProcessError> {
         let bound = now.saturating_sub(self.grace_ms);
         let upper = bound.checked_add(1).map(|b| {
             let mut u = vec![HELD];
