@@ -401,6 +401,33 @@ fn cores() -> u64 {
 
 /// Collects settings (builder calls, a TOML file, environment), then validates them into a
 /// [`Config`].
+///
+/// Later sources win over earlier ones, key by key. [`build`](Self::build) checks every key and
+/// value before anything connects: an unknown key, a bad value or an unreadable file is a
+/// [`ConfigError`] that names the key and what it takes.
+///
+/// ```
+/// use std::time::Duration;
+/// use rill_runtime::config::ConfigBuilder;
+///
+/// let config = ConfigBuilder::new()
+///     .set("application.id", "revenue")
+///     .set("parallelising.factor", 8)
+///     .with_toml("rill.toml", "commit.interval.ms = 500\nparallelising.factor = 16\n")
+///     .with_env_vars([("RILL_WORKER_THREADS".to_string(), "4".to_string())])
+///     .build()?;
+/// assert_eq!(config.application_id, "revenue");
+/// assert_eq!(config.parallelising_factor, 16); // the file came after the call
+/// assert_eq!(config.commit_interval, Duration::from_millis(500));
+/// assert_eq!(config.worker_threads, 4);
+///
+/// let typo = ConfigBuilder::new()
+///     .set("application.id", "revenue")
+///     .set("parallelising.factr", 8)
+///     .build();
+/// assert!(typo.unwrap_err().to_string().contains("parallelising.factr"));
+/// # Ok::<(), rill_runtime::config::ConfigError>(())
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct ConfigBuilder {
     values: BTreeMap<String, String>,
