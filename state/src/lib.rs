@@ -44,7 +44,12 @@
 //! use rill_state::{Progress, StateConfig, StateDb, SubTaskState};
 //! use rill_topology::keyrange::KeyRange;
 //!
-//! let db = StateDb::open(&StateConfig { dir: "/var/lib/rill".into(), memory_bytes: 256 << 20, create_column_families: Vec::new() , max_open_files: None})?;
+//! let db = StateDb::open(&StateConfig {
+//!     dir: "/var/lib/rill".into(),
+//!     memory_bytes: 256 << 20,
+//!     create_column_families: Vec::new(),
+//!     max_open_files: None,
+//! })?;
 //! let range = KeyRange::nth(0, 4);
 //! let mut state = SubTaskState::open(db.clone(), &["counts".to_string()], 0, range)?;
 //! let resume_at = state.committed_progress().map_or(0, |p| p.next_offset("orders").unwrap_or(0));

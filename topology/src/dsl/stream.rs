@@ -25,11 +25,10 @@ type SerdePair<K, V> = (Arc<dyn Serde<K>>, Arc<dyn Serde<V>>);
 ///
 /// Stateless operations (`filter`, `map_values`, `flat_map_values`, `select_key`, `peek`,
 /// `split`, `merge`) return another stream; `group_by_key` and `group_by` lead to aggregations
-/// ([`KGroupedStream`](super::KGroupedStream)); `join` and `left_join` enrich from a table,
-/// `process` and `process_values` run a [`Processor`](crate::processor::Processor), and `to`
-/// writes to a topic. An operation that changes the key marks the stream: the next grouping
-/// or join reads it back from a repartition topic, so that each key meets its state in one
-/// place.
+/// ([`KGroupedStream`]); `join` and `left_join` enrich from a table, `process` and
+/// `process_values` run a [`Processor`], and `to` writes to a topic. An operation that changes
+/// the key marks the stream: the next grouping or join reads it back from a repartition topic,
+/// so that each key meets its state in one place.
 ///
 /// ```
 /// use rill_topology::prelude::*;
