@@ -1,6 +1,11 @@
 //! rill's state: one shared RocksDB per process, a column family per (store, partition, key
 //! range), write caches, and atomic commits of state together with progress.
 //!
+//! Applications do not use this crate directly: the runtime of the `rill` crate owns the state
+//! directory and opens, commits and restores it for the topology's stores, which processors
+//! reach through the topology's store traits. It is re-exported as `rill::state` for tools that
+//! inspect a state directory and for rill's own tests and benchmarks.
+//!
 //! # Layout
 //!
 //! ```text
@@ -39,7 +44,12 @@
 //! use rill_state::{Progress, StateConfig, StateDb, SubTaskState};
 //! use rill_topology::keyrange::KeyRange;
 //!
-//! let db = StateDb::open(&StateConfig { dir: "/var/lib/rill".into(), memory_bytes: 256 << 20, create_column_families: Vec::new() , max_open_files: None})?;
+//! let db = StateDb::open(&StateConfig {
+//!     dir: "/var/lib/rill".into(),
+//!     memory_bytes: 256 << 20,
+//!     create_column_families: Vec::new(),
+//!     max_open_files: None,
+//! })?;
 //! let range = KeyRange::nth(0, 4);
 //! let mut state = SubTaskState::open(db.clone(), &["counts".to_string()], 0, range)?;
 //! let resume_at = state.committed_progress().map_or(0, |p| p.next_offset("orders").unwrap_or(0));
@@ -53,6 +63,7 @@
 //! ```
 
 #![warn(missing_docs)]
+#![warn(unnameable_types)]
 
 pub mod carry;
 mod cf;

@@ -1,5 +1,29 @@
 //! rill-topology: what a rill application is made of, with no I/O.
 //!
+//! Most applications depend on the `rill` crate instead, which re-exports this crate as
+//! `rill::topology`, its common names in `rill::prelude`, and adds the engine, state and Kafka
+//! I/O that run a topology (and the `TestDriver` that runs it in tests). This crate is the
+//! part of rill that describes: a [`StreamsBuilder`] builds a [`Topology`] from streams, tables
+//! and processors, and the engine of `rill-runtime` runs it.
+//!
+//! ```
+//! use rill_topology::prelude::*;
+//!
+//! let builder = StreamsBuilder::new();
+//! builder
+//!     .stream("orders", StringSerde, I64Serde)
+//!     .filter(|_customer, cents| *cents > 0)
+//!     .group_by_key()
+//!     .reduce(|total, cents| total + cents, "revenue-per-customer")
+//!     .to_stream()
+//!     .to("revenue");
+//! let topology: Topology = builder.build()?;
+//! assert_eq!(topology.sub_topologies().len(), 1);
+//! # Ok::<(), TopologyError>(())
+//! ```
+//!
+//! The modules:
+//!
 //! - [`keyrange`]: the stable key hash and the split of the hash space into key ranges, which
 //!   decides the sub-task of every record;
 //! - [`serdes`]: how keys and values become bytes (Kafka-compatible layouts);
@@ -17,6 +41,7 @@
 //! `rill-state`.
 
 #![warn(missing_docs)]
+#![warn(unnameable_types)]
 
 pub mod cache;
 pub mod describe;

@@ -289,7 +289,7 @@ impl<'a> TaskContext<'a> {
 
     /// Asks for `punctuate` every `interval` of the given clock (Kafka Streams'
     /// `schedule(Duration, PunctuationType, Punctuator)`), from `init`, `process` or
-    /// `punctuate`; the handle cancels it, and [`ProcessorContext::punctuation`] tells which of
+    /// `punctuate`; the handle cancels it, and [`TaskContext::punctuation`] tells which of
     /// several schedules fired. Both clocks count in whole milliseconds, so the interval is
     /// truncated to milliseconds, and is at least 1 ms. Schedules live as long as the sub-task's
     /// processors: after a restart or a factor change only those `init` makes exist again (as
@@ -539,6 +539,49 @@ where
 }
 
 /// A user processor, the counterpart of Kafka Streams' `api.Processor`.
+///
+/// For logic the DSL does not have: a processor takes each record of its key range, may read
+/// and write the stores connected to it (through the context), forwards any number of records
+/// downstream, and can schedule punctuations. A supplier makes one processor per sub-task
+/// (`KStream::process`); state that must survive a restart belongs in a store, not in the
+/// processor's fields.
+///
+/// ```
+/// use rill_topology::prelude::*;
+///
+/// /// Forwards a customer's order only when it is larger than every earlier one.
+/// struct NewRecord;
+///
+/// impl Processor<String, i64, String, i64> for NewRecord {
+///     fn process(
+///         &mut self,
+///         record: Record<String, i64>,
+///         ctx: &mut ProcessorContext<'_, String, i64>,
+///     ) -> Result<(), ProcessError> {
+///         let Some(customer) = record.key.clone() else { return Ok(()) };
+///         let mut largest = ctx.get_state_store::<String, i64>("largest")?;
+///         if largest.get(&customer)?.is_none_or(|l| record.value > l) {
+///             largest.put(&customer, &record.value)?;
+///             ctx.forward(record);
+///         }
+///         Ok(())
+///     }
+/// }
+///
+/// let builder = StreamsBuilder::new();
+/// builder.add_state_store(Stores::key_value_store_builder(
+///     Stores::persistent_key_value_store("largest"),
+///     StringSerde,
+///     I64Serde,
+/// ));
+/// builder
+///     .stream("orders", StringSerde, I64Serde)
+///     .process("new-records", || NewRecord, &["largest"])
+///     // A processor's output types are its own: the sink names their serdes.
+///     .to_with("record-orders", Produced::with(StringSerde, I64Serde));
+/// builder.build()?;
+/// # Ok::<(), TopologyError>(())
+/// ```
 pub trait Processor<KIn, VIn, KOut, VOut>: Send {
     /// Called once per sub-task before the first record; schedule punctuations here.
     fn init(&mut self, _ctx: &mut ProcessorContext<'_, KOut, VOut>) -> Result<(), ProcessError> {

@@ -26,6 +26,39 @@ impl SerdeError {
 }
 
 /// Converts values of `T` to bytes and back.
+///
+/// Every topic is read and written with a serde for its keys and one for its values, and every
+/// store keeps its keys and values with serdes: the built-in ones have Kafka's layouts
+/// ([`StringSerde`], [`I64Serde`] as Kafka's `LongSerializer`...), [`JsonSerde`] and
+/// [`ProtobufSerde`] cover structured values, and a type of your own implements the trait:
+///
+/// ```
+/// use rill_topology::serdes::{Serde, SerdeError};
+///
+/// /// A temperature in tenths of a degree, as 2 bytes, big-endian.
+/// #[derive(Debug, PartialEq)]
+/// struct Celsius(f32);
+///
+/// struct CelsiusSerde;
+///
+/// impl Serde<Celsius> for CelsiusSerde {
+///     fn serialize(&self, value: &Celsius) -> Result<Vec<u8>, SerdeError> {
+///         Ok(((value.0 * 10.0).round() as i16).to_be_bytes().to_vec())
+///     }
+///     fn deserialize(&self, bytes: &[u8]) -> Result<Celsius, SerdeError> {
+///         let tenths: [u8; 2] = bytes
+///             .try_into()
+///             .map_err(|_| SerdeError::new("CelsiusSerde", "not 2 bytes"))?;
+///         Ok(Celsius(f32::from(i16::from_be_bytes(tenths)) / 10.0))
+///     }
+/// }
+///
+/// let bytes = CelsiusSerde.serialize(&Celsius(21.5))?;
+/// assert_eq!(bytes, vec![0, 215]);
+/// assert_eq!(CelsiusSerde.deserialize(&bytes)?, Celsius(21.5));
+/// assert!(CelsiusSerde.deserialize(b"x").is_err());
+/// # Ok::<(), SerdeError>(())
+/// ```
 pub trait Serde<T>: Send + Sync + 'static {
     /// Serializes `value`.
     fn serialize(&self, value: &T) -> Result<Vec<u8>, SerdeError>;
@@ -133,6 +166,24 @@ big_endian_serde!(
 );
 
 /// JSON for any serde type (serde_json).
+///
+/// ```
+/// use rill_topology::serdes::{JsonSerde, Serde};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Debug, PartialEq, Serialize, Deserialize)]
+/// struct Order {
+///     customer: String,
+///     cents: i64,
+/// }
+///
+/// let serde = JsonSerde::<Order>::new();
+/// let order = Order { customer: "alice".into(), cents: 1_000 };
+/// let bytes = serde.serialize(&order)?;
+/// assert_eq!(bytes, br#"{"customer":"alice","cents":1000}"#);
+/// assert_eq!(serde.deserialize(&bytes)?, order);
+/// # Ok::<(), rill_topology::serdes::SerdeError>(())
+/// ```
 pub struct JsonSerde<T>(PhantomData<fn() -> T>);
 
 impl<T> JsonSerde<T> {

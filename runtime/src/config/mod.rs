@@ -55,8 +55,10 @@ use redact::redact;
 use setting::{parse, AppId, ApplicationServer, MaxOpenFiles, Whole};
 use source::{parse_toml, DeError, Flat};
 
+pub use crate::engine::config::{AsyncConfig, ProcessingOrder};
 use crate::engine::RecordErrorHandler;
 pub use crate::kafka::producer::ProductionHandler;
+pub use crate::kafka::time_sync::MaxTaskIdle;
 
 /// A configuration key or value that is not accepted.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
@@ -202,9 +204,9 @@ pub struct Config {
     /// Handling of records whose processing fails.
     pub processing_handler: RecordErrorHandler,
     /// How async stages run their calls (`async.max.in.flight`, `retry.*`).
-    pub async_stages: crate::engine::config::AsyncConfig,
+    pub async_stages: AsyncConfig,
     /// How long a task with several inputs waits for an empty one (`max.task.idle.ms`).
-    pub max_task_idle: crate::kafka::time_sync::MaxTaskIdle,
+    pub max_task_idle: MaxTaskIdle,
     /// Bound on the drain at shutdown.
     pub shutdown_timeout: Duration,
     /// What to do with an output record the producer refuses or the sink cannot serialize.
@@ -345,7 +347,7 @@ settings! {
     "processing.order" => processing_order: crate::engine::config::ProcessingOrder = crate::engine::config::ProcessingOrder::Key,
         shown "`key`",
         doc "`key` runs the records of one key one at a time, in offset order; `unordered` runs any records at once (Parallel Consumer's UNORDERED) in sub-topologies without state or repartition topics: records go to sub-tasks by offset, not key, and async stages start any record; outputs of a key may then come out of order";
-    "max.task.idle.ms" => max_task_idle: crate::kafka::time_sync::MaxTaskIdle = crate::kafka::time_sync::MaxTaskIdle::Wait(Duration::ZERO),
+    "max.task.idle.ms" => max_task_idle: MaxTaskIdle = MaxTaskIdle::Wait(Duration::ZERO),
         shown "0",
         doc "Kafka Streams' key: a task that reads several topics (a join, a merge) takes the queued record with the smallest timestamp first; while one of its inputs has nothing queued it waits for records the broker has for it, and when that input is caught up, this long more (milliseconds); `-1` never waits";
     "shutdown.timeout.ms" => shutdown_timeout_ms: Whole<1> = Whole(30_000),
@@ -399,6 +401,33 @@ fn cores() -> u64 {
 
 /// Collects settings (builder calls, a TOML file, environment), then validates them into a
 /// [`Config`].
+///
+/// Later sources win over earlier ones, key by key. [`build`](Self::build) checks every key and
+/// value before anything connects: an unknown key, a bad value or an unreadable file is a
+/// [`ConfigError`] that names the key and what it takes.
+///
+/// ```
+/// use std::time::Duration;
+/// use rill_runtime::config::ConfigBuilder;
+///
+/// let config = ConfigBuilder::new()
+///     .set("application.id", "revenue")
+///     .set("parallelising.factor", 8)
+///     .with_toml("rill.toml", "commit.interval.ms = 500\nparallelising.factor = 16\n")
+///     .with_env_vars([("RILL_WORKER_THREADS".to_string(), "4".to_string())])
+///     .build()?;
+/// assert_eq!(config.application_id, "revenue");
+/// assert_eq!(config.parallelising_factor, 16); // the file came after the call
+/// assert_eq!(config.commit_interval, Duration::from_millis(500));
+/// assert_eq!(config.worker_threads, 4);
+///
+/// let typo = ConfigBuilder::new()
+///     .set("application.id", "revenue")
+///     .set("parallelising.factr", 8)
+///     .build();
+/// assert!(typo.unwrap_err().to_string().contains("parallelising.factr"));
+/// # Ok::<(), rill_runtime::config::ConfigError>(())
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct ConfigBuilder {
     values: BTreeMap<String, String>,

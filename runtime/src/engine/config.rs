@@ -3,6 +3,18 @@
 /// What to do with an input record that fails: one that does not deserialize
 /// (`deserialization.error.handler`), or whose processing returns an error or panics
 /// (`processing.exception.handler`, Kafka Streams' KIP-1033).
+///
+/// The configuration spells it `fail`, `log_and_continue` or `dead_letter:<topic>`:
+///
+/// ```
+/// use rill_runtime::RecordErrorHandler;
+///
+/// let handler: RecordErrorHandler = "dead_letter:orders-dlq".parse()?;
+/// assert_eq!(handler, RecordErrorHandler::DeadLetter("orders-dlq".into()));
+/// assert_eq!(handler.to_string(), "dead_letter:orders-dlq");
+/// assert!("skip".parse::<RecordErrorHandler>().is_err());
+/// # Ok::<(), String>(())
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum RecordErrorHandler {
     /// Stop with an error naming topic, partition and offset; nothing is committed past it.

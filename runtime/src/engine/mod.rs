@@ -56,7 +56,7 @@ pub use commit::PartitionProgress;
 pub use config::{EngineConfig, RecordErrorHandler};
 pub use dispatch::{Dispatch, SyncedInput};
 pub use error::EngineError;
-pub use factor::{FactorChange, FactorDrain, RangeLoad};
+pub use factor::{FactorChange, FactorChanged, FactorDrain, RangeLoad};
 pub use ids::{partition_list, TaskId, TopicPartition};
 pub use origin::topic_id;
 pub use progress::ProgressTracker;

@@ -1,7 +1,9 @@
 //! Kafka I/O: the consumer-group source (`source` loop, `rebalance` protocol, `committer`,
-//! `backpressure`, `time_sync`), the producer sink, the [`broker_watch`] that works around a librdkafka bug, the transaction cycle of `exactly_once_v2` (`transaction`), internal topics ([`admin`]), the commit metadata codec
-//! ([`metadata`]), the changelog reader for restore, the [`embedded`] cluster, and the streams
-//! group protocol (its client [`streams_group`], and `streams_member`, the instance as a member).
+//! `backpressure`, `time_sync`), the producer sink, the `broker_watch` that works around a
+//! librdkafka bug, the transaction cycle of `exactly_once_v2` (`transaction`), internal topics
+//! ([`admin`]), the commit metadata codec ([`metadata`]), the changelog reader for restore, the
+//! [`embedded`] cluster, and the streams group protocol (its client [`streams_group`], and
+//! `streams_member`, the instance as a member).
 
 pub mod admin;
 pub(crate) mod backpressure;
@@ -12,12 +14,12 @@ pub(crate) mod committer;
 pub(crate) mod elastic;
 pub mod embedded;
 pub(crate) mod endpoints;
-pub mod global;
+pub(crate) mod global;
 pub mod metadata;
 pub(crate) mod producer;
 pub(crate) mod rebalance;
 pub(crate) mod source;
 pub mod streams_group;
 pub(crate) mod streams_member;
-pub mod time_sync;
+pub(crate) mod time_sync;
 pub(crate) mod transaction;

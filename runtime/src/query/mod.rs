@@ -22,7 +22,8 @@
 //! - Only **local** state: partitions assigned to other instances are not visited (the answer
 //!   says which partitions and ranges served it). Over HTTP, with the endpoint map of
 //!   [`metadata`] (`application.server`), a key is read in its own partition only, at the
-//!   instance that owns it: another instance forwards the request there (see [`http`]).
+//!   instance that owns it: another instance forwards the request there (see the runtime's `http`
+//!   module).
 //! - A read can carry a [`PositionBound`] ([`StoreReader::at_least`]): in the bound's partition,
 //!   it waits until the key's range applied the bound's record (read-your-writes). Positions are
 //!   per range, not per store as in IQv2: a record of another key may sit in another range, so a
@@ -36,7 +37,7 @@
 //! # What a read waits for, and what waits for a read
 //!
 //! 1. Under the engine lock (shared with the source loop: dispatch, commits, rebalances), the
-//!    read takes the list of ranges to visit ([`crate::engine`]'s `query_ranges`) and lets the
+//!    read takes the list of ranges to visit (the engine's `query_ranges`) and lets the
 //!    lock go. It waits at most [`ENGINE_WAIT`] for that lock ([`QueryError::Busy`] after).
 //! 2. Each range is read under that sub-task's `Core` lock, which the sub-task's job holds for a
 //!    whole batch (up to 256 mailbox items, a range commit among them, which waits for the

@@ -119,13 +119,13 @@ impl SchemaRegistry {
     /// A client of the registry at `url` (e.g. `http://127.0.0.1:8081`, or Apicurio Registry's
     /// `http://host:8080/apis/ccompat/v7`). No request is sent until a serde needs one.
     pub fn new(url: &str) -> Result<Self, RegistryError> {
-        Builder::new(url).build()
+        SchemaRegistryBuilder::new(url).build()
     }
 
     /// A builder for the client's options (basic auth, timeout, how long the latest version of
     /// a subject is cached).
-    pub fn builder(url: &str) -> Builder {
-        Builder::new(url)
+    pub fn builder(url: &str) -> SchemaRegistryBuilder {
+        SchemaRegistryBuilder::new(url)
     }
 
     /// The registry's base URL.
@@ -317,16 +317,16 @@ impl SchemaRegistry {
 
 /// Options of a [`SchemaRegistry`].
 #[derive(Clone, Debug)]
-pub struct Builder {
+pub struct SchemaRegistryBuilder {
     url: String,
     timeout: Duration,
     basic_auth: Option<(String, String)>,
     latest_ttl: Option<Duration>,
 }
 
-impl Builder {
+impl SchemaRegistryBuilder {
     fn new(url: &str) -> Self {
-        Builder {
+        SchemaRegistryBuilder {
             url: url.trim_end_matches('/').to_string(),
             timeout: DEFAULT_TIMEOUT,
             basic_auth: None,

@@ -100,7 +100,7 @@ mod protobuf;
 pub mod wire;
 
 pub use avro::AvroSerde;
-pub use client::{RegisteredSchema, SchemaRegistry, SchemaType};
+pub use client::{RegisteredSchema, SchemaRegistry, SchemaRegistryBuilder, SchemaType};
 pub use json_schema::JsonSchemaSerde;
 #[cfg(any(test, feature = "test-util"))]
 pub use mock::MockSchemaRegistry;

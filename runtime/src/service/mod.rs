@@ -236,6 +236,36 @@ fn check_replay_order(topology: &Topology, config: &Config) -> Result<(), Runtim
 }
 
 /// A topology bound to its configuration, ready to start.
+///
+/// [`run_until_signal`](Self::run_until_signal) is a service's `main` loop: it processes until
+/// SIGTERM or SIGINT, then drains, commits and returns. [`start`](Self::start) returns a
+/// [`RunningRuntime`] instead, for a program that does more than process (it reads stores,
+/// watches progress, changes the factor, shuts down when it decides).
+///
+/// ```no_run
+/// use rill_runtime::config::ConfigBuilder;
+/// use rill_runtime::Runtime;
+/// use rill_topology::prelude::*;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let builder = StreamsBuilder::new();
+/// builder
+///     .stream("orders", StringSerde, I64Serde)
+///     .group_by_key()
+///     .count("orders-per-customer")
+///     .to_stream()
+///     .to("order-counts");
+/// let config = ConfigBuilder::new()
+///     .set("application.id", "order-counts")
+///     .set("bootstrap.servers", "kafka-1:9092")
+///     .build()?;
+/// let running = Runtime::new(builder.build()?, config)?.start()?;
+/// let counts = running.key_value_store("orders-per-customer", StringSerde, I64Serde)?;
+/// println!("alice ordered {:?} times", counts.get(&"alice".to_string())?);
+/// running.shutdown()?;
+/// # Ok(())
+/// # }
+/// ```
 pub struct Runtime {
     topology: Arc<Topology>,
     config: Config,

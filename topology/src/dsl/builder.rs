@@ -20,6 +20,26 @@ use crate::store::{StoreKind, VersionedStoreSpec};
 use crate::stores::{StoreBuilder, StoreDeclaration};
 
 /// Builds a topology with the DSL; the counterpart of Kafka Streams' `StreamsBuilder`.
+///
+/// The sources ([`stream`](Self::stream), [`table`](Self::table), `global_table`) return the
+/// [`KStream`]s and [`KTable`]s that operations chain on; each operation adds nodes to the
+/// builder, which clones share. [`build`](Self::build) checks the whole (a missing serde, a store
+/// declared twice, a topic both read and written...) and splits it into sub-topologies at
+/// repartition topics.
+///
+/// ```
+/// use rill_topology::prelude::*;
+///
+/// let builder = StreamsBuilder::new();
+/// let customers = builder.table("customers", StringSerde, StringSerde, "customers-by-id");
+/// builder
+///     .stream("orders", StringSerde, I64Serde)
+///     .join(&customers, |cents, name| format!("{name}: {cents} cents"))
+///     .to_with("named-orders", Produced::with(StringSerde, StringSerde));
+/// let topology = builder.build()?;
+/// assert_eq!(topology.stores(), vec!["customers-by-id".to_string()]);
+/// # Ok::<(), TopologyError>(())
+/// ```
 #[derive(Clone, Default)]
 pub struct StreamsBuilder {
     pub(super) inner: Rc<RefCell<GraphBuilder>>,

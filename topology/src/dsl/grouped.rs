@@ -13,6 +13,29 @@ use crate::serdes::{I64Serde, Serde};
 use crate::store::StoreKind;
 
 /// A stream grouped by key, ready for an aggregation; the counterpart of `KGroupedStream`.
+///
+/// Each aggregation ([`count`](Self::count), [`reduce`](Self::reduce),
+/// [`aggregate`](Self::aggregate), or windowed after `windowed_by`) keeps one value per key in
+/// a store, restored from its changelog topic, and returns the [`KTable`] of those values. An
+/// aggregate of another type than the values needs its serde
+/// ([`Materialized::with`](super::Materialized::with)).
+///
+/// ```
+/// use rill_topology::prelude::*;
+///
+/// let builder = StreamsBuilder::new();
+/// let orders = builder.stream("orders", StringSerde, I64Serde).group_by_key();
+/// orders.count("orders-per-customer");
+/// orders.reduce(|a, b| a.max(b), "largest-order");
+/// orders.aggregate(
+///     || (0_i64, 0_i64),
+///     |_customer, cents, (n, sum)| (n + 1, sum + cents),
+///     Materialized::with(StringSerde, JsonSerde::<(i64, i64)>::new()).with_name("count-and-sum"),
+/// );
+/// let topology = builder.build()?;
+/// assert_eq!(topology.stores().len(), 3);
+/// # Ok::<(), TopologyError>(())
+/// ```
 pub struct KGroupedStream<K, V> {
     pub(super) stream: KStream<K, V>,
     /// The key changed upstream: aggregations read the records back from a repartition topic.

@@ -22,6 +22,31 @@ use crate::time::OnInvalidTimestamp;
 type SerdePair<K, V> = (Arc<dyn Serde<K>>, Arc<dyn Serde<V>>);
 
 /// A record stream; the counterpart of Kafka Streams' `KStream`.
+///
+/// Stateless operations (`filter`, `map_values`, `flat_map_values`, `select_key`, `peek`,
+/// `split`, `merge`) return another stream; `group_by_key` and `group_by` lead to aggregations
+/// ([`KGroupedStream`]); `join` and `left_join` enrich from a table, `process` and
+/// `process_values` run a [`Processor`], and `to` writes to a topic. An operation that changes
+/// the key marks the stream: the next grouping or join reads it back from a repartition topic,
+/// so that each key meets its state in one place.
+///
+/// ```
+/// use rill_topology::prelude::*;
+///
+/// let builder = StreamsBuilder::new();
+/// builder
+///     .stream("page-views", StringSerde, StringSerde) // key: user, value: page
+///     .filter(|_user, page| !page.starts_with("/static/"))
+///     .select_key(|_user, page| page.clone()) // now keyed by page: repartition
+///     .group_by_key_with(Grouped::with(StringSerde, StringSerde)) // the new key's serde
+///     .count("views-per-page")
+///     .to_stream()
+///     .to("page-view-counts");
+/// let topology = builder.build()?;
+/// assert_eq!(topology.sub_topologies().len(), 2); // before and after the repartition topic
+/// assert_eq!(topology.internal_topics().len(), 1);
+/// # Ok::<(), TopologyError>(())
+/// ```
 pub struct KStream<K, V> {
     pub(super) builder: StreamsBuilder,
     /// The node whose outputs this stream carries.

@@ -105,6 +105,24 @@ impl<K: Datum + Clone, V: Datum + Clone> Processor<K, Option<V>, K, Change<V>>
 
 /// A table: the changelog of an aggregation, or a topic read as a table, keyed like its store;
 /// the counterpart of `KTable`.
+///
+/// A table holds the latest value of each key in a store; its operations see each update:
+/// `filter` and `map_values` derive tables, `group_by` re-groups for another aggregation,
+/// `join` joins another table, and [`to_stream`](Self::to_stream) turns the updates into a
+/// stream (to write them with `to`, for example).
+///
+/// ```
+/// use rill_topology::prelude::*;
+///
+/// let builder = StreamsBuilder::new();
+/// builder
+///     .table("prices", StringSerde, I64Serde, "prices-store") // latest price per product
+///     .filter(|_product, cents| *cents >= 10_000)
+///     .to_stream()
+///     .to("expensive-products");
+/// builder.build()?;
+/// # Ok::<(), TopologyError>(())
+/// ```
 pub struct KTable<K, V> {
     pub(super) stream: KStream<K, V>,
     pub(super) store: String,
