@@ -59,6 +59,9 @@ enum Step {
     Order(&'static str, i64, i64),
 }
 
+/// Window counts as `account@start` = count, sorted.
+type Counts = Vec<(String, i64)>;
+
 /// The sorted `joined` and `counts` outputs.
 type Outputs = (Vec<(String, String)>, Vec<(String, i64)>);
 
@@ -176,7 +179,7 @@ fn a_backlog_of_orders_completing_out_of_order_joins_and_counts_like_the_oracle(
 /// ranges interleave their writes.
 fn backlog_behind_the_internal_topic(
     factor: usize,
-) -> (u64, Vec<(String, i64)>, Vec<(String, i64)>) {
+) -> (u64, Counts, Counts) {
     let orders_of: Vec<(String, i64, i64)> = (0..60)
         .map(|i| {
             let key = ["alice", "bob", "carol"][i % 3].to_string();
