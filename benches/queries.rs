@@ -8,10 +8,10 @@
 //! process on a real broker, each with `interactive.queries.enabled` and `application.server`.
 //! A backlog of records (S2's load: keys drawn from the 100k) is written before they start, so
 //! processing is saturated all along; then six 5-second phases alternate 0, 1k and 10k queries/s
-//! sent to instance A (`GET /stores/counts/keys/{key}`, random keys, four keep-alive
-//! connections). A key A owns is read locally; one B owns is forwarded to B. Per phase: records
+//! sent to instance A (`GET /stores/counts/keys/{key}`, random keys, from four threads; a
+//! connection per query, as the HTTP endpoint closes each after one response). A key A owns is read locally; one B owns is forwarded to B. Per phase: records
 //! processed per second by both instances, and per answer kind the latency percentiles.
-//! `RILL_BENCH_RECORDS` sets the backlog (default 6M).
+//! `RILL_BENCH_RECORDS` sets the backlog (default 16M).
 
 mod common;
 
@@ -22,10 +22,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{input_producer, send};
+use common::producer::{input_producer_config, InputProducer};
+use common::send;
 use rdkafka::producer::Producer;
 use rill::prelude::*;
 use rill::runtime::kafka::admin::{client_config, create_topics};
+use rill::runtime::query::Rendering;
 use rill::runtime::{ConfigBuilder, Runtime};
 
 type Error = Box<dyn std::error::Error>;
@@ -34,12 +36,16 @@ type Error = Box<dyn std::error::Error>;
 const KEYS: u64 = 100_000;
 /// Length of one phase.
 const PHASE: Duration = Duration::from_secs(5);
-/// Connections the queries go through.
-const CONNECTIONS: usize = 4;
+/// Threads the queries go out from (each waits for its answer before its next query).
+const CONNECTIONS: usize = 8;
 
 /// Child process: writes `n` records with keys drawn from [`KEYS`] to `topic`.
 fn produce(bootstrap: &str, topic: &str, n: u64) -> Result<(), Error> {
-    let p = input_producer(bootstrap, 20)?;
+    // Partitioned as Kafka's Java producer and rill's sinks do, which is where the query router
+    // looks for a key (librdkafka's default partitioner is not murmur2).
+    let mut cfg = input_producer_config(bootstrap, 20);
+    cfg.set("partitioner", "murmur2_random");
+    let p: InputProducer = cfg.create()?;
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
     for i in 0..n {
         // Every key once first (the store holds all of them), then random ones.
@@ -62,7 +68,7 @@ fn free_addr() -> Result<SocketAddr, Error> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
-/// One keep-alive HTTP/1.1 connection.
+/// One HTTP/1.1 connection (the endpoint answers one request per connection).
 struct Client {
     stream: TcpStream,
     buf: Vec<u8>,
@@ -140,6 +146,8 @@ struct Seen {
     local: Latencies,
     forwarded: Latencies,
     failed: u64,
+    /// Why, by kind (status code or error), for the first failures.
+    why: std::collections::BTreeMap<String, u64>,
 }
 
 /// Sends `rate` queries/s (over [`CONNECTIONS`] threads) to `addr` until `stop`.
@@ -153,10 +161,6 @@ fn query_load(
         .map(|t| {
             let (stop, seen) = (stop.clone(), seen.clone());
             std::thread::spawn(move || {
-                let Ok(mut client) = Client::connect(addr) else {
-                    seen.lock().expect("seen").failed += 1;
-                    return;
-                };
                 let every = Duration::from_secs_f64(CONNECTIONS as f64 / rate as f64);
                 let mut next = Instant::now();
                 let mut x: u64 = 0x2545_F491_4F6C_DD1D ^ (t as u64 + 1);
@@ -171,7 +175,7 @@ fn query_load(
                     x ^= x << 17;
                     let path = format!("/stores/counts/keys/key-{:08}", x % KEYS);
                     let started = Instant::now();
-                    let answer = client.get(&path);
+                    let answer = Client::connect(addr).and_then(|mut c| c.get(&path));
                     let us = started.elapsed().as_micros() as u64;
                     let mut s = seen.lock().expect("seen");
                     match answer {
@@ -179,12 +183,20 @@ fn query_load(
                             s.forwarded.0.push(us)
                         }
                         Ok((200, _)) => s.local.0.push(us),
-                        _ => {
+                        other => {
                             s.failed += 1;
-                            drop(s);
-                            if let Ok(c) = Client::connect(addr) {
-                                client = c;
-                            }
+                            let kind = match other {
+                                Ok((status, body)) => {
+                                    let error = body
+                                        .split("\"error\":\"")
+                                        .nth(1)
+                                        .and_then(|e| e.split('"').next())
+                                        .unwrap_or("");
+                                    format!("{status} {error}")
+                                }
+                                Err(e) => e.to_string(),
+                            };
+                            *s.why.entry(kind).or_default() += 1;
                         }
                     }
                 }
@@ -206,7 +218,7 @@ fn main() -> Result<(), Error> {
     let records: u64 = std::env::var("RILL_BENCH_RECORDS")
         .ok()
         .and_then(|r| r.parse().ok())
-        .unwrap_or(6_000_000);
+        .unwrap_or(16_000_000);
     let stamp = std::process::id();
     let (input, output) = (format!("iq-in-{stamp}"), format!("iq-out-{stamp}"));
     create_topics(
@@ -245,19 +257,25 @@ fn main() -> Result<(), Error> {
             .set("interactive.queries.enabled", true)
             .build()
     };
-    let a = Runtime::new(topology()?, config(addr_a, states.0.path())?)?.start()?;
-    let b = Runtime::new(topology()?, config(addr_b, states.1.path())?)?.start()?;
+    let instance = |addr, state: &std::path::Path| -> Result<Runtime, Error> {
+        let mut r = Runtime::new(topology()?, config(addr, state)?)?;
+        // Keys in URLs and counts in answers as text.
+        r.render_store("counts", Rendering::string(), Rendering::i64())?;
+        Ok(r)
+    };
+    let a = instance(addr_a, states.0.path())?.start()?;
+    let b = instance(addr_b, states.1.path())?.start()?;
     // Until both own partitions and the first keys are in: a key of each kind answers 200.
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let mut c = Client::connect(addr_a)?;
         let kinds: Vec<bool> = (0..40)
-            .filter_map(
-                |k| match c.get(&format!("/stores/counts/keys/key-{k:08}")) {
+            .filter_map(|k| {
+                let path = format!("/stores/counts/keys/key-{k:08}");
+                match Client::connect(addr_a).and_then(|mut c| c.get(&path)) {
                     Ok((200, body)) => Some(body.contains("\"forwarded_by\"")),
                     _ => None,
-                },
-            )
+                }
+            })
             .collect();
         if kinds.contains(&true) && kinds.contains(&false) {
             break;
@@ -302,6 +320,9 @@ fn main() -> Result<(), Error> {
         let mut s = seen.lock().expect("seen");
         let answered = (s.local.0.len() + s.forwarded.0.len()) as f64 / secs;
         let failed = s.failed;
+        if failed > 0 {
+            println!("       failures: {:?}", s.why);
+        }
         println!(
             "{i:>5}  {rate:>10}  {answered:>12.0}  {per_sec:>9.0}  {:>12.3}  {:>12.3}  {:>10.3}  {:>10.3}  {failed:>6}",
             s.local.percentile(0.5),

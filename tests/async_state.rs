@@ -177,9 +177,7 @@ fn a_backlog_of_orders_completing_out_of_order_joins_and_counts_like_the_oracle(
 /// early moved the reader's stream time past the windows of records still waiting for their
 /// calls, which were then dropped as late (1 to 3 of 60 in each of 3 runs). `factor` 1: no
 /// ranges interleave their writes.
-fn backlog_behind_the_internal_topic(
-    factor: usize,
-) -> (u64, Counts, Counts) {
+fn backlog_behind_the_internal_topic(factor: usize) -> (u64, Counts, Counts) {
     let orders_of: Vec<(String, i64, i64)> = (0..60)
         .map(|i| {
             let key = ["alice", "bob", "carol"][i % 3].to_string();

@@ -1,5 +1,5 @@
 //! Helpers shared by the benchmarks that talk to a broker.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 #[path = "../../tests/common/producer.rs"]
 pub mod producer;
