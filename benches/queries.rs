@@ -68,7 +68,7 @@ fn free_addr() -> Result<SocketAddr, Error> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
-/// One HTTP/1.1 connection (the endpoint answers one request per connection).
+/// One kept-alive HTTP/1.1 connection.
 struct Client {
     stream: TcpStream,
     buf: Vec<u8>,
@@ -164,6 +164,7 @@ fn query_load(
                 let every = Duration::from_secs_f64(CONNECTIONS as f64 / rate as f64);
                 let mut next = Instant::now();
                 let mut x: u64 = 0x2545_F491_4F6C_DD1D ^ (t as u64 + 1);
+                let mut client: Option<Client> = None;
                 while !stop.load(Ordering::Relaxed) {
                     let now = Instant::now();
                     if now < next {
@@ -175,7 +176,19 @@ fn query_load(
                     x ^= x << 17;
                     let path = format!("/stores/counts/keys/key-{:08}", x % KEYS);
                     let started = Instant::now();
-                    let answer = Client::connect(addr).and_then(|mut c| c.get(&path));
+                    // A connection per thread, kept alive; a new one after a failure.
+                    let answer = match client.take() {
+                        Some(c) => Ok(c),
+                        None => Client::connect(addr),
+                    }
+                    .and_then(|mut c| {
+                        let answer = c.get(&path);
+                        client = Some(c);
+                        answer
+                    });
+                    if answer.is_err() {
+                        client = None;
+                    }
                     let us = started.elapsed().as_micros() as u64;
                     let mut s = seen.lock().expect("seen");
                     match answer {
@@ -265,7 +278,7 @@ fn main() -> Result<(), Error> {
     };
     let a = instance(addr_a, states.0.path())?.start()?;
     let b = instance(addr_b, states.1.path())?.start()?;
-    // Until both own partitions and the first keys are in: a key of each kind answers 200.
+    // Until both own partitions, restored, and the first keys are in.
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let kinds: Vec<bool> = (0..40)
@@ -277,7 +290,8 @@ fn main() -> Result<(), Error> {
                 }
             })
             .collect();
-        if kinds.contains(&true) && kinds.contains(&false) {
+        // Every probe answered (no partition restoring or moving), some forwarded.
+        if kinds.len() == 40 && kinds.contains(&true) && kinds.contains(&false) {
             break;
         }
         if Instant::now() > deadline {

@@ -50,7 +50,10 @@ fn rss_mib() -> (f64, f64) {
 
 fn get(addr: SocketAddr, path: &str) -> Result<String, Error> {
     let mut s = TcpStream::connect(addr)?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n")?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
+    )?;
     let mut text = String::new();
     s.read_to_string(&mut text)?;
     Ok(text

@@ -384,7 +384,7 @@ fn post(addr: SocketAddr, path: &str, body: &str) -> Option<(String, String)> {
     let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
     write!(
         s,
-        "POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+        "POST {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\n\r\n{body}",
         body.len()
     )

@@ -1,9 +1,11 @@
 //! The HTTP endpoint on `metrics.addr`: `/metrics` (Prometheus text format), `/health`, `/ready`.
 //!
 //! An axum [`Router`] served on the service's control runtime ([`crate::control`]), so that one
-//! slow or idle client never holds up another: every connection is its own task, bounded by
-//! [`HEADER_TIMEOUT`] to send its request and by [`CONNECTION_TIMEOUT`] in all, and is closed after
-//! one response (scrapes and probes are rare; keep-alive would only keep idle sockets open).
+//! slow or idle client never holds up another: every connection is its own task. Connections are
+//! kept alive (queries, forwards between instances and Prometheus reuse theirs): an idle one is
+//! closed after [`HEADER_TIMEOUT`] without a request, and one whose exchange stalls (a request
+//! that does not answer, a client that does not read) after [`CONNECTION_TIMEOUT`] without a new
+//! request. A client that sends `Connection: close` gets one response, as before.
 //! `HEAD` answers from the same routes without rendering a body. The server binds before the
 //! runtime connects to Kafka, so probes answer during start-up (`/health` 200, `/ready` 503).
 //! Dropping the [`HttpServer`] closes the listener and every open connection, freeing the port.
@@ -12,10 +14,10 @@
 //! before [`HttpServer::start`].
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::{header, Method, StatusCode};
@@ -29,13 +31,15 @@ use tokio::sync::watch;
 
 use crate::health::Health;
 
-/// Time a client has to send its request head after connecting.
+/// Time a client has to send its request head after connecting, or after the previous answer
+/// (hyper's header timer also runs while a kept-alive connection is idle).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
-/// Bound on one connection, request and response included (a scrape renders in milliseconds).
+/// Bound on one exchange, request and response included (a scrape renders in milliseconds): a
+/// connection that starts no new request for this long is closed.
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
-/// Bound on a connection whose request is an admin call: such a call answers once its work is
-/// done or its own timeout passed (at most [`crate::elastic::MAX_FACTOR_TIMEOUT`]), so the
-/// connection must outlive that.
+/// The same bound once the connection has carried an admin call: such a call answers once its
+/// work is done or its own timeout passed (at most [`crate::elastic::MAX_FACTOR_TIMEOUT`]), so
+/// the connection must outlive that.
 pub const ADMIN_CONNECTION_TIMEOUT: Duration = Duration::from_secs(310);
 /// Connections the kernel may queue before the accept loop takes them (capped by
 /// `net.core.somaxconn`).
@@ -246,12 +250,15 @@ async fn accept_loop(
             },
             _ = stop.changed() => return,
         };
-        // Set once the connection's request turns out to be an admin call (the one request of
-        // the connection: no keep-alive); read by the deadline below.
+        // Written by the middleware at each request's start, read by the stall bound below
+        // (Relaxed: each is a lone value, read only to pick a deadline).
         let admin = Arc::new(AtomicBool::new(false));
-        let flag = admin.clone();
+        let born = Instant::now();
+        let last_start_ms = Arc::new(AtomicU64::new(0));
+        let (flag, last) = (admin.clone(), last_start_ms.clone());
         let router = router.clone().layer(axum::middleware::from_fn(
             move |req: axum::extract::Request, next: axum::middleware::Next| {
+                last.store(born.elapsed().as_millis() as u64, Ordering::Relaxed);
                 if req.uri().path().starts_with("/admin/") {
                     flag.store(true, Ordering::Relaxed);
                 }
@@ -264,20 +271,31 @@ async fn accept_loop(
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
-                .keep_alive(false);
+                .keep_alive(true);
             let mut conn = Box::pin(http.serve_connection(TokioIo::new(stream), service));
+            // Each exchange is bounded from its request's start (the connection's, before
+            // the first); a kept-alive connection lives on as long as new requests come.
             let served = async {
-                match tokio::time::timeout(CONNECTION_TIMEOUT, &mut conn).await {
-                    Err(_) if admin.load(Ordering::Relaxed) => {
-                        let more = ADMIN_CONNECTION_TIMEOUT.saturating_sub(CONNECTION_TIMEOUT);
-                        tokio::time::timeout(more, &mut conn).await
+                loop {
+                    let bound = if admin.load(Ordering::Relaxed) {
+                        ADMIN_CONNECTION_TIMEOUT
+                    } else {
+                        CONNECTION_TIMEOUT
+                    };
+                    let started =
+                        born + Duration::from_millis(last_start_ms.load(Ordering::Relaxed));
+                    let deadline = started + bound;
+                    if deadline <= Instant::now() {
+                        return Ok(());
                     }
-                    other => other,
+                    if let Ok(done) = tokio::time::timeout_at(deadline.into(), &mut conn).await {
+                        return done;
+                    }
                 }
             };
             tokio::select! {
                 served = served => {
-                    if let Ok(Err(e)) = served {
+                    if let Err(e) = served {
                         tracing::debug!(error = %e, "HTTP connection failed");
                     }
                 }
@@ -306,7 +324,11 @@ mod tests {
         let mut s = TcpStream::connect(addr).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(5)))
             .expect("timeout");
-        write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .expect("write");
         let mut text = String::new();
         s.read_to_string(&mut text).expect("read");
         let (head, body) = text.split_once("\r\n\r\n").expect("a head");
@@ -438,7 +460,11 @@ mod tests {
                 let mut s = TcpStream::connect(addr).expect("connect");
                 s.set_read_timeout(Some(CONNECTION_TIMEOUT * 2))
                     .expect("timeout");
-                write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
+                write!(
+                    s,
+                    "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                )
+                .expect("write");
                 let mut text = String::new();
                 let _ = s.read_to_string(&mut text);
                 text
@@ -454,6 +480,93 @@ mod tests {
             other.join().expect("other call"),
             "",
             "cut off without an answer"
+        );
+    }
+
+    /// Reads one answer (head and `Content-Length` body) from a kept-alive connection.
+    fn answer(s: &mut TcpStream) -> (String, String) {
+        let mut raw = Vec::new();
+        let mut byte = [0u8; 1];
+        while !raw.ends_with(b"\r\n\r\n") {
+            assert_eq!(s.read(&mut byte).expect("read head"), 1, "closed mid-head");
+            raw.push(byte[0]);
+        }
+        let head = String::from_utf8(raw).expect("UTF-8 head");
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                l.to_lowercase()
+                    .strip_prefix("content-length:")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .expect("content-length");
+        let mut body = vec![0u8; length];
+        s.read_exact(&mut body).expect("read body");
+        (head, String::from_utf8(body).expect("UTF-8 body"))
+    }
+
+    /// A client reuses its connection for several requests; once it goes quiet for
+    /// [`HEADER_TIMEOUT`] the server closes it.
+    #[test]
+    fn a_connection_is_kept_alive_until_it_goes_idle() {
+        let rt = runtime();
+        let health = Arc::new(Health::new());
+        let server = server(&rt, health.clone());
+        let mut s = TcpStream::connect(server.local_addr()).expect("connect");
+        s.set_read_timeout(Some(HEADER_TIMEOUT * 3))
+            .expect("timeout");
+        for (i, path) in ["/health", "/ready", "/metrics", "/health"]
+            .iter()
+            .enumerate()
+        {
+            if i == 1 {
+                // Quiet for less than the idle cut: still open.
+                std::thread::sleep(HEADER_TIMEOUT / 2);
+            }
+            write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
+            let (head, _) = answer(&mut s);
+            assert!(head.starts_with("HTTP/1.1"), "{path}: {head}");
+        }
+        let start = Instant::now();
+        let mut buf = [0u8; 1];
+        assert_eq!(s.read(&mut buf).expect("closed, not timed out"), 0);
+        assert!(
+            start.elapsed() >= HEADER_TIMEOUT / 2 && start.elapsed() < HEADER_TIMEOUT * 2,
+            "closed after {:?} idle",
+            start.elapsed()
+        );
+    }
+
+    /// On a kept-alive connection, a later request that stalls is still cut after
+    /// [`CONNECTION_TIMEOUT`]: the bound runs from each request's start.
+    #[test]
+    fn a_stalled_request_on_a_reused_connection_is_cut_off() {
+        let rt = runtime();
+        let slow = || async {
+            tokio::time::sleep(CONNECTION_TIMEOUT + Duration::from_secs(1)).await;
+            "done"
+        };
+        let router = Router::new()
+            .route("/slow", get(slow))
+            .route("/fast", get(|| async { "fast" }));
+        let server =
+            HttpServer::start("127.0.0.1:0".parse().unwrap(), rt.handle(), router).unwrap();
+        let mut s = TcpStream::connect(server.local_addr()).expect("connect");
+        s.set_read_timeout(Some(CONNECTION_TIMEOUT * 2))
+            .expect("timeout");
+        write!(s, "GET /fast HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
+        assert_eq!(answer(&mut s).1, "fast");
+        let start = Instant::now();
+        write!(s, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        assert!(rest.is_empty(), "cut off without an answer: {rest:?}");
+        assert!(
+            start.elapsed() < CONNECTION_TIMEOUT + Duration::from_millis(900),
+            "cut after {:?}",
+            start.elapsed()
         );
     }
 

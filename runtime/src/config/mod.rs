@@ -52,6 +52,7 @@ mod tests;
 
 use kafka::check_kafka;
 use redact::redact;
+pub(crate) use setting::host_and_port;
 use setting::{parse, AppId, ApplicationServer, MaxOpenFiles, Whole};
 use source::{parse_toml, DeError, Flat};
 

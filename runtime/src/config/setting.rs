@@ -47,14 +47,20 @@ impl Setting for AppId {
 #[derive(Debug)]
 pub(super) struct ApplicationServer(pub(super) String);
 
+/// The host and port of an `application.server` value the config accepted.
+pub(crate) fn host_and_port(server: &str) -> Option<(&str, u16)> {
+    let (host, port) = server.rsplit_once(':')?;
+    Some((host, port.parse().ok()?))
+}
+
 impl Setting for ApplicationServer {
     fn parse(text: &str) -> Result<Self, String> {
         let what = || {
             "`host:port` other instances reach this one's HTTP endpoint at (instance-1.example:9898, 10.0.0.5:9898, [::1]:9898)".to_string()
         };
         let text = text.trim();
-        let (host, port) = text.rsplit_once(':').ok_or_else(what)?;
-        let port_ok = port.parse::<u16>().is_ok_and(|p| p > 0);
+        let (host, port) = host_and_port(text).ok_or_else(what)?;
+        let port_ok = port > 0;
         let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
             Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
             None => {

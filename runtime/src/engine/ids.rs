@@ -1,6 +1,9 @@
 //! Names for what the engine and the Kafka edge pass around.
 
+use std::collections::hash_map::RandomState;
 use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One partition of one topic (resolved name).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -55,6 +58,21 @@ impl fmt::Display for TaskId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}_{}", self.sub_topology, self.partition)
     }
+}
+
+/// A random, non-zero id (lineages, transactional ids, streams-group member ids).
+pub(crate) fn random_id() -> u64 {
+    // The standard library's per-process random hasher keys, mixed with the time and a counter
+    // (two calls in one nanosecond still differ).
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish().max(1)
 }
 
 #[cfg(test)]

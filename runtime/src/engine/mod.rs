@@ -25,7 +25,7 @@ pub mod dispatch;
 mod env;
 pub mod error;
 pub mod factor;
-mod ids;
+pub(crate) mod ids;
 pub mod origin;
 pub mod progress;
 mod query;

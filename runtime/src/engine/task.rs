@@ -21,10 +21,8 @@
 //! sub-tasks stop processing and committing before the partition is released (see [`Fence`]),
 //! and a lost task commits nothing at all.
 
-use std::collections::hash_map::RandomState;
 use std::collections::BTreeSet;
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -220,20 +218,6 @@ impl Task {
     }
 }
 
-/// A random, non-zero id (lineages, transactional ids) (the standard library's per-process random hasher keys, mixed
-/// with the time and a counter).
-pub(crate) fn new_lineage_id() -> u64 {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut h = RandomState::new().build_hasher();
-    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish().max(1)
-}
-
 /// The smallest offset every hash of `range` is known to be applied below, from `resume`
 /// entries (possibly of another factor); `None` unless they cover the whole range.
 pub(super) fn floor_of(range: &KeyRange, resume: &[(KeyRange, u64)]) -> Option<u64> {
@@ -343,7 +327,7 @@ impl Engine {
             waiting_since: Some(Instant::now()),
             prior: PriorClaim::Unknown,
             lineage: Lineage {
-                id: new_lineage_id(),
+                id: super::ids::random_id(),
                 parent: 0,
                 generation: 0,
             },

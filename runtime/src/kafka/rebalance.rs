@@ -299,21 +299,14 @@ impl SourceContext {
         self.health.set_rebalancing(true);
         crate::metrics::record_rebalance();
         tracing::info!(revoke = %partition_list(&change.revoke), assign = %partition_list(&change.assign), lost = change.lost, "streams group assignment");
-        let list = |tps: &[TopicPartition]| {
-            let mut tpl = TopicPartitionList::new();
-            for tp in tps {
-                tpl.add_partition(&tp.topic, tp.partition as i32);
-            }
-            tpl
-        };
         let result = (|| {
             if !change.revoke.is_empty() {
-                let tpl = list(&change.revoke);
+                let tpl = partitions_to_list(&change.revoke);
                 self.on_revoke(consumer, &tpl, change.lost);
                 consumer.incremental_unassign(&tpl)?;
             }
             if !change.assign.is_empty() {
-                let mut tpl = list(&change.assign);
+                let mut tpl = partitions_to_list(&change.assign);
                 self.on_assign(consumer, &mut tpl)?;
                 consumer.incremental_assign(&tpl)?;
                 self.pause_waiting(consumer, &tpl)?;
@@ -333,10 +326,7 @@ impl SourceContext {
         };
         let all = self.engine.lock().assigned_partitions();
         if !all.is_empty() {
-            let mut tpl = TopicPartitionList::new();
-            for tp in &all {
-                tpl.add_partition(&tp.topic, tp.partition as i32);
-            }
+            let tpl = partitions_to_list(&all);
             self.on_revoke(consumer, &tpl, false);
             if let Err(e) = consumer.incremental_unassign(&tpl) {
                 tracing::debug!(error = %e, "unassigning on leave");
@@ -536,4 +526,13 @@ impl SourceContext {
             tracing::debug!(topic = %tp.topic, partition = tp.partition, drained_ms, committed_ms, lost, "partition revoked");
         }
     }
+}
+
+/// librdkafka's list of `tps` (no offsets).
+fn partitions_to_list(tps: &[TopicPartition]) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for tp in tps {
+        tpl.add_partition(&tp.topic, tp.partition as i32);
+    }
+    tpl
 }

@@ -103,7 +103,7 @@ pub struct StreamsMember {
 impl StreamsMember {
     /// A new member id.
     pub fn new_member_id() -> String {
-        format!("rill-{:016x}", unique_id())
+        format!("rill-{:016x}", crate::engine::ids::random_id())
     }
 
     /// A member as `who` says, with the application's `topology` and the input topics of each
@@ -116,7 +116,7 @@ impl StreamsMember {
         StreamsMember {
             bootstrap: who.bootstrap,
             group: who.group,
-            process_id: format!("rill-process-{:016x}", unique_id()),
+            process_id: format!("rill-process-{:016x}", crate::engine::ids::random_id()),
             member_id: who.member_id,
             instance_id: who.instance_id,
             endpoint: who.endpoint,
@@ -342,18 +342,4 @@ impl StreamsMember {
             tracing::debug!(error = %e, "leaving the streams group failed (the session expires instead)");
         }
     }
-}
-
-/// A random id for this member and its process (the standard library's per-process random
-/// hasher keys, mixed with the time).
-fn unique_id() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.write_u32(std::process::id());
-    h.finish()
 }

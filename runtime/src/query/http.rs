@@ -129,6 +129,8 @@ pub const SERVED_BY_HEADER: &str = "x-rill-served-by";
 /// How long a forward waits to connect to the owner, and for its whole answer.
 const FORWARD_CONNECT: Duration = Duration::from_secs(2);
 const FORWARD_ANSWER: Duration = Duration::from_secs(10);
+/// How long a forward's connection may wait in the pool for the next forward.
+const FORWARD_IDLE: Duration = Duration::from_millis(1500);
 
 /// What the query routes read: the engine once the runtime has one, the renderings, the locator.
 #[derive(Clone)]
@@ -136,6 +138,8 @@ pub struct QueryRoutes {
     engine: Arc<OnceLock<Arc<dyn EngineAccess>>>,
     renderings: Arc<StoreRenderings>,
     locate: Arc<dyn Locate>,
+    /// Shared by every forward of the endpoint (its connection pool is).
+    forwarder: ureq::Agent,
 }
 
 impl QueryRoutes {
@@ -146,6 +150,7 @@ impl QueryRoutes {
             engine: Arc::new(OnceLock::new()),
             renderings: Arc::new(renderings),
             locate: Arc::new(LocalOnly),
+            forwarder: forwarding_agent(),
         }
     }
 
@@ -444,6 +449,7 @@ fn relay(
 ) -> Refusal {
     let me = q.instance();
     match forward(
+        &q.forwarder,
         server,
         &incoming.path,
         &me,
@@ -479,59 +485,58 @@ fn relay(
     }
 }
 
-/// `GET path` at `server` over HTTP/1.1 (one request per connection, as rill's endpoint
-/// answers), marked forwarded; the status, `Retry-After` and body of its answer.
+/// A client for forwards, one per endpoint: it keeps connections to the owners open between
+/// forwards (rill's endpoint keeps them alive), so a forward costs one round trip, not a
+/// connect as well.
+fn forwarding_agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .timeout_connect(Some(FORWARD_CONNECT))
+        .timeout_global(Some(FORWARD_ANSWER))
+        // Below the owner's idle cut (`HEADER_TIMEOUT`), so a pooled connection is not reused
+        // as the owner closes it.
+        .max_idle_age(FORWARD_IDLE)
+        .max_idle_connections(256)
+        .max_idle_connections_per_host(64)
+        .build()
+        .into()
+}
+
+/// `GET path` at `server`, marked forwarded; the status, `Retry-After` and body of its answer.
 fn forward(
+    agent: &ureq::Agent,
     server: &str,
     path: &str,
     me: &str,
     authorization: Option<&str>,
 ) -> Result<(u16, Option<u64>, String), String> {
-    use std::io::{Read, Write};
-    use std::net::ToSocketAddrs;
-    let addrs: Vec<_> = server
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve: {e}"))?
-        .collect();
-    let mut last = String::from("no address");
-    let mut stream = None;
-    for a in addrs {
-        match std::net::TcpStream::connect_timeout(&a, FORWARD_CONNECT) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
-            Err(e) => last = format!("connect {a}: {e}"),
+    let url = format!("http://{server}{path}");
+    let call = || {
+        let mut request = agent.get(&url).header(FORWARDED_HEADER, me);
+        if let Some(a) = authorization {
+            request = request.header(header::AUTHORIZATION.as_str(), a);
         }
+        request.call()
+    };
+    // A kept-alive connection the owner closed just as it was reused fails at once with an I/O
+    // error; a GET is safe to send again, on a new connection.
+    let mut response = match call() {
+        Err(ureq::Error::Io(_)) => call(),
+        other => other,
     }
-    let mut s = stream.ok_or(last)?;
-    s.set_read_timeout(Some(FORWARD_ANSWER))
-        .map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(FORWARD_ANSWER))
-        .map_err(|e| e.to_string())?;
-    let auth = authorization.map_or_else(String::new, |a| format!("Authorization: {a}\r\n"));
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {server}\r\nConnection: close\r\n{FORWARDED_HEADER}: {me}\r\n{auth}\r\n"
-    )
-    .map_err(|e| format!("write: {e}"))?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).map_err(|e| format!("read: {e}"))?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or("an answer without a head")?;
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|c| c.parse::<u16>().ok())
-        .ok_or("an answer without a status")?;
-    let retry_after = lines
-        .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| k.trim().eq_ignore_ascii_case("retry-after"))
-        .and_then(|(_, v)| v.trim().parse().ok());
-    Ok((status, retry_after, body.to_string()))
+    .map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get(header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok());
+    let body = response
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| format!("read: {e}"))?;
+    Ok((status, retry_after, body))
 }
 
 async fn key_route(
@@ -653,7 +658,7 @@ async fn range_route(
             });
         }
         for server in &plan.others {
-            let answer = match forward(server, &incoming.path, &q.instance(), incoming.authorization.as_deref()) {
+            let answer = match forward(&q.forwarder, server, &incoming.path, &q.instance(), incoming.authorization.as_deref()) {
                 Ok((200, _, body)) => serde_json::from_str::<Value>(&body).ok(),
                 Ok((status, retry_after, body)) => {
                     let body = serde_json::from_str::<Value>(&body).unwrap_or_else(|_| json!({ "error": "bad_answer" }));
@@ -845,7 +850,7 @@ mod tests {
         let mut s = std::net::TcpStream::connect(server.local_addr()).expect("connect");
         write!(
             s,
-            "GET /stores/counts/keys/a2Fma2E HTTP/1.1\r\nHost: x\r\n\r\n"
+            "GET /stores/counts/keys/a2Fma2E HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
         )
         .expect("write");
         let mut text = String::new();

@@ -103,7 +103,7 @@ fn transactional_id(c: &Config, db: Option<&StateDb>) -> Result<String, RuntimeE
         format!(
             "{}-{:016x}",
             c.application_id,
-            crate::engine::task::new_lineage_id()
+            crate::engine::ids::random_id()
         )
     };
     let Some(db) = db else {
@@ -836,13 +836,14 @@ impl Runtime {
                 (st.id.to_string(), names)
             })
             .collect();
-        let endpoint = c.application_server.as_deref().and_then(|a| {
-            let (host, port) = a.rsplit_once(':')?;
-            Some(Endpoint {
+        let endpoint = c
+            .application_server
+            .as_deref()
+            .and_then(crate::config::host_and_port)
+            .map(|(host, port)| Endpoint {
                 host: host.to_string(),
-                port: port.parse().ok()?,
-            })
-        });
+                port,
+            });
         Arc::new(Mutex::new(
             crate::kafka::streams_member::StreamsMember::new(
                 crate::kafka::streams_member::Membership {
