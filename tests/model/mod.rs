@@ -475,6 +475,7 @@ impl<'s> Cluster<'s> {
                 generation: self.generation,
                 applied: Vec::new(),
                 hash_id: rill_topology::HASH_ID,
+                end: None,
             };
             let start = engine.assign(topic, 0, resume).expect("assign");
             positions.insert(topic, start.unwrap_or(0));

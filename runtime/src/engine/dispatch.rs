@@ -129,6 +129,7 @@ impl Engine {
     /// TestDriver after every record.
     pub fn tick_quiet_ranges(&mut self) {
         for task in self.tasks.values_mut() {
+            task.check_caught_up(&self.shared);
             if !task.is_running() || task.held {
                 continue;
             }

@@ -161,7 +161,7 @@ impl Engine {
             }
         }
         for (id, task) in self.tasks.iter().filter(|(id, _)| id.sub_topology == sub) {
-            if !task.is_running() {
+            if !task.serves_queries() {
                 // A read routed to its key's partition does not wait for the others: the key
                 // lives there unless its producer used another partitioner than the router's.
                 if owning.is_none_or(|p| p == id.partition) {

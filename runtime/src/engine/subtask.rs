@@ -119,6 +119,9 @@ pub(crate) enum Work {
     Seal,
     /// Answers of async stages' calls, as many as answered at once (see [`super::async_stage`]).
     Completed(Vec<Completion>),
+    /// Every record dispatched to the range before this was taken: counts down the task's
+    /// catch-up (see [`super::task::CatchUp`]).
+    CaughtUp(Arc<std::sync::atomic::AtomicUsize>),
 }
 
 /// The state only the running job touches (the commit steps in [`super::commit`] too).
@@ -683,6 +686,10 @@ impl Core {
             // windows close), as no record it took can be judged against a time below it.
             Work::Tick { .. } if self.asyncs.as_ref().is_some_and(|a| !a.all_settled()) => Ok(()),
             Work::Tick { time } => self.tick(id, time, shared),
+            Work::CaughtUp(left) => {
+                left.fetch_sub(1, Ordering::SeqCst);
+                Ok(())
+            }
             Work::Punctuate(now) => {
                 // No origin: wall-clock outputs depend on time, so a replay cannot reproduce
                 // them; downstream applies them at least once.

@@ -22,7 +22,7 @@
 //! and a lost task commits nothing at all.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,7 @@ use rill_topology::{ranges, KeyRange, HASH_ID};
 use super::commit::PartitionProgress;
 use super::restore::{Restored, Restoring};
 use super::subtask::{Lineage, Opening, SubTask, SubTaskId, Work};
-use super::{Engine, EngineError, ProgressTracker, TaskId, TopicPartition};
+use super::{Engine, EngineError, ProgressTracker, Shared, TaskId, TopicPartition};
 
 /// The lineage recorded in a partition's committed offset metadata, as the next owner finds it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -65,6 +65,10 @@ pub struct Resume {
     /// How the commit routed records to `ranges` (`rill_topology::HASH_ID` or
     /// `OFFSET_HASH_ID`); ranges of another routing than the task's are not its own.
     pub hash_id: u32,
+    /// The input's end offset when it was assigned here, when another member ran the task
+    /// before: its stores answer queries once the task has taken every record below it (see
+    /// [`CatchUp`]).
+    pub end: Option<u64>,
 }
 
 impl Default for Resume {
@@ -75,6 +79,7 @@ impl Default for Resume {
             claim: PriorClaim::default(),
             applied: Vec::new(),
             generation: 0,
+            end: None,
             hash_id: HASH_ID,
         }
     }
@@ -156,6 +161,59 @@ pub(crate) struct Task {
     pub restoring: Option<Restoring>,
     /// Metric handles of this task.
     pub metrics: crate::metrics::TaskMetrics,
+    /// Whether its stores answer queries yet.
+    pub catch_up: CatchUp,
+}
+
+/// Whether a task another member ran before has taken its inputs up to where they ended when
+/// it was assigned here. Until then its stores answer no query: the previous owner may have
+/// processed (and answered) past its last commit, and an answer must not go back behind that.
+#[derive(Debug)]
+pub(crate) enum CatchUp {
+    /// Per source topic: the end offset to reach (`None`: nothing to wait for).
+    Waiting(Vec<Option<u64>>),
+    /// Dispatch reached the ends and every range was sent a marker behind the records before
+    /// it; each range counts down as it takes its marker (mailboxes are FIFO).
+    Told(Arc<AtomicUsize>),
+    /// Queries are answered.
+    Done,
+}
+
+impl Task {
+    /// Whether the task's stores answer queries: running and caught up (see [`CatchUp`]).
+    pub fn serves_queries(&self) -> bool {
+        self.is_running()
+            && match &self.catch_up {
+                CatchUp::Done => true,
+                CatchUp::Told(left) => left.load(Ordering::SeqCst) == 0,
+                CatchUp::Waiting(ends) => ends.iter().all(Option::is_none),
+            }
+    }
+
+    /// Sends the catch-up markers once dispatch has reached every input's end offset.
+    pub fn check_caught_up(&mut self, shared: &Arc<Shared>) {
+        let CatchUp::Waiting(ends) = &self.catch_up else {
+            return;
+        };
+        if !self.is_running() || self.held {
+            return;
+        }
+        let reached = ends.iter().zip(&self.trackers).all(|(end, t)| {
+            end.is_none_or(|end| t.position().is_some_and(|position| position >= end))
+        });
+        if !reached {
+            return;
+        }
+        if ends.iter().all(Option::is_none) {
+            self.catch_up = CatchUp::Done;
+            return;
+        }
+        let left = Arc::new(AtomicUsize::new(self.subtasks.len()));
+        for s in &self.subtasks {
+            s.push(Work::CaughtUp(left.clone()), shared);
+        }
+        self.catch_up = CatchUp::Told(left);
+    }
 }
 
 /// A task's stream time (the largest timestamp of its input partitions), as the engine hands
@@ -294,6 +352,9 @@ impl Engine {
             }
         }
         task.trackers[i].start_at(start);
+        if let CatchUp::Waiting(ends) = &mut task.catch_up {
+            ends[i] = resume.end;
+        }
         task.resume[i].extend(resume.ranges);
         task.resume_applied[i].extend(
             resume
@@ -337,6 +398,7 @@ impl Engine {
             attempts_from: 0,
             restoring: None,
             metrics: crate::metrics::TaskMetrics::new(&names, partition, p),
+            catch_up: CatchUp::Waiting(vec![None; names.len()]),
         })
     }
 

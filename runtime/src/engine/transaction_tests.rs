@@ -55,6 +55,7 @@ fn engine_of(
             ranges: p.ranges.clone(),
             applied: Vec::new(),
             hash_id: p.hash_id,
+            end: None,
         },
         None => Resume {
             claim: PriorClaim::None,

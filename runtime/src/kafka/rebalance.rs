@@ -77,6 +77,9 @@ pub struct SourceContext {
     /// no callback runs; see [`SourceContext::streams_turn`]). Never held across a call into
     /// this context's other methods: `committer` takes it to commit.
     pub streams: Option<Arc<Mutex<StreamsMember>>>,
+    /// Interactive queries are on: a task another member ran before answers them once it has
+    /// taken its input up to the end offset read at assignment (`engine::task::CatchUp`).
+    pub queries_catch_up: bool,
 }
 
 /// How long a streams group member may go without a heartbeat answer before it counts its tasks
@@ -387,6 +390,10 @@ impl SourceContext {
         }
         let committed = committed_offsets(consumer, tpl)?;
         let raw = raw_metadata(&committed);
+        let ends = match self.queries_catch_up {
+            true => end_offsets(consumer, &committed),
+            false => HashMap::new(),
+        };
         let generation = match &self.streams {
             Some(member) => member.lock().epoch(),
             None => group_generation(consumer),
@@ -405,6 +412,7 @@ impl SourceContext {
                 ranges: Vec::new(),
                 applied: Vec::new(),
                 hash_id: HASH_ID,
+                end: None,
             };
             if let Some(base) = base {
                 match std::str::from_utf8(&meta)
@@ -417,6 +425,7 @@ impl SourceContext {
                         resume.ranges = m.ranges;
                         if let Some(l) = m.lineage {
                             resume.claim = PriorClaim::Lineage(l);
+                            resume.end = ends.get(&(topic.clone(), partition)).copied();
                         }
                     }
                     Err(err) => {
@@ -426,6 +435,7 @@ impl SourceContext {
                     }
                 }
             }
+            let end = resume.end;
             let start = match engine.assign(&topic, partition, resume) {
                 Ok(start) => start,
                 Err(err) => {
@@ -433,7 +443,7 @@ impl SourceContext {
                     return Err(KafkaError::Subscription(err.to_string()));
                 }
             };
-            tracing::debug!(%topic, partition, committed = ?base, start = ?start, generation, "partition assigned");
+            tracing::debug!(%topic, partition, committed = ?base, start = ?start, ?end, generation, "partition assigned");
             let offset = start.map_or(Offset::Beginning, |o| Offset::Offset(o as i64));
             tpl.set_partition_offset(&topic, partition as i32, offset)?;
         }
@@ -528,6 +538,9 @@ impl SourceContext {
     }
 }
 
+/// How long an assignment waits for the inputs' end offsets (interactive queries on).
+const END_OFFSETS_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// librdkafka's list of `tps` (no offsets).
 fn partitions_to_list(tps: &[TopicPartition]) -> TopicPartitionList {
     let mut tpl = TopicPartitionList::new();
@@ -535,4 +548,39 @@ fn partitions_to_list(tps: &[TopicPartition]) -> TopicPartitionList {
         tpl.add_partition(&tp.topic, tp.partition as i32);
     }
     tpl
+}
+
+/// The end offset of each partition of `committed` that has a commit (another member ran it),
+/// in one request; empty, with a warning, when the broker does not answer (queries are then
+/// answered as soon as the task runs).
+fn end_offsets<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    committed: &TopicPartitionList,
+) -> HashMap<(String, u32), u64> {
+    let mut ask = TopicPartitionList::new();
+    for e in committed.elements() {
+        if matches!(e.offset(), Offset::Offset(o) if o >= 0) {
+            // A timestamp of -1 asks for the end (librdkafka's `offsets_for_times`).
+            let _ = ask.add_partition_offset(e.topic(), e.partition(), Offset::End);
+        }
+    }
+    if ask.count() == 0 {
+        return HashMap::new();
+    }
+    match consumer.offsets_for_times(ask, END_OFFSETS_TIMEOUT) {
+        Ok(ends) => ends
+            .elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(o) if o >= 0 => {
+                    Some(((e.topic().to_string(), e.partition() as u32), o as u64))
+                }
+                _ => None,
+            })
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the inputs' end offsets: queries of the assigned tasks are answered without waiting for them to catch up");
+            HashMap::new()
+        }
+    }
 }

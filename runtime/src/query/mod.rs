@@ -29,7 +29,11 @@
 //!   per range, not per store as in IQv2: a record of another key may sit in another range, so a
 //!   bound names a record of the key read. Every [`Served`] carries the range's position.
 //! - A store with a partition assigned here that restores from its changelog (or waits for its
-//!   co-partitioned inputs) answers [`QueryError::Restoring`]: retry later. A read routed to its
+//!   co-partitioned inputs) answers [`QueryError::Restoring`]: retry later. So does a partition
+//!   another member ran before, until this instance has taken its input up to the end offset
+//!   read when it was assigned here (runtime with interactive queries on): the previous owner
+//!   may have processed and answered past its last commit, and an answer here never goes back
+//!   behind those. A read routed to its
 //!   key's partition ([`StoreReader::owning`], as the HTTP routes do with the endpoint map)
 //!   waits only for that partition: other partitions that restore are skipped. Global stores
 //!   are not served yet ([`QueryError::UnknownStore`]).

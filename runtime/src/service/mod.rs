@@ -641,6 +641,7 @@ impl Runtime {
         );
         let renewable = transactions.clone();
         let bootstrap = self.bootstrap.clone();
+        let queries_catch_up = c.interactive_queries_enabled;
         // A context per consumer: a consumer that hit a fatal error is replaced by a new one.
         let context = move || SourceContext {
             engine: engine2.clone(),
@@ -661,6 +662,7 @@ impl Runtime {
             roll_back: Mutex::new(None),
             time_sync: Mutex::new(TimeSync::new(max_task_idle)),
             brokers: BrokerWatch::new(&bootstrap),
+            queries_catch_up,
         };
         let topics: Vec<String> = self
             .topology

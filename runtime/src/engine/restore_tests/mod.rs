@@ -598,3 +598,45 @@ fn a_read_routed_to_a_running_partition_does_not_wait_for_one_that_restores() {
     assert!(restoring(e.query_ranges(&store, hash, Some(1))));
     assert!(restoring(e.query_ranges(&store, hash, None)));
 }
+
+/// Issue 43: a task another member ran before answers queries only once it has taken its input
+/// up to the end offset read at its assignment. Its previous owner may have answered from
+/// records past its last commit; a read here must not go back behind those answers.
+#[test]
+fn a_taken_over_task_answers_queries_once_it_has_caught_up_with_the_input_end() {
+    let log = Arc::new(MemoryChangelog::default());
+    let dir = tempfile::tempdir().unwrap();
+    let sink: Arc<dyn RecordSink> = log.clone();
+    let mut e = engine(&counting(), 2, dir.path(), &log, sink, PriorClaim::None, 1);
+    let resume = Resume {
+        claim: PriorClaim::None,
+        generation: 1,
+        end: Some(3),
+        ..Resume::default()
+    };
+    e.assign("in", 1, resume).unwrap();
+    assert!(e.wait_restored(Duration::from_secs(20)).unwrap());
+    let store = counting().sub_topologies()[0].stores[0].clone();
+    let hash = Some(key_hash(b"k"));
+    let catching_up = |r: Result<_, crate::query::QueryError>| matches!(r, Err(crate::query::QueryError::Restoring { partitions, .. }) if partitions == [1]);
+    e.tick_quiet_ranges();
+    assert!(catching_up(e.query_ranges(&store, hash, Some(1))));
+    assert!(
+        e.query_ranges(&store, hash, Some(0)).is_ok(),
+        "a task without an end to reach answers at once"
+    );
+    for offset in 0..2 {
+        e.dispatch("in", 1, offset, record("k", "v")).unwrap();
+    }
+    assert!(e.wait_idle(Duration::from_secs(20)));
+    e.tick_quiet_ranges();
+    assert!(
+        catching_up(e.query_ranges(&store, hash, Some(1))),
+        "offset 2 is not taken yet"
+    );
+    e.dispatch("in", 1, 2, record("other", "v")).unwrap();
+    e.tick_quiet_ranges();
+    assert!(e.wait_idle(Duration::from_secs(20)));
+    assert!(e.query_ranges(&store, hash, Some(1)).is_ok());
+    assert!(e.query_ranges(&store, hash, None).is_ok());
+}
