@@ -55,6 +55,8 @@ pub mod record;
 pub mod serdes;
 pub mod store;
 pub mod stores;
+#[cfg(test)]
+mod test_host;
 pub mod time;
 pub mod versioned;
 pub mod window;
