@@ -9,8 +9,11 @@
 //!     StringSerde,
 //!     I64Serde,
 //! ));
-//! // In a processor connected to "totals":
-//! // let mut totals = ctx.get_state_store::<String, i64>("totals")?;
+//! // In a processor connected to "totals", a handle that does not hold the context:
+//! // let totals = ctx.get_state_store::<String, i64>("totals")?;
+//! // let total = totals.get(ctx, &key)?.unwrap_or(0) + 1;
+//! // ctx.forward(record);
+//! // totals.put(ctx, &key, &total)?;
 //! ```
 //!
 //! Where rill differs from Kafka Streams:
@@ -111,8 +114,8 @@ impl Stores {
         }
     }
 
-    /// A key-value store with its serdes (`Stores.keyValueStoreBuilder`); processors open it
-    /// with `ctx.get_state_store::<K, V>(name)`.
+    /// A key-value store with its serdes (`Stores.keyValueStoreBuilder`); processors open a
+    /// handle on it with `ctx.get_state_store::<K, V>(name)`.
     pub fn key_value_store_builder<K: 'static, V: 'static>(
         supplier: KeyValueStoreSupplier,
         key_serde: impl Serde<K>,
