@@ -29,8 +29,14 @@ impl Processor<String, i64, String, i64> for Everything {
             let scans = [
                 ("all", totals.all(ctx)?),
                 ("range", totals.range(ctx, &"b".into(), &"c".into())?),
-                ("reverse", totals.reverse_range(ctx, &"a".into(), &"bb".into())?),
-                ("prefix", totals.prefix_scan(ctx, &"b".to_string(), StringSerde)?),
+                (
+                    "reverse",
+                    totals.reverse_range(ctx, &"a".into(), &"bb".into())?,
+                ),
+                (
+                    "prefix",
+                    totals.prefix_scan(ctx, &"b".to_string(), StringSerde)?,
+                ),
             ];
             // The iterators own their entries: forwarding while walking them compiles.
             for (tag, entries) in scans {

@@ -94,7 +94,9 @@ pub mod prelude {
         BytesSerde, I32Serde, I64Serde, JsonSerde, Nullable, ProtobufSerde, Serde, SerdeError,
         StringSerde, U64Serde,
     };
-    pub use crate::store::{KeyValueBytes, KeyValueIterator, KeyValueStore, StoreError};
+    pub use crate::store::{
+        KeyValueBytes, KeyValueIterator, KeyValueStore, StoreError, WindowStoreIterator,
+    };
     pub use crate::stores::{StoreBuilder, Stores};
     pub use crate::time::{
         FailOnInvalidTimestamp, LogAndSkipOnInvalidTimestamp, OnInvalidTimestamp,

@@ -255,24 +255,27 @@ impl<'a> TaskContext<'a> {
         &mut self,
         name: &str,
     ) -> Result<SessionStore<K, V>, StoreError> {
-        Ok(SessionStore::with_serdes(self.declared_as(name, "session")?))
+        Ok(SessionStore::with_serdes(
+            self.declared_as(name, "session")?,
+        ))
     }
 
-    /// A typed view of a connected versioned key-value store (Kafka Streams'
-    /// `VersionedKeyValueStore`, declared by the DSL with `Materialized::versioned`); see
-    /// [`crate::versioned`].
+    /// A connected versioned key-value store (Kafka Streams' `VersionedKeyValueStore`, declared
+    /// by the DSL with `Materialized::versioned`), typed with the given serdes: a handle that
+    /// does not hold the context; see [`crate::versioned`].
     pub fn versioned_store<K: 'static, V: 'static>(
         &mut self,
         name: &str,
         key_serde: impl Serde<K>,
         value_serde: impl Serde<V>,
-    ) -> Result<VersionedStore<'_, K, V>, StoreError> {
-        VersionedStore::new(
-            self.host.timed_store(name)?,
+    ) -> Result<VersionedStore<K, V>, StoreError> {
+        // Connected, and versioned: a misconfigured processor fails where it opens the store.
+        crate::versioned::VersionedBytes::open(self.host.timed_store(name)?)?;
+        Ok(VersionedStore::new(
             name,
             Arc::new(key_serde),
             Arc::new(value_serde),
-        )
+        ))
     }
 
     /// The sub-task's stream time: the partition's stream time (largest record timestamp) at the

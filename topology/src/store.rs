@@ -387,22 +387,37 @@ pub struct KeyValueStore<K, V> {
     serdes: StoreSerdes<K, V>,
 }
 
-// Derived `Clone` would ask for `K: Clone, V: Clone`; only the serdes' `Arc`s are cloned.
-impl<K, V> Clone for KeyValueStore<K, V> {
-    fn clone(&self) -> Self {
-        KeyValueStore {
-            serdes: self.serdes.clone(),
+/// `Clone`, `Debug` and `name()` of a typed store handle (a struct of one field, `serdes`).
+macro_rules! store_handle {
+    ($handle:ident) => {
+        // Derived `Clone` would ask for `K: Clone, V: Clone`; only the serdes' `Arc`s are cloned.
+        impl<K, V> Clone for $handle<K, V> {
+            fn clone(&self) -> Self {
+                $handle {
+                    serdes: self.serdes.clone(),
+                }
+            }
         }
-    }
-}
 
-impl<K, V> std::fmt::Debug for KeyValueStore<K, V> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeyValueStore")
-            .field("name", &self.serdes.name)
-            .finish()
-    }
+        impl<K, V> std::fmt::Debug for $handle<K, V> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($handle))
+                    .field("name", &self.serdes.name)
+                    .finish()
+            }
+        }
+
+        impl<K, V> $handle<K, V> {
+            /// The store's name.
+            pub fn name(&self) -> &str {
+                &self.serdes.name
+            }
+        }
+    };
 }
+pub(crate) use store_handle;
+
+store_handle!(KeyValueStore);
 
 impl<K: 'static, V: 'static> KeyValueStore<K, V> {
     /// A handle on store `name` through the given serdes (for stores the DSL declared, which
@@ -417,12 +432,10 @@ impl<K: 'static, V: 'static> KeyValueStore<K, V> {
         KeyValueStore { serdes }
     }
 
-    /// The store's name.
-    pub fn name(&self) -> &str {
-        &self.serdes.name
-    }
-
-    fn bytes<'c>(&self, ctx: &'c mut TaskContext<'_>) -> Result<&'c mut dyn KeyValueBytes, StoreError> {
+    fn bytes<'c>(
+        &self,
+        ctx: &'c mut TaskContext<'_>,
+    ) -> Result<&'c mut dyn KeyValueBytes, StoreError> {
         ctx.store(&self.serdes.name)
     }
 
@@ -585,8 +598,14 @@ mod tests {
         let keys: Vec<String> = ["a", "b", "c", "d"].iter().map(|k| k.to_string()).collect();
         let values = [1i64, 2, 3, 4];
         store.put_all(&mut ctx, keys.iter().zip(&values)).unwrap();
-        assert_eq!(store.put_if_absent(&mut ctx, &"a".into(), &10).unwrap(), Some(1));
-        assert_eq!(store.put_if_absent(&mut ctx, &"e".into(), &5).unwrap(), None);
+        assert_eq!(
+            store.put_if_absent(&mut ctx, &"a".into(), &10).unwrap(),
+            Some(1)
+        );
+        assert_eq!(
+            store.put_if_absent(&mut ctx, &"e".into(), &5).unwrap(),
+            None
+        );
         assert_eq!(store.get(&mut ctx, &"e".into()).unwrap(), Some(5));
         let two = store.delete_range(&mut ctx, &"b".into(), &"c".into());
         assert_eq!(two.unwrap(), 2);
@@ -631,7 +650,13 @@ mod tests {
         let wrong = ctx.get_state_store::<String, String>("totals").unwrap_err();
         assert!(matches!(wrong, StoreError::WrongTypes { .. }));
         let kind = ctx.get_window_store::<String, i64>("totals").unwrap_err();
-        assert!(matches!(kind, StoreError::WrongKind { expected: "window", .. }));
+        assert!(matches!(
+            kind,
+            StoreError::WrongKind {
+                expected: "window",
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -35,12 +35,20 @@ impl TestHost {
         builder: crate::stores::StoreBuilder<K, V>,
     ) {
         let (name, kind, declaration) = builder.into_declaration();
+        self.connect(&name, kind);
+        if let Some(s) = self.stores.get_mut(&name) {
+            s.declaration = Some(declaration);
+        }
+    }
+
+    /// Connects store `name` of layout `kind` without a declaration (as the DSL makes them).
+    pub(crate) fn connect(&mut self, name: &str, kind: StoreKind) {
         self.stores.insert(
-            name.clone(),
+            name.to_string(),
             HostedStore {
-                bytes: MemoryKeyValue::new(&name),
+                bytes: MemoryKeyValue::new(name),
                 kind,
-                declaration: Some(declaration),
+                declaration: None,
                 expired_below: i64::MIN,
                 observed: None,
             },

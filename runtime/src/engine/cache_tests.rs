@@ -140,7 +140,9 @@ fn windowed_counting_as(materialized: Materialized<String, i64>) -> Arc<Topology
     builder
         .stream("in", StringSerde, StringSerde)
         .group_by_key()
-        .windowed_by(TimeWindows::of_size_with_no_grace(Duration::from_millis(100)))
+        .windowed_by(TimeWindows::of_size_with_no_grace(Duration::from_millis(
+            100,
+        )))
         .count(materialized)
         .to_stream()
         .map(|k: Option<Windowed<String>>, n: i64| (k.map(|w| w.key).unwrap_or_default(), n))
@@ -154,7 +156,10 @@ fn windowed_counting_as(materialized: Materialized<String, i64>) -> Arc<Topology
 #[test]
 fn a_count_with_caching_disabled_forwards_every_update_despite_the_cache() {
     let tables = [
-        ("count", counting_as as fn(Materialized<String, i64>) -> Arc<Topology>),
+        (
+            "count",
+            counting_as as fn(Materialized<String, i64>) -> Arc<Topology>,
+        ),
         ("windowed count", windowed_counting_as),
     ];
     for (what, table) in tables {

@@ -182,11 +182,24 @@ fn typed_window_and_session_stores_fetch_iterators_while_writing() {
         let (start, v) = entry.unwrap();
         w.put(&mut ctx, &a, &(v * 2), start).unwrap();
     }
-    let fetched: Vec<(i64, i64)> = w.fetch(&mut ctx, &a, 0, 100).unwrap().map(Result::unwrap).collect();
+    let fetched: Vec<(i64, i64)> = w
+        .fetch(&mut ctx, &a, 0, 100)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
     assert_eq!(fetched, [(10, 14), (20, 16), (30, 9)]);
-    let backward: Vec<i64> = w.fetch(&mut ctx, &a, 0, 100).unwrap().rev().map(|e| e.unwrap().0).collect();
+    let backward: Vec<i64> = w
+        .fetch(&mut ctx, &a, 0, 100)
+        .unwrap()
+        .rev()
+        .map(|e| e.unwrap().0)
+        .collect();
     assert_eq!(backward, [30, 20, 10], "backwardFetch");
-    let all: Vec<(Windowed<String>, i64)> = w.fetch_all(&mut ctx, 20, 20).unwrap().map(Result::unwrap).collect();
+    let all: Vec<(Windowed<String>, i64)> = w
+        .fetch_all(&mut ctx, 20, 20)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
     assert_eq!(
         all,
         [
@@ -198,7 +211,12 @@ fn typed_window_and_session_stores_fetch_iterators_while_writing() {
 
     let s = ctx.get_session_store::<String, i64>("s").unwrap();
     for (start, end, v) in [(0, 5, 1), (50, 60, 2)] {
-        s.put(&mut ctx, &Windowed::new(a.clone(), Window::new(start, end)), &v).unwrap();
+        s.put(
+            &mut ctx,
+            &Windowed::new(a.clone(), Window::new(start, end)),
+            &v,
+        )
+        .unwrap();
     }
     let found: Vec<(Window, i64)> = s
         .find_sessions(&mut ctx, &a, 4, 100)

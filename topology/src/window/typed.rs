@@ -9,7 +9,7 @@
 use super::store::{SessionBytes, SessionEntries, WindowBytes};
 use super::{Window, Windowed};
 use crate::processor::TaskContext;
-use crate::store::{KeyValueIterator, StoreError, StoreSerdes, WindowStoreIterator};
+use crate::store::{store_handle, KeyValueIterator, StoreError, StoreSerdes, WindowStoreIterator};
 
 /// A typed window store (Kafka Streams' `WindowStore`), from
 /// `ctx.get_window_store::<K, V>(name)`: a handle that does not hold the context. On the DSL's
@@ -18,14 +18,7 @@ pub struct WindowStore<K, V> {
     serdes: StoreSerdes<K, V>,
 }
 
-// Derived `Clone` would ask for `K: Clone, V: Clone`; only the serdes' `Arc`s are cloned.
-impl<K, V> Clone for WindowStore<K, V> {
-    fn clone(&self) -> Self {
-        WindowStore {
-            serdes: self.serdes.clone(),
-        }
-    }
-}
+store_handle!(WindowStore);
 
 /// Decodes a stored window value: drops the timestamp a timestamped store keeps before it.
 fn window_value<K: 'static, V: 'static>(
@@ -43,23 +36,10 @@ fn window_value<K: 'static, V: 'static>(
     serdes.value_from(bytes)
 }
 
-impl<K, V> std::fmt::Debug for WindowStore<K, V> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WindowStore")
-            .field("name", &self.serdes.name)
-            .finish()
-    }
-}
-
 impl<K: 'static, V: 'static> WindowStore<K, V> {
     /// A handle on the window store named in `serdes`.
     pub(crate) fn with_serdes(serdes: StoreSerdes<K, V>) -> Self {
         WindowStore { serdes }
-    }
-
-    /// The store's name.
-    pub fn name(&self) -> &str {
-        &self.serdes.name
     }
 
     fn open<'c>(&self, ctx: &'c mut TaskContext<'_>) -> Result<WindowBytes<'c>, StoreError> {
@@ -170,31 +150,12 @@ pub struct SessionStore<K, V> {
     serdes: StoreSerdes<K, V>,
 }
 
-impl<K, V> Clone for SessionStore<K, V> {
-    fn clone(&self) -> Self {
-        SessionStore {
-            serdes: self.serdes.clone(),
-        }
-    }
-}
-
-impl<K, V> std::fmt::Debug for SessionStore<K, V> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionStore")
-            .field("name", &self.serdes.name)
-            .finish()
-    }
-}
+store_handle!(SessionStore);
 
 impl<K: 'static, V: 'static> SessionStore<K, V> {
     /// A handle on the session store named in `serdes`.
     pub(crate) fn with_serdes(serdes: StoreSerdes<K, V>) -> Self {
         SessionStore { serdes }
-    }
-
-    /// The store's name.
-    pub fn name(&self) -> &str {
-        &self.serdes.name
     }
 
     fn open<'c>(&self, ctx: &'c mut TaskContext<'_>) -> Result<SessionBytes<'c>, StoreError> {
@@ -222,7 +183,11 @@ impl<K: 'static, V: 'static> SessionStore<K, V> {
     }
 
     /// Removes the session `session`.
-    pub fn remove(&self, ctx: &mut TaskContext<'_>, session: &Windowed<K>) -> Result<(), StoreError> {
+    pub fn remove(
+        &self,
+        ctx: &mut TaskContext<'_>,
+        session: &Windowed<K>,
+    ) -> Result<(), StoreError> {
         let k = self.serdes.key(&session.key)?;
         self.open(ctx)?.remove(&k, session.window)
     }
@@ -238,7 +203,9 @@ impl<K: 'static, V: 'static> SessionStore<K, V> {
         latest_start: i64,
     ) -> Result<KeyValueIterator<Windowed<K>, V>, StoreError> {
         let k = self.serdes.key(key)?;
-        let entries = self.open(ctx)?.find_sessions(&k, earliest_end, latest_start)?;
+        let entries = self
+            .open(ctx)?
+            .find_sessions(&k, earliest_end, latest_start)?;
         Ok(self.iter(entries))
     }
 
