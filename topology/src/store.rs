@@ -500,9 +500,8 @@ impl<K: 'static, V: 'static> KeyValueStore<K, V> {
         from: &K,
         to: &K,
     ) -> Result<usize, StoreError> {
-        let (f, t) = (self.serdes.key(from)?, self.serdes.key(to)?);
+        let doomed = self.entries_between(ctx, from, to)?;
         let bytes = self.bytes(ctx)?;
-        let doomed = bytes.range(Bound::Included(&f), Bound::Included(&t))?;
         for (k, _) in &doomed {
             bytes.delete(k)?;
         }
@@ -524,11 +523,7 @@ impl<K: 'static, V: 'static> KeyValueStore<K, V> {
         from: &K,
         to: &K,
     ) -> Result<KeyValueIterator<K, V>, StoreError> {
-        let (f, t) = (self.serdes.key(from)?, self.serdes.key(to)?);
-        let entries = self
-            .bytes(ctx)?
-            .range(Bound::Included(&f), Bound::Included(&t))?;
-        Ok(self.iter(entries))
+        Ok(self.iter(self.entries_between(ctx, from, to)?))
     }
 
     /// [`KeyValueStore::range`] in descending order (Kafka Streams' `reverseRange`).
@@ -538,10 +533,7 @@ impl<K: 'static, V: 'static> KeyValueStore<K, V> {
         from: &K,
         to: &K,
     ) -> Result<KeyValueIterator<K, V>, StoreError> {
-        let (f, t) = (self.serdes.key(from)?, self.serdes.key(to)?);
-        let mut entries = self
-            .bytes(ctx)?
-            .range(Bound::Included(&f), Bound::Included(&t))?;
+        let mut entries = self.entries_between(ctx, from, to)?;
         entries.reverse();
         Ok(self.iter(entries))
     }
@@ -558,6 +550,18 @@ impl<K: 'static, V: 'static> KeyValueStore<K, V> {
             .serialize(prefix)
             .map_err(|e| self.serdes.error(e))?;
         Ok(self.iter(self.bytes(ctx)?.prefix_scan(&p)?))
+    }
+
+    /// The serialized entries with keys from `from` to `to`, both included.
+    fn entries_between(
+        &self,
+        ctx: &mut TaskContext<'_>,
+        from: &K,
+        to: &K,
+    ) -> Result<Entries, StoreError> {
+        let (f, t) = (self.serdes.key(from)?, self.serdes.key(to)?);
+        self.bytes(ctx)?
+            .range(Bound::Included(&f), Bound::Included(&t))
     }
 
     fn iter(&self, entries: Entries) -> KeyValueIterator<K, V> {
