@@ -1,5 +1,8 @@
 //! Key-value stores as processors see them: byte-level access to the sub-task's own key range,
-//! and a typed view over it through serdes.
+//! and typed handles over it through serdes ([`KeyValueStore`]; the window, session and
+//! versioned ones are alike). A handle holds a store's name and serdes, never the context: each
+//! call takes the context for its own duration, and scans return iterators that own their
+//! entries, so a processor reads, forwards and writes again with one handle.
 //!
 //! The topology crate only defines the interface; `rill-state` implements it over RocksDB with a
 //! write cache, so a processor's reads see its own uncommitted writes. Window, session and

@@ -172,6 +172,19 @@ impl<K, V> Materialized<K, V> {
     /// record cache into the last one before the next commit or eviction. Store writes collapse
     /// in the sub-task's write cache until the range commits either way (one changelog record
     /// per key and commit): rill's commit applies them in one batch with the range's progress.
+    ///
+    /// ```
+    /// # use rill_topology::prelude::*;
+    /// let builder = StreamsBuilder::new();
+    /// builder
+    ///     .stream("clicks", StringSerde, StringSerde)
+    ///     .group_by_key()
+    ///     .count(Materialized::named("clicks-per-user").with_caching_disabled())
+    ///     .to_stream()
+    ///     .to_with("click-counts", Produced::with(StringSerde, I64Serde));
+    /// builder.build()?;
+    /// # Ok::<(), TopologyError>(())
+    /// ```
     pub fn with_caching_disabled(mut self) -> Self {
         self.caching_disabled = true;
         self
