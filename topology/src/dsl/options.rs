@@ -169,7 +169,10 @@ impl<K, V> Materialized<K, V> {
     /// Forwards every update of the aggregation downstream, one record per input record
     /// (Kafka Streams' `Materialized.withCachingDisabled`). With caching on (the default, with
     /// `statestore.cache.max.bytes` above 0), consecutive updates of a key collapse in the
-    /// record cache into the last one before the next commit or eviction. Store writes collapse
+    /// record cache into the last one before the next commit or eviction. Only key-value and
+    /// time-window aggregations cache at all; tables read from topics, session and sliding
+    /// windows, `cogroup` and aggregations that feed a repartition topic forward every update
+    /// either way. Store writes collapse
     /// in the sub-task's write cache until the range commits either way (one changelog record
     /// per key and commit): rill's commit applies them in one batch with the range's progress.
     ///
