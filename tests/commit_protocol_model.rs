@@ -37,11 +37,11 @@ impl Processor<String, String, String, String> for KeyValue {
         let Some(key) = record.key.clone() else {
             return Ok(());
         };
-        let mut kv = ctx.get_state_store::<String, String>("kv")?;
+        let kv = ctx.get_state_store::<String, String>("kv")?;
         if record.value == "del" {
-            kv.delete(&key)?;
+            kv.delete(ctx, &key)?;
         } else {
-            kv.put(&key, &record.value)?;
+            kv.put(ctx, &key, &record.value)?;
             ctx.forward(record);
         }
         Ok(())

@@ -268,9 +268,9 @@ impl Processor<String, i64, String, i64> for SumAndReport {
             .key
             .clone()
             .ok_or_else(|| ProcessError::User("no key".into()))?;
-        let mut store = ctx.get_state_store::<String, i64>("sums")?;
-        let sum = store.get(&key)?.unwrap_or(0) + record.value;
-        store.put(&key, &sum)?;
+        let store = ctx.get_state_store::<String, i64>("sums")?;
+        let sum = store.get(ctx, &key)?.unwrap_or(0) + record.value;
+        store.put(ctx, &key, &sum)?;
         Ok(())
     }
 
@@ -285,7 +285,7 @@ impl Processor<String, i64, String, i64> for SumAndReport {
             PunctuationType::StreamTime => "stream",
         };
         // The iterator owns its entries: the store is not borrowed while forwarding.
-        let all = ctx.get_state_store::<String, i64>("sums")?.all()?;
+        let all = ctx.get_state_store::<String, i64>("sums")?.all(ctx)?;
         for entry in all {
             let (k, v) = entry?;
             ctx.forward(Record::new(format!("{tag}:{k}"), v).with_timestamp(timestamp));

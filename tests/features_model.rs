@@ -231,9 +231,9 @@ impl Processor<String, String, String, i64> for TouchedCounts {
             .key
             .clone()
             .ok_or_else(|| ProcessError::User("no key".into()))?;
-        let mut store = ctx.get_state_store::<String, i64>("touched")?;
-        let count = store.get(&key)?.unwrap_or(0) + 1;
-        store.put(&key, &count)?;
+        let store = ctx.get_state_store::<String, i64>("touched")?;
+        let count = store.get(ctx, &key)?.unwrap_or(0) + 1;
+        store.put(ctx, &key, &count)?;
         Ok(())
     }
 
@@ -243,9 +243,9 @@ impl Processor<String, String, String, i64> for TouchedCounts {
         _timestamp: i64,
         ctx: &mut ProcessorContext<'_, String, i64>,
     ) -> Result<(), ProcessError> {
-        let mut store = ctx.get_state_store::<String, i64>("touched")?;
-        for (k, v) in store.all()?.collect::<Result<Vec<_>, _>>()? {
-            store.put(&k, &v)?;
+        let store = ctx.get_state_store::<String, i64>("touched")?;
+        for (k, v) in store.all(ctx)?.collect::<Result<Vec<_>, _>>()? {
+            store.put(ctx, &k, &v)?;
         }
         Ok(())
     }

@@ -18,11 +18,11 @@ impl FixedKeyProcessor<String, String, String> for Dedup {
         let Some(key) = record.key().cloned() else {
             return Ok(());
         };
-        let mut seen = ctx.get_state_store::<String, String>("seen")?;
-        if seen.get(&key)?.as_deref() == Some(record.value().as_str()) {
+        let seen = ctx.get_state_store::<String, String>("seen")?;
+        if seen.get(ctx, &key)?.as_deref() == Some(record.value().as_str()) {
             return Ok(());
         }
-        seen.put(&key, record.value())?;
+        seen.put(ctx, &key, record.value())?;
         let upper = record.value().to_uppercase();
         ctx.forward(record.with_value(upper));
         Ok(())
@@ -141,9 +141,9 @@ fn a_fixed_key_processor_punctuates() {
             _timestamp: i64,
             ctx: &mut FixedKeyContext<'_, String, String>,
         ) -> Result<(), ProcessError> {
-            let mut ticks = ctx.get_state_store::<String, i64>("tick-count")?;
-            let n = ticks.get(&"all".to_string())?.unwrap_or(0);
-            ticks.put(&"all".to_string(), &(n + 1))?;
+            let ticks = ctx.get_state_store::<String, i64>("tick-count")?;
+            let n = ticks.get(ctx, &"all".to_string())?.unwrap_or(0);
+            ticks.put(ctx, &"all".to_string(), &(n + 1))?;
             Ok(())
         }
     }

@@ -40,9 +40,9 @@ impl Processor<String, i64, String, i64> for ScaledTotals {
             .key
             .clone()
             .ok_or_else(|| ProcessError::User("no key".into()))?;
-        let mut store = ctx.get_state_store::<String, i64>("totals")?;
-        let total = store.get(&key)?.unwrap_or(0) + record.value;
-        store.put(&key, &total)?;
+        let store = ctx.get_state_store::<String, i64>("totals")?;
+        let total = store.get(ctx, &key)?.unwrap_or(0) + record.value;
+        store.put(ctx, &key, &total)?;
         ctx.forward(record.with_key_value(Some(key), total));
         Ok(())
     }
@@ -53,10 +53,10 @@ impl Processor<String, i64, String, i64> for ScaledTotals {
         _timestamp: i64,
         ctx: &mut ProcessorContext<'_, String, i64>,
     ) -> Result<(), ProcessError> {
-        let mut store = ctx.get_state_store::<String, i64>("totals")?;
-        for entry in store.all()? {
+        let store = ctx.get_state_store::<String, i64>("totals")?;
+        for entry in store.all(ctx)? {
             let (k, v) = entry?;
-            store.put(&k, &((v + 9) / 10 * 10))?;
+            store.put(ctx, &k, &((v + 9) / 10 * 10))?;
         }
         Ok(())
     }
@@ -132,9 +132,9 @@ impl Processor<Windowed<String>, i64, String, i64> for FinalTotals {
             .clone()
             .ok_or_else(|| ProcessError::User("no key".into()))?
             .key;
-        let mut store = ctx.get_state_store::<String, i64>("final-totals")?;
-        let total = store.get(&key)?.unwrap_or(0) + record.value;
-        store.put(&key, &total)?;
+        let store = ctx.get_state_store::<String, i64>("final-totals")?;
+        let total = store.get(ctx, &key)?.unwrap_or(0) + record.value;
+        store.put(ctx, &key, &total)?;
         ctx.forward(record.with_key_value(Some(key), total));
         Ok(())
     }

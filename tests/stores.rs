@@ -1,6 +1,7 @@
 //! Issue 42 item 5: Processor-API stores declared once with `Stores` builders (key-value,
-//! timestamped key-value, window, session) and opened typed without serdes; scans as
-//! iterators that do not hold the store across `forward`; a clear error for wrong types.
+//! timestamped key-value, window, session) and opened typed without serdes, as handles that do
+//! not hold the context across `forward`; scans and fetches as iterators; a clear error for
+//! wrong types.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -26,10 +27,16 @@ impl Processor<String, i64, String, i64> for Everything {
         if key == "?" {
             let totals = ctx.get_state_store::<String, i64>("totals")?;
             let scans = [
-                ("all", totals.all()?),
-                ("range", totals.range(&"b".into(), &"c".into())?),
-                ("reverse", totals.reverse_range(&"a".into(), &"bb".into())?),
-                ("prefix", totals.prefix_scan(&"b".to_string(), StringSerde)?),
+                ("all", totals.all(ctx)?),
+                ("range", totals.range(ctx, &"b".into(), &"c".into())?),
+                (
+                    "reverse",
+                    totals.reverse_range(ctx, &"a".into(), &"bb".into())?,
+                ),
+                (
+                    "prefix",
+                    totals.prefix_scan(ctx, &"b".to_string(), StringSerde)?,
+                ),
             ];
             // The iterators own their entries: forwarding while walking them compiles.
             for (tag, entries) in scans {
@@ -39,28 +46,107 @@ impl Processor<String, i64, String, i64> for Everything {
                 }
             }
             let stamped = ctx.get_state_store::<String, ValueAndTimestamp<i64>>("stamped")?;
-            for entry in stamped.all()? {
+            for entry in stamped.all(ctx)? {
                 let (k, v) = entry?;
                 ctx.forward(Record::new(format!("stamped:{k}"), v.timestamp).with_timestamp(ts));
             }
             return Ok(());
         }
-        let mut totals = ctx.get_state_store::<String, i64>("totals")?;
-        let total = totals.get(&key)?.unwrap_or(0) + r.value;
-        totals.put(&key, &total)?;
-        let mut stamped = ctx.get_state_store::<String, ValueAndTimestamp<i64>>("stamped")?;
+        let totals = ctx.get_state_store::<String, i64>("totals")?;
+        let total = totals.get(ctx, &key)?.unwrap_or(0) + r.value;
+        totals.put(ctx, &key, &total)?;
+        let stamped = ctx.get_state_store::<String, ValueAndTimestamp<i64>>("stamped")?;
         let value = ValueAndTimestamp {
             value: total,
             timestamp: ts,
         };
-        stamped.put(&key, &value)?;
+        stamped.put(ctx, &key, &value)?;
         ctx.get_window_store::<String, i64>("windows")?
-            .put(&key, &r.value, ts - ts % 100)?;
+            .put(ctx, &key, &r.value, ts - ts % 100)?;
         let session = Windowed::new(key.clone(), Window::new(ts, ts));
         ctx.get_session_store::<String, i64>("sessions")?
-            .put(&session, &r.value)?;
+            .put(ctx, &session, &r.value)?;
         Ok(())
     }
+}
+
+/// Running totals, with handles opened in `init` and kept in the processor: each record reads
+/// its key's total and its window's, forwards the new total, then writes both (the handles
+/// do not hold the context across `forward`). A key `?` forwards, per window of key `a`,
+/// the window's sum, walking the window store's iterator while it forwards.
+#[derive(Default)]
+struct KeptHandles {
+    stores: Option<(KeyValueStore<String, i64>, WindowStore<String, i64>)>,
+}
+
+impl Processor<String, i64, String, i64> for KeptHandles {
+    fn init(&mut self, ctx: &mut ProcessorContext<'_, String, i64>) -> Result<(), ProcessError> {
+        let totals = ctx.get_state_store("totals")?;
+        let windows = ctx.get_window_store("windows")?;
+        self.stores = Some((totals, windows));
+        Ok(())
+    }
+
+    fn process(
+        &mut self,
+        r: Record<String, i64>,
+        ctx: &mut ProcessorContext<'_, String, i64>,
+    ) -> Result<(), ProcessError> {
+        let Some((totals, windows)) = &self.stores else {
+            return Err(ProcessError::User("process before init".into()));
+        };
+        let key = r.key.clone().unwrap_or_default();
+        let ts = r.timestamp;
+        if key == "?" {
+            for entry in windows.fetch(ctx, &"a".to_string(), 0, ts)? {
+                let (start, sum) = entry?;
+                ctx.forward(Record::new(format!("window@{start}"), sum).with_timestamp(ts));
+            }
+            return Ok(());
+        }
+        let start = ts - ts % 100;
+        let total = totals.get(ctx, &key)?.unwrap_or(0) + r.value;
+        let in_window = windows.get(ctx, &key, start)?.unwrap_or(0) + r.value;
+        ctx.forward(Record::new(key.clone(), total).with_timestamp(ts));
+        totals.put(ctx, &key, &total)?;
+        windows.put(ctx, &key, &in_window, start)?;
+        Ok(())
+    }
+}
+
+#[test]
+fn store_handles_kept_from_init_read_forward_and_write() {
+    let b = StreamsBuilder::new();
+    declare_all(&b);
+    b.stream("in", StringSerde, I64Serde)
+        .process("kept", KeptHandles::default, &["totals", "windows"])
+        .to_with("out", Produced::with(StringSerde, I64Serde));
+    // One sub-task, so that the record `?` sees the windows of `a`.
+    let driver = TestDriver::builder(b.build().unwrap())
+        .parallelising_factor(1)
+        .build()
+        .unwrap();
+    let input = driver.input_topic("in", StringSerde, I64Serde);
+    let output = driver.output_topic("out", StringSerde, I64Serde);
+    for (key, value, ts) in [("a", 1, 10), ("b", 5, 20), ("a", 2, 30), ("a", 4, 120)] {
+        input.pipe_input_at(key.into(), value, ts);
+    }
+    input.pipe_input_at("?".into(), 0, 200);
+    let got = output.read_key_values();
+    let want: Vec<(String, i64)> = [
+        ("a", 1),
+        ("b", 5),
+        ("a", 3),
+        ("a", 7),
+        ("window@0", 3),
+        ("window@100", 4),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), *v))
+    .collect();
+    assert_eq!(got, want);
+    let totals = driver.key_value_store("totals", StringSerde, I64Serde);
+    assert_eq!(totals.get(&"a".into()), Some(7));
 }
 
 fn declare_all(b: &StreamsBuilder) {

@@ -469,12 +469,9 @@ fn processors_use_window_stores_through_the_context() {
         ) -> Result<(), ProcessError> {
             let key = r.key.clone().unwrap_or_default();
             let start = r.timestamp - r.timestamp % 100;
-            let previous = {
-                let mut store = ctx.get_window_store::<String, i64>("last")?;
-                let previous = store.get(&key, start)?;
-                store.put(&key, &r.value, start)?;
-                previous
-            };
+            let store = ctx.get_window_store::<String, i64>("last")?;
+            let previous = store.get(ctx, &key, start)?;
+            store.put(ctx, &key, &r.value, start)?;
             ctx.forward(r.with_key_value(Some(key), previous.unwrap_or(-1)));
             Ok(())
         }

@@ -4,7 +4,9 @@
 //! when the caches of all sub-tasks together hold more than the budget).
 //!
 //! The store writes themselves collapse already in the sub-task's write cache (one changelog
-//! record per key and commit); this cache saves the downstream records.
+//! record per key and commit); this cache saves the downstream records. An aggregation
+//! materialized with `Materialized::with_caching_disabled` bypasses it (Kafka Streams'
+//! meaning of the flag: every update goes downstream).
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};

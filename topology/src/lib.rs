@@ -55,6 +55,8 @@ pub mod record;
 pub mod serdes;
 pub mod store;
 pub mod stores;
+#[cfg(test)]
+mod test_host;
 pub mod time;
 pub mod versioned;
 pub mod window;
@@ -92,7 +94,9 @@ pub mod prelude {
         BytesSerde, I32Serde, I64Serde, JsonSerde, Nullable, ProtobufSerde, Serde, SerdeError,
         StringSerde, U64Serde,
     };
-    pub use crate::store::{KeyValueBytes, KeyValueIterator, KeyValueStore, StoreError};
+    pub use crate::store::{
+        KeyValueBytes, KeyValueIterator, KeyValueStore, StoreError, WindowStoreIterator,
+    };
     pub use crate::stores::{StoreBuilder, Stores};
     pub use crate::time::{
         FailOnInvalidTimestamp, LogAndSkipOnInvalidTimestamp, OnInvalidTimestamp,

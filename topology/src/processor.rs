@@ -199,79 +199,83 @@ impl<'a> TaskContext<'a> {
         self.host.store(name)
     }
 
-    /// The declared serdes of store `name` as `K` and `V`.
-    fn declared<K: 'static, V: 'static>(
-        &self,
-        name: &str,
-    ) -> Result<StoreSerdes<K, V>, StoreError> {
-        self.host
-            .store_declaration(name)
-            .ok_or_else(|| StoreError::Undeclared(name.to_string()))?
-            .serdes(name)
-    }
-
     /// A connected key-value store, typed with the serdes it was declared with (Kafka Streams'
-    /// `getStateStore`); [`StoreError::WrongTypes`] when `K` and `V` are not its builder's.
+    /// `getStateStore`): a handle that does not hold the context, whose calls take it
+    /// (`totals.get(ctx, &key)`, `totals.put(ctx, &key, &value)`); see [`KeyValueStore`].
+    /// [`StoreError::WrongTypes`] when `K` and `V` are not its builder's.
     pub fn get_state_store<K: 'static, V: 'static>(
         &mut self,
         name: &str,
-    ) -> Result<KeyValueStore<'_, K, V>, StoreError> {
+    ) -> Result<KeyValueStore<K, V>, StoreError> {
+        let serdes = self.declared_as::<K, V>(name, StoreKind::KeyValue.name())?;
+        Ok(KeyValueStore::with_serdes(serdes))
+    }
+
+    /// The declared serdes of connected store `name` as `K` and `V`, when it is a store of the
+    /// kind named `expected` ([`StoreKind::name`]).
+    fn declared_as<K: 'static, V: 'static>(
+        &mut self,
+        name: &str,
+        expected: &'static str,
+    ) -> Result<StoreSerdes<K, V>, StoreError> {
+        // Connected at all: a misconfigured processor fails where it opens the store.
+        self.host.store(name)?;
         let declaration = self
             .host
             .store_declaration(name)
             .ok_or_else(|| StoreError::Undeclared(name.to_string()))?;
-        if declaration.kind() != StoreKind::KeyValue {
+        if declaration.kind().name() != expected {
             return Err(StoreError::WrongKind {
                 store: name.to_string(),
-                expected: StoreKind::KeyValue.name(),
+                expected,
                 actual: declaration.kind().name(),
             });
         }
-        let serdes = declaration.serdes::<K, V>(name)?;
-        Ok(KeyValueStore::with_serdes(self.host.store(name)?, serdes))
+        declaration.serdes(name)
     }
 
     /// Byte-level access to a connected window, session or buffer store, with its layout, the
-    /// stream time and its expiry position (what [`WindowStore`] and [`SessionStore`] wrap).
+    /// stream time and its expiry position (what [`WindowStore`] and [`SessionStore`] open).
     pub fn timed_store(&mut self, name: &str) -> Result<TimedStore<'_>, StoreError> {
         self.host.timed_store(name)
     }
 
     /// A connected window store, typed with the serdes it was declared with (Kafka Streams'
-    /// `WindowStore`); see [`WindowStore`].
+    /// `WindowStore`): a handle that does not hold the context; see [`WindowStore`].
     pub fn get_window_store<K: 'static, V: 'static>(
         &mut self,
         name: &str,
-    ) -> Result<WindowStore<'_, K, V>, StoreError> {
-        let serdes = self.declared::<K, V>(name)?;
-        WindowStore::with_serdes(self.host.timed_store(name)?, serdes)
+    ) -> Result<WindowStore<K, V>, StoreError> {
+        Ok(WindowStore::with_serdes(self.declared_as(name, "window")?))
     }
 
     /// A connected session store, typed with the serdes it was declared with (Kafka Streams'
-    /// `SessionStore`); see [`SessionStore`].
+    /// `SessionStore`): a handle that does not hold the context; see [`SessionStore`].
     pub fn get_session_store<K: 'static, V: 'static>(
         &mut self,
         name: &str,
-    ) -> Result<SessionStore<'_, K, V>, StoreError> {
-        let serdes = self.declared::<K, V>(name)?;
-        SessionStore::with_serdes(self.host.timed_store(name)?, serdes)
+    ) -> Result<SessionStore<K, V>, StoreError> {
+        Ok(SessionStore::with_serdes(
+            self.declared_as(name, "session")?,
+        ))
     }
 
-    /// A typed view of a connected versioned key-value store (Kafka Streams'
-    /// `VersionedKeyValueStore`, declared by the DSL with `Materialized::versioned`); see
-    /// [`crate::versioned`].
+    /// A connected versioned key-value store (Kafka Streams' `VersionedKeyValueStore`, declared
+    /// by the DSL with `Materialized::versioned`), typed with the given serdes: a handle that
+    /// does not hold the context; see [`crate::versioned`].
     pub fn versioned_store<K: 'static, V: 'static>(
         &mut self,
         name: &str,
         key_serde: impl Serde<K>,
         value_serde: impl Serde<V>,
-    ) -> Result<VersionedStore<'_, K, V>, StoreError> {
-        VersionedStore::new(
-            self.host.timed_store(name)?,
+    ) -> Result<VersionedStore<K, V>, StoreError> {
+        // Connected, and versioned: a misconfigured processor fails where it opens the store.
+        crate::versioned::VersionedBytes::open(self.host.timed_store(name)?)?;
+        Ok(VersionedStore::new(
             name,
             Arc::new(key_serde),
             Arc::new(value_serde),
-        )
+        ))
     }
 
     /// The sub-task's stream time: the partition's stream time (largest record timestamp) at the
@@ -559,10 +563,12 @@ where
 ///         ctx: &mut ProcessorContext<'_, String, i64>,
 ///     ) -> Result<(), ProcessError> {
 ///         let Some(customer) = record.key.clone() else { return Ok(()) };
-///         let mut largest = ctx.get_state_store::<String, i64>("largest")?;
-///         if largest.get(&customer)?.is_none_or(|l| record.value > l) {
-///             largest.put(&customer, &record.value)?;
+///         // A handle: it holds the store's name and serdes, each call takes `ctx` briefly.
+///         let largest = ctx.get_state_store::<String, i64>("largest")?;
+///         if largest.get(ctx, &customer)?.is_none_or(|l| record.value > l) {
+///             let value = record.value;
 ///             ctx.forward(record);
+///             largest.put(ctx, &customer, &value)?;
 ///         }
 ///         Ok(())
 ///     }

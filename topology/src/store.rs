@@ -1,5 +1,8 @@
 //! Key-value stores as processors see them: byte-level access to the sub-task's own key range,
-//! and a typed view over it through serdes.
+//! and typed handles over it through serdes ([`KeyValueStore`]; the window, session and
+//! versioned ones are alike). A handle holds a store's name and serdes, never the context: each
+//! call takes the context for its own duration, and scans return iterators that own their
+//! entries, so a processor reads, forwards and writes again with one handle.
 //!
 //! The topology crate only defines the interface; `rill-state` implements it over RocksDB with a
 //! write cache, so a processor's reads see its own uncommitted writes. Window, session and
@@ -9,6 +12,7 @@
 use std::ops::Bound;
 use std::sync::Arc;
 
+use crate::processor::TaskContext;
 use crate::serdes::{Serde, SerdeError};
 
 /// Why a store operation failed.
@@ -48,7 +52,7 @@ pub enum StoreError {
         requested: Box<str>,
     },
     /// The store has no declared serdes: the DSL made it, not a `Stores` builder.
-    #[error("store `{0}` was declared by the DSL, without serdes; open it with ctx.store(name) and KeyValueStore::new(bytes, key_serde, value_serde)")]
+    #[error("store `{0}` was declared by the DSL, without serdes; open it with KeyValueStore::new(name, key_serde, value_serde)")]
     Undeclared(String),
     /// Stored bytes do not follow the store's layout (a bug, or a store written by another
     /// topology under the same name).
@@ -254,7 +258,7 @@ pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 
 /// A store's name and serdes: (de)serializes its keys and values, naming the store in errors.
 pub(crate) struct StoreSerdes<K, V> {
-    name: Arc<str>,
+    pub(crate) name: Arc<str>,
     key_serde: Arc<dyn Serde<K>>,
     value_serde: Arc<dyn Serde<V>>,
 }
@@ -309,31 +313,45 @@ impl<K: 'static, V: 'static> StoreSerdes<K, V> {
     }
 }
 
-/// The entries of a scan of a [`KeyValueStore`], decoded one at a time (Kafka Streams'
-/// `KeyValueIterator`).
+/// The entries of a store scan, decoded one at a time (Kafka Streams' `KeyValueIterator`; a
+/// window store's `fetch` gives `KeyValueIterator<i64, V>`, its [`WindowStoreIterator`]).
 ///
 /// It owns what it iterates: the byte store hands a scan over as one snapshot (its RocksDB
 /// entries merged with the sub-task's uncommitted writes), so the iterator borrows neither the
 /// store nor the context, and a processor may `put` and `forward` while it walks it. Writes
 /// made during the walk are not seen by it. Each item is a `Result` because a key or value may
-/// fail to deserialize; the failure names the store.
+/// fail to deserialize; the failure names the store. It walks backwards too (`.rev()`, Kafka
+/// Streams' `backwardFetch` and `reverseRange`).
 pub struct KeyValueIterator<K, V> {
-    entries: std::vec::IntoIter<(Vec<u8>, Vec<u8>)>,
-    serdes: StoreSerdes<K, V>,
+    entries: Box<dyn Decoded<Item = Result<(K, V), StoreError>> + Send>,
 }
 
+/// The iterators a [`KeyValueIterator`] wraps.
+trait Decoded: DoubleEndedIterator + ExactSizeIterator {}
+
+impl<I: DoubleEndedIterator + ExactSizeIterator> Decoded for I {}
+
+/// The (window start, value) pairs of one key's windows, by start (Kafka Streams'
+/// `WindowStoreIterator`).
+pub type WindowStoreIterator<V> = KeyValueIterator<i64, V>;
+
 impl<K: 'static, V: 'static> KeyValueIterator<K, V> {
-    fn decode(&self, (k, v): (Vec<u8>, Vec<u8>)) -> Result<(K, V), StoreError> {
-        Ok((self.serdes.key_from(&k)?, self.serdes.value_from(&v)?))
+    /// Decodes `entries` with `decode` as the iterator reaches them.
+    pub(crate) fn decoding<E: Send + 'static>(
+        entries: Vec<E>,
+        decode: impl Fn(E) -> Result<(K, V), StoreError> + Send + 'static,
+    ) -> Self {
+        KeyValueIterator {
+            entries: Box::new(entries.into_iter().map(decode)),
+        }
     }
 }
 
-impl<K: 'static, V: 'static> Iterator for KeyValueIterator<K, V> {
+impl<K, V> Iterator for KeyValueIterator<K, V> {
     type Item = Result<(K, V), StoreError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let entry = self.entries.next()?;
-        Some(self.decode(entry))
+        self.entries.next()
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -341,72 +359,129 @@ impl<K: 'static, V: 'static> Iterator for KeyValueIterator<K, V> {
     }
 }
 
-impl<K: 'static, V: 'static> DoubleEndedIterator for KeyValueIterator<K, V> {
+impl<K, V> DoubleEndedIterator for KeyValueIterator<K, V> {
     fn next_back(&mut self) -> Option<Self::Item> {
-        let entry = self.entries.next_back()?;
-        Some(self.decode(entry))
+        self.entries.next_back()
     }
 }
 
-impl<K: 'static, V: 'static> ExactSizeIterator for KeyValueIterator<K, V> {}
+impl<K, V> ExactSizeIterator for KeyValueIterator<K, V> {}
 
-/// A typed view of a key-value store, as `ctx.get_state_store::<K, V>(name)` hands it to
-/// processors (with the serdes the store was declared with).
-pub struct KeyValueStore<'a, K, V> {
-    inner: &'a mut dyn KeyValueBytes,
+/// A typed key-value store (Kafka Streams' `KeyValueStore`), from
+/// `ctx.get_state_store::<K, V>(name)`: a handle that holds the store's name and serdes, not
+/// the context.
+///
+/// Each call takes the context for its own duration only, so a processor can read, `forward`
+/// and write again with one handle, keep it in a field from `init`, or clone it. The handle
+/// names a store of the processor's topology; a call fails with [`StoreError::UnknownStore`]
+/// when the calling processor is not connected to it.
+///
+/// ```
+/// # use rill_topology::prelude::*;
+/// # fn process(ctx: &mut ProcessorContext<'_, String, i64>, key: String) -> Result<(), ProcessError> {
+/// let totals = ctx.get_state_store::<String, i64>("totals")?;
+/// let total = totals.get(ctx, &key)?.unwrap_or(0) + 1;
+/// ctx.forward(Record::new(key.clone(), total));
+/// totals.put(ctx, &key, &total)?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct KeyValueStore<K, V> {
     serdes: StoreSerdes<K, V>,
 }
 
-impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
-    /// A typed view of `inner` through the given serdes (for stores the DSL declared, which
-    /// carry no serdes; open a `Stores`-declared one with `ctx.get_state_store`).
-    pub fn new(
-        inner: &'a mut dyn KeyValueBytes,
-        key_serde: Arc<dyn Serde<K>>,
-        value_serde: Arc<dyn Serde<V>>,
-    ) -> Self {
-        let serdes = StoreSerdes::new(inner.name(), key_serde, value_serde);
-        KeyValueStore { inner, serdes }
+/// `Clone`, `Debug` and `name()` of a typed store handle (a struct of one field, `serdes`).
+macro_rules! store_handle {
+    ($handle:ident) => {
+        // Derived `Clone` would ask for `K: Clone, V: Clone`; only the serdes' `Arc`s are cloned.
+        impl<K, V> Clone for $handle<K, V> {
+            fn clone(&self) -> Self {
+                $handle {
+                    serdes: self.serdes.clone(),
+                }
+            }
+        }
+
+        impl<K, V> std::fmt::Debug for $handle<K, V> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($handle))
+                    .field("name", &self.serdes.name)
+                    .finish()
+            }
+        }
+
+        impl<K, V> $handle<K, V> {
+            /// The store's name.
+            pub fn name(&self) -> &str {
+                &self.serdes.name
+            }
+        }
+    };
+}
+pub(crate) use store_handle;
+
+store_handle!(KeyValueStore);
+
+impl<K: 'static, V: 'static> KeyValueStore<K, V> {
+    /// A handle on store `name` through the given serdes (for stores the DSL declared, which
+    /// carry no serdes; a `Stores`-declared one comes typed from `ctx.get_state_store`).
+    pub fn new(name: &str, key_serde: Arc<dyn Serde<K>>, value_serde: Arc<dyn Serde<V>>) -> Self {
+        KeyValueStore {
+            serdes: StoreSerdes::new(name, key_serde, value_serde),
+        }
     }
 
-    pub(crate) fn with_serdes(inner: &'a mut dyn KeyValueBytes, serdes: StoreSerdes<K, V>) -> Self {
-        KeyValueStore { inner, serdes }
+    pub(crate) fn with_serdes(serdes: StoreSerdes<K, V>) -> Self {
+        KeyValueStore { serdes }
+    }
+
+    fn bytes<'c>(
+        &self,
+        ctx: &'c mut TaskContext<'_>,
+    ) -> Result<&'c mut dyn KeyValueBytes, StoreError> {
+        ctx.store(&self.serdes.name)
     }
 
     /// The value of `key`.
-    pub fn get(&self, key: &K) -> Result<Option<V>, StoreError> {
+    pub fn get(&self, ctx: &mut TaskContext<'_>, key: &K) -> Result<Option<V>, StoreError> {
         let k = self.serdes.key(key)?;
-        self.inner
+        self.bytes(ctx)?
             .get(&k)?
             .map(|v| self.serdes.value_from(&v))
             .transpose()
     }
 
     /// Sets `key` to `value`.
-    pub fn put(&mut self, key: &K, value: &V) -> Result<(), StoreError> {
+    pub fn put(&self, ctx: &mut TaskContext<'_>, key: &K, value: &V) -> Result<(), StoreError> {
         let k = self.serdes.key(key)?;
         let v = self.serdes.value(value)?;
-        self.inner.put(&k, &v)
+        self.bytes(ctx)?.put(&k, &v)
     }
 
     /// Removes `key`.
-    pub fn delete(&mut self, key: &K) -> Result<(), StoreError> {
+    pub fn delete(&self, ctx: &mut TaskContext<'_>, key: &K) -> Result<(), StoreError> {
         let k = self.serdes.key(key)?;
-        self.inner.delete(&k)
+        self.bytes(ctx)?.delete(&k)
     }
 
     /// Sets `key` to `value` unless it has a value, which it returns (Kafka Streams'
     /// `putIfAbsent`).
-    pub fn put_if_absent(&mut self, key: &K, value: &V) -> Result<Option<V>, StoreError> {
-        match self.get(key)? {
+    pub fn put_if_absent(
+        &self,
+        ctx: &mut TaskContext<'_>,
+        key: &K,
+        value: &V,
+    ) -> Result<Option<V>, StoreError> {
+        match self.get(ctx, key)? {
             Some(old) => Ok(Some(old)),
-            None => self.put(key, value).map(|()| None),
+            None => self.put(ctx, key, value).map(|()| None),
         }
     }
 
     /// Sets every key of `entries` to its value, in order (Kafka Streams' `putAll`).
     pub fn put_all<'e>(
-        &mut self,
+        &self,
+        ctx: &mut TaskContext<'_>,
         entries: impl IntoIterator<Item = (&'e K, &'e V)>,
     ) -> Result<(), StoreError>
     where
@@ -414,7 +489,7 @@ impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
         V: 'e,
     {
         for (k, v) in entries {
-            self.put(k, v)?;
+            self.put(ctx, k, v)?;
         }
         Ok(())
     }
@@ -422,33 +497,46 @@ impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
     /// Removes the entries of this sub-task's range with keys from `from` to `to` (both
     /// included, in serialized-key order as [`KeyValueStore::range`]); returns how many. Each
     /// goes as a delete of its own (a tombstone in the changelog).
-    pub fn delete_range(&mut self, from: &K, to: &K) -> Result<usize, StoreError> {
-        let (f, t) = (self.serdes.key(from)?, self.serdes.key(to)?);
-        let doomed = self.inner.range(Bound::Included(&f), Bound::Included(&t))?;
+    pub fn delete_range(
+        &self,
+        ctx: &mut TaskContext<'_>,
+        from: &K,
+        to: &K,
+    ) -> Result<usize, StoreError> {
+        let doomed = self.entries_between(ctx, from, to)?;
+        let bytes = self.bytes(ctx)?;
         for (k, _) in &doomed {
-            self.inner.delete(k)?;
+            bytes.delete(k)?;
         }
         Ok(doomed.len())
     }
 
     /// Every entry of this sub-task's range, in key-byte order.
-    pub fn all(&self) -> Result<KeyValueIterator<K, V>, StoreError> {
-        Ok(self.iter(self.inner.all()?))
+    pub fn all(&self, ctx: &mut TaskContext<'_>) -> Result<KeyValueIterator<K, V>, StoreError> {
+        Ok(self.iter(self.bytes(ctx)?.all()?))
     }
 
     /// The entries with keys from `from` to `to` (both included), in the order of the keys'
     /// serialized bytes (Kafka Streams' `range`; as there, byte order is the order of the
     /// serialized keys, which for strings and big-endian numbers of one sign is their natural
     /// order).
-    pub fn range(&self, from: &K, to: &K) -> Result<KeyValueIterator<K, V>, StoreError> {
-        let (f, t) = (self.serdes.key(from)?, self.serdes.key(to)?);
-        Ok(self.iter(self.inner.range(Bound::Included(&f), Bound::Included(&t))?))
+    pub fn range(
+        &self,
+        ctx: &mut TaskContext<'_>,
+        from: &K,
+        to: &K,
+    ) -> Result<KeyValueIterator<K, V>, StoreError> {
+        Ok(self.iter(self.entries_between(ctx, from, to)?))
     }
 
     /// [`KeyValueStore::range`] in descending order (Kafka Streams' `reverseRange`).
-    pub fn reverse_range(&self, from: &K, to: &K) -> Result<KeyValueIterator<K, V>, StoreError> {
-        let (f, t) = (self.serdes.key(from)?, self.serdes.key(to)?);
-        let mut entries = self.inner.range(Bound::Included(&f), Bound::Included(&t))?;
+    pub fn reverse_range(
+        &self,
+        ctx: &mut TaskContext<'_>,
+        from: &K,
+        to: &K,
+    ) -> Result<KeyValueIterator<K, V>, StoreError> {
+        let mut entries = self.entries_between(ctx, from, to)?;
         entries.reverse();
         Ok(self.iter(entries))
     }
@@ -457,20 +545,33 @@ impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
     /// (Kafka Streams' `prefixScan`).
     pub fn prefix_scan<P: 'static>(
         &self,
+        ctx: &mut TaskContext<'_>,
         prefix: &P,
         prefix_serde: impl Serde<P>,
     ) -> Result<KeyValueIterator<K, V>, StoreError> {
         let p = prefix_serde
             .serialize(prefix)
             .map_err(|e| self.serdes.error(e))?;
-        Ok(self.iter(self.inner.prefix_scan(&p)?))
+        Ok(self.iter(self.bytes(ctx)?.prefix_scan(&p)?))
+    }
+
+    /// The serialized entries with keys from `from` to `to`, both included.
+    fn entries_between(
+        &self,
+        ctx: &mut TaskContext<'_>,
+        from: &K,
+        to: &K,
+    ) -> Result<Entries, StoreError> {
+        let (f, t) = (self.serdes.key(from)?, self.serdes.key(to)?);
+        self.bytes(ctx)?
+            .range(Bound::Included(&f), Bound::Included(&t))
     }
 
     fn iter(&self, entries: Entries) -> KeyValueIterator<K, V> {
-        KeyValueIterator {
-            entries: entries.into_iter(),
-            serdes: self.serdes.clone(),
-        }
+        let serdes = self.serdes.clone();
+        KeyValueIterator::decoding(entries, move |(k, v)| {
+            Ok((serdes.key_from(&k)?, serdes.value_from(&v)?))
+        })
     }
 }
 
@@ -478,23 +579,91 @@ impl<'a, K: 'static, V: 'static> KeyValueStore<'a, K, V> {
 mod tests {
     use super::*;
 
+    use crate::processor::ProcessorContext;
+    use crate::record::Record;
+    use crate::serdes::{I64Serde, StringSerde};
+    use crate::stores::Stores;
+    use crate::test_host::TestHost;
+
+    fn host_with_totals() -> TestHost {
+        let mut host = TestHost::default();
+        host.declare(Stores::key_value_store_builder(
+            Stores::persistent_key_value_store("totals"),
+            StringSerde,
+            I64Serde,
+        ));
+        host
+    }
+
     /// Issue 42, item 5: `put_if_absent` keeps a present value, `put_all` puts each entry,
     /// `delete_range` removes exactly the keys of its bounds.
     #[test]
     fn put_if_absent_put_all_and_delete_range_do_what_kafka_streams_users_expect() {
-        use crate::serdes::{I64Serde, StringSerde};
-        let mut bytes = MemoryKeyValue::new("s");
-        let mut store = KeyValueStore::new(&mut bytes, Arc::new(StringSerde), Arc::new(I64Serde));
+        let mut host = host_with_totals();
+        let mut ctx = ProcessorContext::<String, i64>::new(&mut host);
+        let store = ctx.get_state_store::<String, i64>("totals").unwrap();
         let keys: Vec<String> = ["a", "b", "c", "d"].iter().map(|k| k.to_string()).collect();
         let values = [1i64, 2, 3, 4];
-        store.put_all(keys.iter().zip(&values)).unwrap();
-        assert_eq!(store.put_if_absent(&"a".into(), &10).unwrap(), Some(1));
-        assert_eq!(store.put_if_absent(&"e".into(), &5).unwrap(), None);
-        assert_eq!(store.get(&"e".into()).unwrap(), Some(5));
-        assert_eq!(store.delete_range(&"b".into(), &"c".into()).unwrap(), 2);
-        let left: Vec<String> = store.all().unwrap().map(|e| e.unwrap().0).collect();
+        store.put_all(&mut ctx, keys.iter().zip(&values)).unwrap();
+        assert_eq!(
+            store.put_if_absent(&mut ctx, &"a".into(), &10).unwrap(),
+            Some(1)
+        );
+        assert_eq!(
+            store.put_if_absent(&mut ctx, &"e".into(), &5).unwrap(),
+            None
+        );
+        assert_eq!(store.get(&mut ctx, &"e".into()).unwrap(), Some(5));
+        let two = store.delete_range(&mut ctx, &"b".into(), &"c".into());
+        assert_eq!(two.unwrap(), 2);
+        let left: Vec<String> = store.all(&mut ctx).unwrap().map(|e| e.unwrap().0).collect();
         assert_eq!(left, ["a", "d", "e"]);
-        assert_eq!(store.delete_range(&"x".into(), &"z".into()).unwrap(), 0);
+        let back: Vec<String> = store
+            .reverse_range(&mut ctx, &"a".into(), &"d".into())
+            .unwrap()
+            .map(|e| e.unwrap().0)
+            .collect();
+        assert_eq!(back, ["d", "a"]);
+        let none = store.delete_range(&mut ctx, &"x".into(), &"z".into());
+        assert_eq!(none.unwrap(), 0);
+    }
+
+    /// Issue 42, item 5: one handle reads, the context forwards, the same handle writes; a
+    /// clone taken before sees the write (the handle holds no state of its own).
+    #[test]
+    fn a_store_handle_reads_and_writes_around_a_forward() {
+        let mut host = host_with_totals();
+        let mut ctx = ProcessorContext::<String, i64>::new(&mut host);
+        let totals = ctx.get_state_store::<String, i64>("totals").unwrap();
+        let kept = totals.clone();
+        for n in 1..=3 {
+            let key = "k".to_string();
+            let total = totals.get(&mut ctx, &key).unwrap().unwrap_or(0) + n;
+            ctx.forward(Record::new(key.clone(), total));
+            totals.put(&mut ctx, &key, &total).unwrap();
+        }
+        assert_eq!(kept.get(&mut ctx, &"k".into()).unwrap(), Some(6));
+        assert_eq!(host.forwarded.len(), 3);
+    }
+
+    /// A handle on a store the processor is not connected to, or with other types than
+    /// declared, fails where it is opened, naming the store.
+    #[test]
+    fn opening_a_store_checks_connection_kind_and_types() {
+        let mut host = host_with_totals();
+        let mut ctx = ProcessorContext::<String, i64>::new(&mut host);
+        let unknown = ctx.get_state_store::<String, i64>("nope").unwrap_err();
+        assert!(matches!(unknown, StoreError::UnknownStore(s) if s == "nope"));
+        let wrong = ctx.get_state_store::<String, String>("totals").unwrap_err();
+        assert!(matches!(wrong, StoreError::WrongTypes { .. }));
+        let kind = ctx.get_window_store::<String, i64>("totals").unwrap_err();
+        assert!(matches!(
+            kind,
+            StoreError::WrongKind {
+                expected: "window",
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -9,8 +9,11 @@
 //!     StringSerde,
 //!     I64Serde,
 //! ));
-//! // In a processor connected to "totals":
-//! // let mut totals = ctx.get_state_store::<String, i64>("totals")?;
+//! // In a processor connected to "totals", a handle that does not hold the context:
+//! // let totals = ctx.get_state_store::<String, i64>("totals")?;
+//! // let total = totals.get(ctx, &key)?.unwrap_or(0) + 1;
+//! // ctx.forward(record);
+//! // totals.put(ctx, &key, &total)?;
 //! ```
 //!
 //! Where rill differs from Kafka Streams:
@@ -27,10 +30,13 @@
 //!   its offsets from at all. Kafka Streams accepts that loss; rill's exactness does not have an
 //!   exception for it yet. [`StoreBuilder::with_logging_enabled`] sets the changelog topic's
 //!   configs.
-//! - Caching cannot be turned on or off: a store's writes always wait in the sub-task's write
-//!   cache until the range commits (one changelog record per key and commit), which is what
-//!   Kafka Streams' caching does for a store; the downstream record cache is the DSL's
-//!   (`statestore.cache.max.bytes`).
+//! - Caching is always on: a store's writes wait in the sub-task's write cache until the range
+//!   commits (one changelog record per key and commit; reads see them), which is what Kafka
+//!   Streams' caching does for a store, and what [`StoreBuilder::with_caching_enabled`] states.
+//!   There is no `with_caching_disabled`: Kafka Streams' uncached store writes each put through
+//!   to RocksDB and the changelog, and rill's range commit applies a store's writes in one
+//!   batch with the range's progress. The downstream record cache is the DSL's
+//!   (`statestore.cache.max.bytes`, and `Materialized::with_caching_disabled` per aggregation).
 //! - Window stores keep one value per key and window start (no `retainDuplicates`).
 
 use std::any::{type_name, Any};
@@ -111,8 +117,8 @@ impl Stores {
         }
     }
 
-    /// A key-value store with its serdes (`Stores.keyValueStoreBuilder`); processors open it
-    /// with `ctx.get_state_store::<K, V>(name)`.
+    /// A key-value store with its serdes (`Stores.keyValueStoreBuilder`); processors open a
+    /// handle on it with `ctx.get_state_store::<K, V>(name)`.
     pub fn key_value_store_builder<K: 'static, V: 'static>(
         supplier: KeyValueStoreSupplier,
         key_serde: impl Serde<K>,
@@ -204,6 +210,14 @@ impl<K: 'static, V: 'static> StoreBuilder<K, V> {
     /// every start) takes none.
     pub fn with_logging_enabled(mut self, topic_configs: BTreeMap<String, String>) -> Self {
         self.changelog_configs = topic_configs;
+        self
+    }
+
+    /// Keeps the store's writes in the sub-task's write cache until the range commits
+    /// (`StoreBuilder.withCachingEnabled`): one changelog record per key and commit, reads see
+    /// the writes. Every rill store does this, with or without the call (see the module docs
+    /// for why there is no `with_caching_disabled`).
+    pub fn with_caching_enabled(self) -> Self {
         self
     }
 

@@ -29,8 +29,9 @@
 use std::ops::Bound;
 use std::sync::Arc;
 
+use crate::processor::TaskContext;
 use crate::serdes::Serde;
-use crate::store::{KeyValueBytes, StoreError, StoreKind, StoreSerdes, TimedStore};
+use crate::store::{store_handle, KeyValueBytes, StoreError, StoreKind, StoreSerdes, TimedStore};
 use crate::window::{time_bytes, time_from};
 
 const VERSION: u8 = b'v';
@@ -245,50 +246,62 @@ impl<'a> VersionedBytes<'a> {
     }
 }
 
-/// A typed view of a versioned key-value store (Kafka Streams' `VersionedKeyValueStore`), from
-/// `ProcessorContext::versioned_store`.
-pub struct VersionedStore<'a, K, V> {
-    inner: VersionedBytes<'a>,
+/// A typed versioned key-value store (Kafka Streams' `VersionedKeyValueStore`), from
+/// `ctx.versioned_store(name, key_serde, value_serde)`: like [`crate::store::KeyValueStore`], a
+/// handle that holds the store's name and serdes, not the context; each call takes the context.
+pub struct VersionedStore<K, V> {
     serdes: StoreSerdes<K, V>,
 }
 
-impl<'a, K: 'static, V: 'static> VersionedStore<'a, K, V> {
-    /// A typed view of the versioned store `name` opened as `store`.
-    pub fn new(
-        store: TimedStore<'a>,
-        name: &str,
-        key_serde: Arc<dyn Serde<K>>,
-        value_serde: Arc<dyn Serde<V>>,
-    ) -> Result<Self, StoreError> {
-        Ok(VersionedStore {
-            inner: VersionedBytes::open(store)?,
+store_handle!(VersionedStore);
+
+impl<K: 'static, V: 'static> VersionedStore<K, V> {
+    /// A handle on the versioned store `name` through the given serdes.
+    pub fn new(name: &str, key_serde: Arc<dyn Serde<K>>, value_serde: Arc<dyn Serde<V>>) -> Self {
+        VersionedStore {
             serdes: StoreSerdes::new(name, key_serde, value_serde),
-        })
+        }
+    }
+
+    fn open<'c>(&self, ctx: &'c mut TaskContext<'_>) -> Result<VersionedBytes<'c>, StoreError> {
+        VersionedBytes::open(ctx.timed_store(&self.serdes.name)?)
     }
 
     /// Stores `value` for `key` from `timestamp` on (Kafka Streams' `put(key, value, timestamp)`).
-    pub fn put(&mut self, key: &K, value: &V, timestamp: i64) -> Result<PutOutcome, StoreError> {
+    pub fn put(
+        &self,
+        ctx: &mut TaskContext<'_>,
+        key: &K,
+        value: &V,
+        timestamp: i64,
+    ) -> Result<PutOutcome, StoreError> {
         let (k, v) = (self.serdes.key(key)?, self.serdes.value(value)?);
-        self.inner.put(&k, Some(&v), timestamp)
+        self.open(ctx)?.put(&k, Some(&v), timestamp)
     }
 
     /// Puts a tombstone for `key` at `timestamp` and returns the version that was valid then
     /// (Kafka Streams' `delete(key, timestamp)`).
     pub fn delete(
-        &mut self,
+        &self,
+        ctx: &mut TaskContext<'_>,
         key: &K,
         timestamp: i64,
     ) -> Result<Option<VersionedRecord<V>>, StoreError> {
         let k = self.serdes.key(key)?;
-        let before = self.inner.get_as_of(&k, timestamp)?;
-        self.inner.put(&k, None, timestamp)?;
+        let mut store = self.open(ctx)?;
+        let before = store.get_as_of(&k, timestamp)?;
+        store.put(&k, None, timestamp)?;
         before.map(|r| self.decode(r)).transpose()
     }
 
     /// The latest version of `key` (Kafka Streams' `get(key)`).
-    pub fn get(&self, key: &K) -> Result<Option<VersionedRecord<V>>, StoreError> {
+    pub fn get(
+        &self,
+        ctx: &mut TaskContext<'_>,
+        key: &K,
+    ) -> Result<Option<VersionedRecord<V>>, StoreError> {
         let k = self.serdes.key(key)?;
-        self.inner
+        self.open(ctx)?
             .get(&k)?
             .map(|(value, timestamp)| {
                 self.decode(VersionedRecord {
@@ -301,9 +314,14 @@ impl<'a, K: 'static, V: 'static> VersionedStore<'a, K, V> {
     }
 
     /// The version of `key` valid at `as_of` (Kafka Streams' `get(key, asOfTimestamp)`).
-    pub fn get_as_of(&self, key: &K, as_of: i64) -> Result<Option<VersionedRecord<V>>, StoreError> {
+    pub fn get_as_of(
+        &self,
+        ctx: &mut TaskContext<'_>,
+        key: &K,
+        as_of: i64,
+    ) -> Result<Option<VersionedRecord<V>>, StoreError> {
         let k = self.serdes.key(key)?;
-        self.inner
+        self.open(ctx)?
             .get_as_of(&k, as_of)?
             .map(|r| self.decode(r))
             .transpose()

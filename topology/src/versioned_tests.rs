@@ -95,35 +95,28 @@ fn a_window_store_is_not_a_versioned_store() {
 }
 
 #[test]
-fn the_typed_view_deletes_and_returns_what_was_valid() {
-    let mut mem = MemoryKeyValue::new("v");
-    let mut expired_below = i64::MIN;
-    let timed = TimedStore {
-        bytes: &mut mem,
-        kind: StoreKind::Versioned(VersionedStoreSpec {
-            history_retention_ms: 60_000,
-        }),
-        stream_time: None,
-        expired_below: &mut expired_below,
-        observed: &mut None,
-    };
-    let mut s = VersionedStore::new(
-        timed,
-        "v",
-        std::sync::Arc::new(StringSerde),
-        std::sync::Arc::new(I64Serde),
-    )
-    .unwrap();
+fn the_typed_store_deletes_and_returns_what_was_valid() {
+    use crate::processor::ProcessorContext;
+    let mut host = crate::test_host::TestHost::default();
+    let kind = StoreKind::Versioned(VersionedStoreSpec {
+        history_retention_ms: 60_000,
+    });
+    host.connect("v", kind);
+    host.connect("w", StoreKind::KeyValue);
+    let mut ctx = ProcessorContext::<String, i64>::new(&mut host);
+    let s = ctx.versioned_store("v", StringSerde, I64Serde).unwrap();
     let k = "alice".to_string();
-    s.put(&k, &1, 100).unwrap();
-    s.put(&k, &2, 200).unwrap();
-    let gone = s.delete(&k, 150).unwrap().unwrap();
+    s.put(&mut ctx, &k, &1, 100).unwrap();
+    s.put(&mut ctx, &k, &2, 200).unwrap();
+    let gone = s.delete(&mut ctx, &k, 150).unwrap().unwrap();
     assert_eq!(
         (gone.value, gone.timestamp, gone.valid_to),
         (1, 100, Some(200))
     );
-    assert_eq!(s.get_as_of(&k, 160).unwrap(), None);
-    assert_eq!(s.get(&k).unwrap().map(|r| r.value), Some(2));
+    assert_eq!(s.get_as_of(&mut ctx, &k, 160).unwrap(), None);
+    assert_eq!(s.get(&mut ctx, &k).unwrap().map(|r| r.value), Some(2));
+    let err = ctx.versioned_store("w", StringSerde, I64Serde).unwrap_err();
+    assert!(matches!(err, StoreError::WrongKind { .. }), "{err}");
 }
 
 /// Every version ever put, by key and time (`None`: a tombstone), and the observed stream time.

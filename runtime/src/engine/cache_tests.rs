@@ -121,6 +121,70 @@ fn without_a_cache_every_update_is_sent() {
     assert_eq!(got, vec![1, 2, 3, 4]);
 }
 
+/// in -> group_by_key -> count, materialized as `materialized` says -> out.
+fn counting_as(materialized: Materialized<String, i64>) -> Arc<Topology> {
+    let builder = StreamsBuilder::new();
+    builder
+        .stream("in", StringSerde, StringSerde)
+        .group_by_key()
+        .count(materialized)
+        .to_stream()
+        .to_with("out", Produced::with(StringSerde, I64Serde));
+    Arc::new(builder.build().unwrap())
+}
+
+/// in -> group_by_key -> 100 ms tumbling windows -> count, materialized as `materialized` says
+/// -> out (the windowed key's key).
+fn windowed_counting_as(materialized: Materialized<String, i64>) -> Arc<Topology> {
+    let builder = StreamsBuilder::new();
+    builder
+        .stream("in", StringSerde, StringSerde)
+        .group_by_key()
+        .windowed_by(TimeWindows::of_size_with_no_grace(Duration::from_millis(
+            100,
+        )))
+        .count(materialized)
+        .to_stream()
+        .map(|k: Option<Windowed<String>>, n: i64| (k.map(|w| w.key).unwrap_or_default(), n))
+        .to_with("out", Produced::with(StringSerde, I64Serde));
+    Arc::new(builder.build().unwrap())
+}
+
+/// Issue 42, item 5: `Materialized::with_caching_disabled` gives Kafka Streams' meaning to the
+/// flag: with the record cache on, a count with caching disabled forwards every update, one
+/// with caching enabled (the default) the last one per key at the commit.
+#[test]
+fn a_count_with_caching_disabled_forwards_every_update_despite_the_cache() {
+    let tables = [
+        (
+            "count",
+            counting_as as fn(Materialized<String, i64>) -> Arc<Topology>,
+        ),
+        ("windowed count", windowed_counting_as),
+    ];
+    for (what, table) in tables {
+        let run = |materialized: Materialized<String, i64>| {
+            let dir = tempfile::tempdir().unwrap();
+            let sink = Arc::new(MemorySink::new());
+            let mut e = engine(table(materialized), 2, 1 << 20, dir.path(), sink.clone());
+            feed(&mut e, 0, &keys(&["a", "b"], 10));
+            commit(&mut e);
+            let mut got = counts(sink.take("out"));
+            got.sort();
+            got
+        };
+        let every: Vec<(String, i64)> = ["a", "b"]
+            .iter()
+            .flat_map(|k| (1..=10).map(move |n| (k.to_string(), n)))
+            .collect();
+        let disabled = run(Materialized::named("counts").with_caching_disabled());
+        assert_eq!(disabled, every, "{what}: caching disabled");
+        let enabled = run(Materialized::named("counts").with_caching_enabled());
+        let last = vec![("a".to_string(), 10), ("b".to_string(), 10)];
+        assert_eq!(enabled, last, "{what}: caching enabled");
+    }
+}
+
 #[test]
 fn a_full_cache_sends_its_least_recently_updated_key_early() {
     let dir = tempfile::tempdir().unwrap();

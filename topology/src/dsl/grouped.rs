@@ -64,6 +64,8 @@ pub(super) struct Resolved<K, A> {
     pub parent: usize,
     /// `Materialized::with_retention`, for window stores.
     pub retention_ms: Option<i64>,
+    /// Whether updates go through the record cache (`Materialized::with_caching_disabled`).
+    pub cached: bool,
 }
 
 impl<K, V> Clone for KGroupedStream<K, V> {
@@ -195,13 +197,14 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
         };
         let step: AggregateFn<K, V, A> = Arc::new(step);
         let (store_name, ks, aserde) = (r.store.clone(), r.key_serde.clone(), r.agg_serde.clone());
+        let cached = r.cached;
         let supplier: Supplier = Arc::new(move || {
             Box::new(Typed::<_, K, V, K, A>::new(AggregateProcessor {
                 store: store_name.clone(),
                 key_serde: ks.clone(),
                 agg_serde: aserde.clone(),
                 step: step.clone(),
-                cached: true,
+                cached,
             }))
         });
         let node = self.add_aggregation(&r, StoreKind::KeyValue, supplier);
@@ -236,6 +239,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
             value_serde,
             retention_ms,
             history_ms,
+            caching_disabled,
         } = materialized;
         let store = {
             let mut g = self.stream.builder.inner.borrow_mut();
@@ -274,6 +278,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
             agg_serde,
             parent,
             retention_ms,
+            cached: !caching_disabled,
         })
     }
 

@@ -134,12 +134,15 @@ named_serde_options!(
     ///
     /// For windowed aggregations, [`Materialized::with_retention`] sets how long the window store
     /// keeps windows (default: the least the windows need, e.g. size + grace).
+    /// [`Materialized::with_caching_disabled`] makes the aggregation forward every update.
     Materialized,
     "store";
     /// How long a window or session store keeps entries, in ms (`None`: the windows' minimum).
     retention_ms: Option<i64>;
     /// A versioned store's history retention, in ms (`None`: not versioned).
-    history_ms: Option<i64>
+    history_ms: Option<i64>;
+    /// Whether the aggregation forwards every update instead of the last per key and commit.
+    caching_disabled: bool
 );
 from_name!(Materialized);
 
@@ -160,6 +163,41 @@ impl<K, V> Materialized<K, V> {
     /// [`crate::versioned`].
     pub fn versioned(mut self, history_retention: std::time::Duration) -> Self {
         self.history_ms = Some(crate::time::millis(history_retention));
+        self
+    }
+
+    /// Forwards every update of the aggregation downstream, one record per input record
+    /// (Kafka Streams' `Materialized.withCachingDisabled`). With caching on (the default, with
+    /// `statestore.cache.max.bytes` above 0), consecutive updates of a key collapse in the
+    /// record cache into the last one before the next commit or eviction. Only key-value and
+    /// time-window aggregations cache at all; tables read from topics, session and sliding
+    /// windows, `cogroup` and aggregations that feed a repartition topic forward every update
+    /// either way. Store writes collapse
+    /// in the sub-task's write cache until the range commits either way (one changelog record
+    /// per key and commit): rill's commit applies them in one batch with the range's progress.
+    ///
+    /// ```
+    /// # use rill_topology::prelude::*;
+    /// let builder = StreamsBuilder::new();
+    /// builder
+    ///     .stream("clicks", StringSerde, StringSerde)
+    ///     .group_by_key()
+    ///     .count(Materialized::named("clicks-per-user").with_caching_disabled())
+    ///     .to_stream()
+    ///     .to_with("click-counts", Produced::with(StringSerde, I64Serde));
+    /// builder.build()?;
+    /// # Ok::<(), TopologyError>(())
+    /// ```
+    pub fn with_caching_disabled(mut self) -> Self {
+        self.caching_disabled = true;
+        self
+    }
+
+    /// Sends the aggregation's updates through the record cache (Kafka Streams'
+    /// `Materialized.withCachingEnabled`, the default); see
+    /// [`Materialized::with_caching_disabled`].
+    pub fn with_caching_enabled(mut self) -> Self {
+        self.caching_disabled = false;
         self
     }
 }

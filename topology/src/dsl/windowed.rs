@@ -240,6 +240,7 @@ impl<K: Datum + Clone, V: Datum + Clone> TimeWindowedKStream<K, V> {
             agg_serde: r.agg_serde.clone(),
             step,
             emit: self.emit,
+            cached: r.cached,
         };
         let (supplier, due_after): (Supplier, i64) = match self.windows {
             Timed::Time(windows) => (
@@ -370,6 +371,7 @@ impl<K: Datum + Clone, V: Datum + Clone> SessionWindowedKStream<K, V> {
             agg_serde: r.agg_serde.clone(),
             step: Arc::new(step) as StepFn<K, V, A>,
             emit: self.emit,
+            cached: r.cached,
         };
         let supplier: Supplier = Arc::new(move || {
             Box::new(Typed::<_, K, V, Windowed<K>, A>::new(

@@ -43,6 +43,8 @@ pub struct WindowedAggregation<K, V, A> {
     pub step: StepFn<K, V, A>,
     /// When results are forwarded.
     pub emit: EmitStrategy,
+    /// Whether emit-on-update results go through the record cache (time windows only).
+    pub cached: bool,
 }
 
 impl<K, V, A> Clone for WindowedAggregation<K, V, A> {
@@ -53,6 +55,7 @@ impl<K, V, A> Clone for WindowedAggregation<K, V, A> {
             agg_serde: self.agg_serde.clone(),
             step: self.step.clone(),
             emit: self.emit,
+            cached: self.cached,
         }
     }
 }
@@ -233,8 +236,8 @@ impl<K: Datum + Clone, V: Datum + Clone, A: Datum + Clone> Processor<K, V, Windo
         let mut updates = updates.into_iter();
         for r in out {
             match updates.next() {
-                Some((cache_key, size)) => ctx.forward_cached(cache_key, size, r),
-                None => ctx.forward(r),
+                Some((cache_key, size)) if agg.cached => ctx.forward_cached(cache_key, size, r),
+                _ => ctx.forward(r),
             }
         }
         for (r, hash) in released {

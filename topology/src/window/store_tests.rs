@@ -3,7 +3,7 @@
 use super::*;
 use crate::serdes::{I64Serde, StringSerde};
 use crate::store::MemoryKeyValue;
-use crate::window::WindowStore;
+use crate::window::Windowed;
 
 fn window_kind(retention_ms: i64, indexed: bool) -> StoreKind {
     StoreKind::Window(WindowStoreSpec {
@@ -149,27 +149,85 @@ fn sessions_are_found_by_key_and_overlap_and_expire_by_end() {
     assert_eq!(kv.len(), 2, "k's [50,50] and its index entry");
 }
 
+/// Issue 42, item 5: the typed handles fetch windows and sessions as iterators that own their
+/// entries, so a processor writes to the same store while it walks one.
 #[test]
-fn typed_views_read_and_write_through_serdes() {
-    let mut kv = MemoryKeyValue::new("w");
-    let mut cursor = i64::MIN;
-    let serdes = crate::store::StoreSerdes::new(
-        "w",
-        std::sync::Arc::new(StringSerde),
-        std::sync::Arc::new(I64Serde),
+fn typed_window_and_session_stores_fetch_iterators_while_writing() {
+    use crate::processor::ProcessorContext;
+    use crate::stores::Stores;
+    use crate::test_host::TestHost;
+    use std::time::Duration;
+    let mut host = TestHost::default();
+    let ms = Duration::from_millis;
+    host.declare(Stores::window_store_builder(
+        Stores::persistent_window_store("w", ms(1000), ms(10)),
+        StringSerde,
+        I64Serde,
+    ));
+    host.declare(Stores::session_store_builder(
+        Stores::persistent_session_store("s", ms(1000)),
+        StringSerde,
+        I64Serde,
+    ));
+    let mut ctx = ProcessorContext::<String, i64>::new(&mut host);
+    let w = ctx.get_window_store::<String, i64>("w").unwrap();
+    let a = "a".to_string();
+    for (start, v) in [(10, 7), (20, 8), (30, 9)] {
+        w.put(&mut ctx, &a, &v, start).unwrap();
+    }
+    w.put(&mut ctx, &"b".to_string(), &1, 20).unwrap();
+    assert_eq!(w.get(&mut ctx, &a, 10).unwrap(), Some(7));
+    // Doubles every window of "a" while walking them: the walk sees the values it started with.
+    for entry in w.fetch(&mut ctx, &a, 0, 25).unwrap() {
+        let (start, v) = entry.unwrap();
+        w.put(&mut ctx, &a, &(v * 2), start).unwrap();
+    }
+    let fetched: Vec<(i64, i64)> = w
+        .fetch(&mut ctx, &a, 0, 100)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(fetched, [(10, 14), (20, 16), (30, 9)]);
+    let backward: Vec<i64> = w
+        .fetch(&mut ctx, &a, 0, 100)
+        .unwrap()
+        .rev()
+        .map(|e| e.unwrap().0)
+        .collect();
+    assert_eq!(backward, [30, 20, 10], "backwardFetch");
+    let all: Vec<(Windowed<String>, i64)> = w
+        .fetch_all(&mut ctx, 20, 20)
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        all,
+        [
+            (Windowed::new(a.clone(), Window::new(20, 30)), 16),
+            (Windowed::new("b".to_string(), Window::new(20, 30)), 1)
+        ]
     );
-    let mut w = WindowStore::with_serdes(
-        open(&mut kv, window_kind(1000, true), None, &mut cursor),
-        serdes,
-    )
-    .unwrap();
-    w.put(&"a".to_string(), &7, 10).unwrap();
-    assert_eq!(w.get(&"a".to_string(), 10).unwrap(), Some(7));
-    assert_eq!(w.fetch(&"a".to_string(), 0, 100).unwrap(), vec![(10, 7)]);
-    let all = w.all().unwrap();
-    assert_eq!(all[0].0.window, Window::new(10, 20));
-    drop(w);
-    let session_kind = StoreKind::Session(SessionStoreSpec { retention_ms: 100 });
-    let err = WindowBytes::open(open(&mut kv, session_kind, None, &mut cursor)).err();
-    assert!(matches!(err, Some(StoreError::WrongKind { .. })), "{err:?}");
+    assert_eq!(w.all(&mut ctx).unwrap().len(), 4);
+
+    let s = ctx.get_session_store::<String, i64>("s").unwrap();
+    for (start, end, v) in [(0, 5, 1), (50, 60, 2)] {
+        s.put(
+            &mut ctx,
+            &Windowed::new(a.clone(), Window::new(start, end)),
+            &v,
+        )
+        .unwrap();
+    }
+    let found: Vec<(Window, i64)> = s
+        .find_sessions(&mut ctx, &a, 4, 100)
+        .unwrap()
+        .map(|e| e.map(|(k, v)| (k.window, v)).unwrap())
+        .collect();
+    assert_eq!(found, [(Window::new(0, 5), 1), (Window::new(50, 60), 2)]);
+    for entry in s.fetch(&mut ctx, &a).unwrap() {
+        let (session, _) = entry.unwrap();
+        s.remove(&mut ctx, &session).unwrap();
+    }
+    assert_eq!(s.fetch_all(&mut ctx, i64::MIN, i64::MAX).unwrap().len(), 0);
+    assert_eq!(s.fetch_session(&mut ctx, &a, 0, 5).unwrap(), None);
 }

@@ -85,14 +85,14 @@ impl Processor<String, String, String, String> for KeyValue {
         let Some(key) = record.key.clone() else {
             return Ok(());
         };
-        let mut kv = ctx.get_state_store::<String, String>("kv")?;
+        let kv = ctx.get_state_store::<String, String>("kv")?;
         if record.value == "del" {
-            kv.delete(&key)?;
+            kv.delete(ctx, &key)?;
         } else {
-            kv.put(&key, &record.value)?;
-            let mut by_value = ctx.get_state_store::<String, String>("by_value")?;
-            let previous = by_value.get(&record.value)?;
-            by_value.put(&record.value, &key)?;
+            kv.put(ctx, &key, &record.value)?;
+            let by_value = ctx.get_state_store::<String, String>("by_value")?;
+            let previous = by_value.get(ctx, &record.value)?;
+            by_value.put(ctx, &record.value, &key)?;
             ctx.forward(record.with_key_value(Some(key), previous.unwrap_or_default()));
         }
         Ok(())
