@@ -187,6 +187,7 @@ fn range_offsets_round_trip_through_a_real_commit() {
             .collect(),
         lineage: Some(0x5eed_1234_abcd_0001),
         applied: Vec::new(),
+        handed_over: false,
     };
     let text = encode(&offsets, base).expect("16 ranges fit");
 
@@ -239,6 +240,7 @@ fn the_broker_accepts_exactly_max_metadata_bytes() {
             ranges: ranges(p).into_iter().map(|r| (r, 30)).collect(),
             lineage: Some(u64::MAX),
             applied: Vec::new(),
+            handed_over: false,
         })
         .map_while(|o| encode(&o, 30).ok().map(|text| (o, text)))
         .last()
@@ -253,6 +255,7 @@ fn the_broker_accepts_exactly_max_metadata_bytes() {
                     .collect(),
                 lineage: Some(u64::MAX),
                 applied: Vec::new(),
+                handed_over: false,
             },
             30
         ),

@@ -250,6 +250,7 @@ fn state_inspect_compares_the_ranges_with_the_committed_offsets() {
         ranges: vec![(KeyRange::nth(0, 2), 3), (KeyRange::nth(1, 2), 2)],
         lineage: None,
         applied: Vec::new(),
+        handed_over: false,
     };
     let mut elem = tpl.add_partition(&topic, 0);
     elem.set_offset(Offset::Offset(2)).expect("offset");

@@ -799,6 +799,7 @@ fn through_metadata(
             ranges: p.ranges.clone(),
             lineage: None,
             applied: p.applied.clone(),
+            handed_over: false,
         },
         p.low_watermark,
     )

@@ -117,13 +117,16 @@ impl Committer {
 
     /// Commits `progress` synchronously, retrying while the group coordinator is not ready (a
     /// fresh broker is still creating `__consumer_offsets`); logs and counts a failure.
+    /// `handed_over`: the commit ends this instance's ownership with nothing processed past it
+    /// (a drained revoke or stop), which the metadata tells the next owner.
     pub fn commit_sync<C: ConsumerContext>(
         &self,
         consumer: &BaseConsumer<C>,
         progress: &[PartitionProgress],
+        handed_over: bool,
     ) {
         for attempt in 1..=SYNC_ATTEMPTS {
-            match self.commit(consumer, progress, CommitMode::Sync) {
+            match self.commit_as(consumer, progress, CommitMode::Sync, handed_over) {
                 Ok(_) => return,
                 Err(e) if attempt < SYNC_ATTEMPTS && is_coordinator_busy(&e) => {
                     self.forget();
@@ -148,6 +151,17 @@ impl Committer {
         progress: &[PartitionProgress],
         mode: CommitMode,
     ) -> Result<usize, KafkaError> {
+        self.commit_as(consumer, progress, mode, false)
+    }
+
+    /// [`Committer::commit`], marking the metadata handed over (see [`Committer::commit_sync`]).
+    fn commit_as<C: ConsumerContext>(
+        &self,
+        consumer: &BaseConsumer<C>,
+        progress: &[PartitionProgress],
+        mode: CommitMode,
+        handed_over: bool,
+    ) -> Result<usize, KafkaError> {
         let mut tpl = TopicPartitionList::new();
         let mut committed = self.committed.lock();
         for p in progress {
@@ -162,6 +176,7 @@ impl Committer {
                 ranges: p.ranges.clone(),
                 lineage: p.lineage,
                 applied: p.applied.clone(),
+                handed_over,
             };
             let text = metadata::encode(&offsets, p.low_watermark).or_else(|e| {
                 tracing::warn!(topic = %p.topic, partition = p.partition, error = %e,
@@ -173,6 +188,7 @@ impl Committer {
                     ranges: vec![(KeyRange::FULL, p.low_watermark)],
                     lineage: p.lineage,
                     applied: Vec::new(),
+                    handed_over,
                 };
                 metadata::encode(&alone, p.low_watermark)
             });

@@ -31,6 +31,7 @@
 //!   repeated uint64 next_offset_deltas = 4;  // packed varints; next[r] - base, same order
 //!   fixed64 lineage = 5;                     // the task's lineage (stateful tasks), else absent
 //!   repeated Applied applied = 6;            // records applied above a range's next offset
+//!   bool handed_over = 7;                    // the owner processed nothing past this commit
 //! }
 //! message Applied {
 //!   uint32 range = 1;                        // index into range_starts
@@ -75,8 +76,13 @@
 //!   readers that predate the field ignore it and process those records again (at least once);
 //!   readers that predate `runs` and `bitmap` (rill before 2026-12-04) read such an entry as
 //!   empty, with the same effect.
+//! - **Handed over.** Set by a commit that ends an ownership cleanly (a revoke that drained, a
+//!   clean stop): the committing owner processed nothing past it. The next owner's stores then
+//!   answer queries as soon as they run; after any other last commit they wait until the task
+//!   has taken the input up to its end at assignment (the owner may have answered past its
+//!   commit). Readers that predate the field ignore it.
 //! - **Other fields** are ignored, as protobuf decoding does, so a writer may add fields without a
-//!   new version as long as version-1 readers may ignore them. [`encode`] writes fields 1–6 in
+//!   new version as long as version-1 readers may ignore them. [`encode`] writes fields 1–7 in
 //!   order (field 6 once per range that lists offsets, the others at most once), the repeated
 //!   scalars packed (proto3 encoding: a field holding 0 is omitted).
 //!
@@ -116,6 +122,9 @@ pub struct RangeOffsets {
     /// Per range (same order as `ranges`, or empty): offsets above its next offset that were
     /// applied too, in increasing order.
     pub applied: Vec<Vec<u64>>,
+    /// The committing owner handed the partition over (a revoke that drained, a clean stop): it
+    /// had processed nothing past this commit.
+    pub handed_over: bool,
 }
 
 impl RangeOffsets {
@@ -190,6 +199,8 @@ struct CommitMetadataV1 {
     lineage: u64,
     #[prost(message, repeated, tag = "6")]
     applied: Vec<AppliedV1>,
+    #[prost(bool, tag = "7")]
+    handed_over: bool,
 }
 
 /// Field 6 of version 1: one range's offsets applied above its next offset.
@@ -388,6 +399,7 @@ pub fn encode(offsets: &RangeOffsets, base: u64) -> Result<String, MetadataError
         next_offset_deltas: deltas,
         lineage: offsets.lineage.unwrap_or(0),
         applied,
+        handed_over: offsets.handed_over,
     };
     let bytes = message.encode_to_vec();
     let text_len = PREFIX.len() + bytes.len().div_ceil(3) * 4;
@@ -490,6 +502,7 @@ pub fn decode(text: &str, base: u64) -> Result<RangeOffsets, MetadataError> {
         hash_id: message.hash_id,
         ranges,
         lineage: (message.lineage != 0).then_some(message.lineage),
+        handed_over: message.handed_over,
     })
 }
 

@@ -13,6 +13,7 @@ fn offsets(p: usize, base: u64, delta: impl Fn(usize) -> u64) -> RangeOffsets {
             .enumerate()
             .map(|(i, r)| (r, base + delta(i)))
             .collect(),
+        handed_over: false,
     }
 }
 
@@ -32,6 +33,7 @@ fn valid_message() -> CommitMetadataV1 {
         next_offset_deltas: vec![0, 5],
         lineage: 0,
         applied: vec![],
+        handed_over: false,
     }
 }
 
@@ -76,7 +78,7 @@ proptest! {
                 (KeyRange { start, end }, next)
             })
             .collect();
-        let o = RangeOffsets { hash_id: HASH_ID, ranges, lineage: Some(7), applied: Vec::new() };
+        let o = RangeOffsets { hash_id: HASH_ID, ranges, lineage: Some(7), applied: Vec::new(), handed_over: false };
         let text = encode(&o, base).unwrap();
         prop_assert_eq!(decode(&text, base).unwrap(), o);
     }
@@ -177,6 +179,7 @@ fn next_for_outside_any_range_is_none() {
         ranges: vec![(KeyRange { start: 10, end: 20 }, 1)],
         lineage: None,
         applied: Vec::new(),
+        handed_over: false,
     };
     assert_eq!(o.next_for(9), None);
     assert_eq!(o.next_for(10), Some(1));
@@ -187,6 +190,7 @@ fn next_for_outside_any_range_is_none() {
         ranges: vec![],
         lineage: None,
         applied: Vec::new(),
+        handed_over: false,
     };
     assert_eq!(empty.next_for(0), None);
 }
@@ -322,6 +326,7 @@ fn encode_rejects_ranges_that_do_not_cover_the_space() {
                 ranges: vec![],
                 lineage: None,
                 applied: Vec::new(),
+                handed_over: false,
             },
         ),
         ("gap", {
@@ -504,4 +509,24 @@ fn malformed_applied_forms_are_refused() {
             "{gaps:?} {runs:?} {bitmap:?}: {r:?}"
         );
     }
+}
+
+/// A hand-over commit says so to the next owner; any other commit does not, and a reader of
+/// metadata written before the field existed reads "not handed over".
+#[test]
+fn the_hand_over_mark_round_trips_and_defaults_to_unset() {
+    let mut o = offsets(4, 100, |i| i as u64);
+    o.lineage = Some(9);
+    let plain = encode(&o, 100).unwrap();
+    assert!(!decode(&plain, 100).unwrap().handed_over);
+    o.handed_over = true;
+    let handed = encode(&o, 100).unwrap();
+    let back = decode(&handed, 100).unwrap();
+    assert!(back.handed_over);
+    assert_eq!(back.ranges, o.ranges);
+    assert_eq!(back.lineage, Some(9));
+    // Written without field 7 (an older writer): not handed over.
+    let mut m = valid_message();
+    m.handed_over = false;
+    assert!(!decode(&raw(&m), 0).unwrap().handed_over);
 }

@@ -390,15 +390,11 @@ impl SourceContext {
         }
         let committed = committed_offsets(consumer, tpl)?;
         let raw = raw_metadata(&committed);
-        let ends = match self.queries_catch_up {
-            true => end_offsets(consumer, &committed),
-            false => HashMap::new(),
-        };
         let generation = match &self.streams {
             Some(member) => member.lock().epoch(),
             None => group_generation(consumer),
         };
-        let mut engine = self.engine.lock();
+        let mut resumes = Vec::new();
         for (e, meta) in committed.elements().iter().zip(raw) {
             let (topic, partition) = (e.topic().to_string(), e.partition() as u32);
             let base = match e.offset() {
@@ -414,6 +410,8 @@ impl SourceContext {
                 hash_id: HASH_ID,
                 end: None,
             };
+            // Whether the last owner may have processed past its commit (it did not hand over).
+            let mut unfinished = false;
             if let Some(base) = base {
                 match std::str::from_utf8(&meta)
                     .map_err(|_| metadata::MetadataError::NotRill)
@@ -425,7 +423,7 @@ impl SourceContext {
                         resume.ranges = m.ranges;
                         if let Some(l) = m.lineage {
                             resume.claim = PriorClaim::Lineage(l);
-                            resume.end = ends.get(&(topic.clone(), partition)).copied();
+                            unfinished = !m.handed_over;
                         }
                     }
                     Err(err) => {
@@ -435,6 +433,21 @@ impl SourceContext {
                     }
                 }
             }
+            resumes.push((topic, partition, base, resume, unfinished));
+        }
+        if self.queries_catch_up {
+            let unfinished: Vec<(&str, u32)> = resumes
+                .iter()
+                .filter(|r| r.4)
+                .map(|r| (r.0.as_str(), r.1))
+                .collect();
+            let ends = end_offsets(consumer, &unfinished);
+            for (topic, partition, _, resume, _) in &mut resumes {
+                resume.end = ends.get(&(topic.clone(), *partition)).copied();
+            }
+        }
+        let mut engine = self.engine.lock();
+        for (topic, partition, base, resume, _) in resumes {
             let end = resume.end;
             let start = match engine.assign(&topic, partition, resume) {
                 Ok(start) => start,
@@ -529,7 +542,8 @@ impl SourceContext {
         if lost {
             tracing::warn!(partitions = ?revoked, "partitions lost (this member was fenced out of the group): nothing of them is committed");
         } else {
-            self.committer.commit_sync(consumer, &outcome.progress);
+            self.committer
+                .commit_sync(consumer, &outcome.progress, outcome.drained);
         }
         let committed_ms = started.elapsed().as_millis() as u64;
         for tp in &revoked {
@@ -550,19 +564,16 @@ fn partitions_to_list(tps: &[TopicPartition]) -> TopicPartitionList {
     tpl
 }
 
-/// The end offset of each partition of `committed` that has a commit (another member ran it),
-/// in one request; empty, with a warning, when the broker does not answer (queries are then
-/// answered as soon as the task runs).
+/// The end offset of each of `partitions`, in one request; empty, with a warning, when the
+/// broker does not answer (queries of those tasks are then answered as soon as they run).
 fn end_offsets<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
-    committed: &TopicPartitionList,
+    partitions: &[(&str, u32)],
 ) -> HashMap<(String, u32), u64> {
     let mut ask = TopicPartitionList::new();
-    for e in committed.elements() {
-        if matches!(e.offset(), Offset::Offset(o) if o >= 0) {
-            // A timestamp of -1 asks for the end (librdkafka's `offsets_for_times`).
-            let _ = ask.add_partition_offset(e.topic(), e.partition(), Offset::End);
-        }
+    for (topic, partition) in partitions {
+        // A timestamp of -1 asks for the end (librdkafka's `offsets_for_times`).
+        let _ = ask.add_partition_offset(topic, *partition as i32, Offset::End);
     }
     if ask.count() == 0 {
         return HashMap::new();

@@ -344,18 +344,19 @@ pub fn run(
         return result;
     }
     // Drain and commit what was processed, whether stopping cleanly or on an error.
-    let mut progress = {
+    let (mut progress, drained) = {
         let mut engine = ctx.engine.lock();
         engine.request_durable_commit();
-        if !engine.wait_idle(ctx.drain_timeout) {
+        let drained = engine.wait_idle(ctx.drain_timeout);
+        if !drained {
             tracing::warn!("sub-tasks did not drain within shutdown.timeout.ms: leaving the rest uncommitted (it is replayed after a restart)");
             engine.abandon();
         }
-        engine.collect_progress()
+        (engine.collect_progress(), drained)
     };
     if !consumer.assignment_lost() {
         ctx.committer.past_unreturned(consumer, &mut progress);
-        ctx.committer.commit_sync(consumer, &progress);
+        ctx.committer.commit_sync(consumer, &progress, drained);
     }
     result
 }
@@ -549,7 +550,7 @@ fn start_restored(
         })
         .collect();
     drop(engine);
-    ctx.committer.commit_sync(consumer, &progress);
+    ctx.committer.commit_sync(consumer, &progress, false);
     tracing::info!(partitions = %crate::engine::partition_list(&done), "restored: processing");
     for key in &done {
         consumer.resume(&single(key))?;

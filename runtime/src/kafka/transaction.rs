@@ -320,6 +320,7 @@ fn offsets(progress: &[PartitionProgress]) -> Result<TopicPartitionList, Transac
                 ranges: p.ranges.clone(),
                 lineage: p.lineage,
                 applied: p.applied.clone(),
+                handed_over: false,
             },
             p.low_watermark,
         )

@@ -450,6 +450,7 @@ mod tests {
                 ranges: ranges.to_vec(),
                 lineage: None,
                 applied: Vec::new(),
+                handed_over: false,
             }),
         }
     }
