@@ -188,7 +188,8 @@ pub(crate) struct SubTask {
     /// engine once the transaction committed. Invariant: while set, no job takes work from the
     /// mailbox, so nothing is processed or sent outside the transaction it belongs to.
     pub(super) parked: AtomicBool,
-    /// Held by the running job, or by readers (store queries) while the engine is idle.
+    /// Held by the running job (handed to a waiting reader between two items, see
+    /// `MutexGuard::bump` in the job), or by readers (store queries).
     pub core: Mutex<Core>,
 }
 
@@ -502,6 +503,9 @@ impl SubTask {
                     // Also when failed or fenced: the engine's barrier sees why, not a hang.
                     self.parked.store(true, Ordering::SeqCst);
                 }
+                // A reader (a query) waiting for the range waits for one item, not the batch;
+                // free when nobody waits. Items are whole: it never sees half of one.
+                parking_lot::MutexGuard::bump(&mut core);
             }
             // Finish a sealed commit as soon as its records are acknowledged, not a commit
             // interval later.

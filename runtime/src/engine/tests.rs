@@ -619,3 +619,82 @@ proptest::proptest! {
         }
     }
 }
+
+/// Issue 43: a query waits for the record its range is processing, not for the whole batch the
+/// range's job took (the job hands its `Core` lock to a waiting reader between two items).
+#[test]
+fn a_reader_waits_for_one_record_not_the_whole_batch() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    let (first, second) = (Arc::new(Gate::default()), Arc::new(Gate::default()));
+    let held = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(AtomicUsize::new(0));
+    let (g1, g2, h, s) = (first.clone(), second.clone(), held.clone(), seen.clone());
+    let held_range = range_of(key_hash(b"hold"), 2);
+    let blocker = key_outside(held_range);
+    let b = blocker.clone();
+    let builder = StreamsBuilder::new();
+    builder
+        .stream("in", StringSerde, StringSerde)
+        .peek(move |k: Option<&String>, _v: &String| match k {
+            Some(k) if *k == b => g1.wait(),
+            Some(k) => {
+                if k == "hold" {
+                    h.store(true, Ordering::SeqCst);
+                    g2.wait();
+                }
+                s.fetch_add(1, Ordering::SeqCst);
+            }
+            None => {}
+        })
+        .to("out");
+    let config = EngineConfig {
+        parallelising_factor: 2,
+        worker_threads: 1,
+        ..EngineConfig::default()
+    };
+    let topology = Arc::new(builder.build().unwrap());
+    let sink = Arc::new(MemorySink::new());
+    let mut e = Engine::new(topology, config, None, sink, HashMap::new()).unwrap();
+    e.assign("in", 0, Resume::default()).unwrap();
+    let same: Vec<String> = (0..)
+        .map(|i| format!("k{i}"))
+        .filter(|k| range_of(key_hash(k.as_bytes()), 2) == held_range)
+        .take(9)
+        .collect();
+    // The only worker is stuck on the other range while the held range's batch queues up.
+    assert!(matches!(
+        e.dispatch("in", 0, 0, raw(&blocker)).unwrap(),
+        Dispatch::Queued
+    ));
+    let mut offset = 1;
+    for key in std::iter::once("hold").chain(same.iter().map(String::as_str)) {
+        assert!(matches!(
+            e.dispatch("in", 0, offset, raw(key)).unwrap(),
+            Dispatch::Queued
+        ));
+        offset += 1;
+    }
+    first.open();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !held.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        held.load(Ordering::SeqCst),
+        "the held range's batch started"
+    );
+    let subtask = e.tasks.values().next().unwrap().subtasks[held_range].clone();
+    let reader = std::thread::spawn(move || {
+        let _core = subtask.core.lock();
+        seen.load(Ordering::SeqCst)
+    });
+    // The reader parks on the lock the job holds for `hold`.
+    std::thread::sleep(Duration::from_millis(100));
+    second.open();
+    let seen_by_reader = reader.join().unwrap();
+    assert!(
+        seen_by_reader < 10,
+        "the reader got the range after {seen_by_reader} of the batch's 10 records"
+    );
+    assert!(e.wait_idle(Duration::from_secs(20)));
+}

@@ -10,7 +10,7 @@
 //!   this instance does not know, so each local partition's range of the key is asked in turn.
 //! - A **scan** (`range`, `prefix_scan`, `all`, window `fetch_all`) visits every local range of
 //!   every local partition and merges their entries in the order of the serialized keys.
-//! - Each range is read as its sub-task left it **between two batches**: every record the range
+//! - Each range is read as its sub-task left it **between two records**: every record the range
 //!   processed so far, including writes still in its write cache that no range commit has made
 //!   durable yet (read-your-writes of the processing side, as Kafka Streams' stores without
 //!   KIP-892). Such a write is lost by a crash and applied again when the range replays its
@@ -43,10 +43,11 @@
 //! 1. Under the engine lock (shared with the source loop: dispatch, commits, rebalances), the
 //!    read takes the list of ranges to visit (the engine's `query_ranges`) and lets the
 //!    lock go. It waits at most [`ENGINE_WAIT`] for that lock ([`QueryError::Busy`] after).
-//! 2. Each range is read under that sub-task's `Core` lock, which the sub-task's job holds for a
-//!    whole batch (up to 256 mailbox items, a range commit among them, which waits for the
-//!    producer's acknowledgements). So a read waits for the batch in progress, at most
-//!    [`RANGE_WAIT`] ([`QueryError::Busy`] after); processing of that range waits for the read
+//! 2. Each range is read under that sub-task's `Core` lock, which the sub-task's job holds while
+//!    it handles a batch (up to 256 mailbox items) and hands to a waiting reader between two
+//!    items. So a read waits for the item in progress (a record, or a range commit, which a
+//!    revoke, a stop or a factor change makes wait for the producer's acknowledgements), at
+//!    most [`RANGE_WAIT`] ([`QueryError::Busy`] after); processing of that range waits for the read
 //!    of that range only (a lookup in the write cache, then one RocksDB read or iterator over
 //!    the range's column family); other ranges, and dispatch, do not wait at all.
 //! 3. Under the engine lock again, the read checks that every range it read is still its task's
