@@ -666,13 +666,12 @@ fn a_reader_waits_for_one_record_not_the_whole_batch() {
         e.dispatch("in", 0, 0, raw(&blocker)).unwrap(),
         Dispatch::Queued
     ));
-    let mut offset = 1;
-    for key in std::iter::once("hold").chain(same.iter().map(String::as_str)) {
+    let batch = std::iter::once("hold").chain(same.iter().map(String::as_str));
+    for (offset, key) in (1..).zip(batch) {
         assert!(matches!(
             e.dispatch("in", 0, offset, raw(key)).unwrap(),
             Dispatch::Queued
         ));
-        offset += 1;
     }
     first.open();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
