@@ -196,6 +196,16 @@ pub struct Endpoint {
     pub port: u16,
 }
 
+impl Endpoint {
+    /// `host:port` as `application.server` spells it (an IPv6 host in brackets).
+    pub fn server(&self) -> String {
+        match self.host.contains(':') {
+            true => format!("[{}]:{}", self.host, self.port),
+            false => format!("{}:{}", self.host, self.port),
+        }
+    }
+}
+
 /// One heartbeat (`StreamsGroupHeartbeatRequest` v0); `None` fields mean "unchanged".
 #[derive(Clone, Debug, Default)]
 pub struct Heartbeat {
@@ -206,7 +216,7 @@ pub struct Heartbeat {
     /// 0 to join, the broker's epoch afterwards, -1 to leave, -2 for a static member that
     /// will rejoin.
     pub member_epoch: i32,
-    /// The endpoint epoch last received.
+    /// The endpoint epoch last received (-1: none yet, so the broker sends every endpoint).
     pub endpoint_information_epoch: i32,
     /// `group.instance.id` (static membership).
     pub instance_id: Option<String>,
@@ -265,7 +275,11 @@ pub struct HeartbeatResponse {
     pub standby_tasks: Option<Vec<TaskIds>>,
     /// Warm-up tasks assigned.
     pub warmup_tasks: Option<Vec<TaskIds>>,
-    /// Every member's endpoint with its partitions.
+    /// The group's endpoint epoch: the member echoes it in its next heartbeat, and the broker
+    /// sends [`Self::partitions_by_endpoint`] again only once the group's differs.
+    pub endpoint_information_epoch: i32,
+    /// Every member's endpoint with its partitions (one entry per member: several may name one
+    /// endpoint); `None`: unchanged since the epoch the member echoed.
     pub partitions_by_endpoint: Option<Vec<EndpointPartitions>>,
 }
 
@@ -521,6 +535,7 @@ impl HeartbeatResponse {
         let active_tasks = r.nullable_array(Reader::task_ids)?;
         let standby_tasks = r.nullable_array(Reader::task_ids)?;
         let warmup_tasks = r.nullable_array(Reader::task_ids)?;
+        let endpoint_information_epoch = r.i32()?;
         let partitions_by_endpoint = r.nullable_array(|r| {
             let endpoint = r.endpoint()?;
             let active = r.array(Reader::topic_partitions)?;
@@ -533,6 +548,13 @@ impl HeartbeatResponse {
             })
         })?;
         r.tags()?;
+        // Left-over bytes mean a field was missed: everything after it was read wrongly.
+        if r.pos != body.len() {
+            return Err(format!(
+                "{} bytes left after the last field",
+                body.len() - r.pos
+            ));
+        }
         Ok(HeartbeatResponse {
             error_code,
             error_message,
@@ -545,6 +567,7 @@ impl HeartbeatResponse {
             active_tasks,
             standby_tasks,
             warmup_tasks,
+            endpoint_information_epoch,
             partitions_by_endpoint,
         })
     }
@@ -854,16 +877,29 @@ mod tests {
         w.nullable_array(Some(&tasks[..]), Writer::task_ids);
         w.nullable_array::<TaskIds>(None, Writer::task_ids);
         w.nullable_array(Some(&[][..]), Writer::task_ids);
-        w.array(&[()], |w, _| {
-            w.string("10.0.0.1");
-            w.u16(8080);
+        w.i32(7); // endpoint information epoch
+                  // Two members of one process share an endpoint: two entries.
+        let entries = [
+            ("10.0.0.1", 8080, vec![("in", vec![0i32, 2])], vec![]),
+            (
+                "10.0.0.2",
+                8080,
+                vec![("in", vec![1])],
+                vec![("in", vec![0])],
+            ),
+            ("10.0.0.1", 8080, vec![("in", vec![3])], vec![]),
+        ];
+        w.array(&entries, |w, (host, port, active, standby)| {
+            w.string(host);
+            w.u16(*port);
             w.tags();
-            w.array(&[("in", vec![0i32, 2])], |w, (t, ps)| {
-                w.string(t);
-                w.array(ps, |w, p| w.i32(*p));
-                w.tags();
-            });
-            w.array::<()>(&[], |_, _| {});
+            for list in [active, standby] {
+                w.array(list, |w, (t, ps)| {
+                    w.string(t);
+                    w.array(ps, |w, p| w.i32(*p));
+                    w.tags();
+                });
+            }
             w.tags();
         });
         w.tags();
@@ -875,9 +911,50 @@ mod tests {
         assert_eq!(r.active_tasks, Some(tasks.to_vec()));
         assert_eq!(r.standby_tasks, None);
         assert_eq!(r.warmup_tasks, Some(Vec::new()));
+        assert_eq!(r.endpoint_information_epoch, 7);
         let endpoints = r.partitions_by_endpoint.unwrap();
-        assert_eq!(endpoints[0].endpoint.port, 8080);
+        assert_eq!(endpoints.len(), 3);
+        assert_eq!(endpoints[0].endpoint.server(), "10.0.0.1:8080");
         assert_eq!(endpoints[0].active, vec![("in".to_string(), vec![0, 2])]);
+        assert_eq!(endpoints[1].endpoint.server(), "10.0.0.2:8080");
+        assert_eq!(endpoints[1].standby, vec![("in".to_string(), vec![0])]);
+        assert_eq!(endpoints[2].active, vec![("in".to_string(), vec![3])]);
         assert!(HeartbeatResponse::decode(&w.0[..w.0.len() - 3]).is_err());
+        // A field too many (or one the decoder missed) is an error, not a silent misread.
+        let mut longer = w.0.clone();
+        longer.push(0);
+        assert!(HeartbeatResponse::decode(&longer).is_err());
+    }
+
+    /// The map unchanged since the echoed epoch: a null list after the epoch.
+    #[test]
+    fn an_unchanged_endpoint_map_is_none_with_the_epoch_kept() {
+        let mut w = Writer::default();
+        w.i32(0);
+        w.i16(0);
+        w.nullable_string(None);
+        w.string("m-1");
+        for v in [4, 5000, 1000, 60_000] {
+            w.i32(v);
+        }
+        for _ in 0..4 {
+            w.nullable_array::<TaskIds>(None, Writer::task_ids); // status and the three task lists
+        }
+        w.i32(12);
+        w.nullable_array::<TaskIds>(None, Writer::task_ids);
+        w.tags();
+        let r = HeartbeatResponse::decode(&w.0).unwrap();
+        assert_eq!(r.endpoint_information_epoch, 12);
+        assert_eq!(r.partitions_by_endpoint, None);
+        assert_eq!(r.active_tasks, None);
+    }
+
+    #[test]
+    fn an_ipv6_endpoint_is_bracketed() {
+        let e = Endpoint {
+            host: "::1".into(),
+            port: 80,
+        };
+        assert_eq!(e.server(), "[::1]:80");
     }
 }

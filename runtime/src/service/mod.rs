@@ -387,9 +387,14 @@ impl Runtime {
         let control = ControlPlane::new()?;
         let (factor_control, factor_requests) = FactorControl::new();
         // Who owns which partitions, across the instances (application.server).
-        let owners = self
-            .endpoints_enabled()
-            .then(|| Arc::new(crate::query::Cluster::new(c.application_server.clone())));
+        let owners = self.endpoints_enabled().then(|| {
+            let me = c.application_server.clone();
+            Arc::new(match c.group_protocol {
+                // The broker's heartbeat answers carry every member's endpoint and partitions.
+                GroupProtocol::Streams => crate::query::Cluster::with_broker_ownership(me),
+                _ => crate::query::Cluster::new(me),
+            })
+        });
         let mut queries = crate::query::QueryRoutes::new(self.renderings.clone());
         if let Some(owners) = &owners {
             queries = queries.with_locate(owners.clone());
@@ -630,8 +635,13 @@ impl Runtime {
             }
             GroupProtocol::Classic => {}
         }
-        let streams =
-            (protocol == GroupProtocol::Streams).then(|| self.streams_member(&partitions));
+        let streams = (protocol == GroupProtocol::Streams).then(|| {
+            let member = self.streams_member(&partitions);
+            if let Some(owners) = &owners {
+                member.lock().route_with(owners.map().clone());
+            }
+            member
+        });
         let (engine2, health3) = (engine.clone(), health.clone());
         let (drain_timeout, held_limit, unavailable_timeout, max_task_idle) = (
             c.shutdown_timeout,
