@@ -181,11 +181,6 @@ impl StreamsMember {
         self.endpoints = Some(map);
     }
 
-    /// The endpoint epoch of the last map applied (-1: none yet).
-    pub fn endpoint_epoch(&self) -> i32 {
-        self.endpoint_epoch
-    }
-
     /// Applies the endpoint map of answer `r`, if it carries one. The epoch is echoed only once
     /// its map is applied: an answer with a new epoch and no map makes the broker send it again.
     fn apply_endpoints(&mut self, r: &HeartbeatResponse) {
