@@ -10,10 +10,10 @@
 //! JSON schemas of apache/kafka (`clients/src/main/resources/common/message/`): flexible
 //! versions, so compact strings and arrays and tagged fields.
 //!
-//! Status (issue 44): this module joins, heartbeats, reads the assignment and leaves, tested
-//! against the broker (`tests/kafka_streams_group.rs`); the runtime does not run on it yet
-//! (fetching the assigned tasks' partitions, committing with the member epoch, standbys).
-//! No TLS or SASL on this connection yet.
+//! Status (issue 44): the runtime runs on it (`kafka::streams_member`), tested against the
+//! broker (`tests/kafka_streams_group.rs`); each answer's endpoint map (`PartitionsByUserEndpoint`
+//! at `EndpointInformationEpoch`) routes interactive queries. No standbys yet, and no TLS or
+//! SASL on this connection yet.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
