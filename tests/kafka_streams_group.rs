@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use rill::runtime::kafka::streams_group::{
     Endpoint, Heartbeat, OffsetToCommit, StreamsGroupClient, TaskIds, TopologyDescription,
 };
+use rill::runtime::kafka::wire_security::WireSecurity;
 
 fn tasks(t: &Option<Vec<TaskIds>>) -> BTreeSet<(String, i32)> {
     t.iter()
@@ -45,9 +46,13 @@ fn a_member_joins_a_streams_group_gets_every_task_and_leaves() {
         std::slice::from_ref(&repartition)
     );
 
-    let mut client =
-        StreamsGroupClient::connect(&common::bootstrap(), &app, Duration::from_secs(10))
-            .expect("the coordinator");
+    let mut client = StreamsGroupClient::connect(
+        &common::bootstrap(),
+        &app,
+        Duration::from_secs(10),
+        &WireSecurity::plaintext(),
+    )
+    .expect("the coordinator");
     let member = format!("rill-member-{}", std::process::id());
     let mut heartbeat = Heartbeat {
         group_id: app.clone(),

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use rill_topology::{Topic, Topology};
 
+use super::wire_security::{authenticate, Stream, WireSecurity};
 use crate::engine::changelog::changelog_topic;
 
 /// `FindCoordinator`'s API key.
@@ -30,6 +31,10 @@ const FIND_COORDINATOR: i16 = 10;
 const OFFSET_COMMIT: i16 = 8;
 /// `StreamsGroupHeartbeat`'s API key.
 const STREAMS_GROUP_HEARTBEAT: i16 = 88;
+/// `SaslHandshake`'s API key (v1: not a flexible version).
+const SASL_HANDSHAKE: i16 = 17;
+/// `SaslAuthenticate`'s API key (v2: flexible).
+const SASL_AUTHENTICATE: i16 = 36;
 /// Longest a response may be (a guard against a peer that is not a Kafka broker).
 const MAX_RESPONSE: usize = 64 << 20;
 
@@ -53,6 +58,24 @@ pub enum StreamsGroupError {
         /// The broker.
         addr: String,
         /// What was wrong.
+        detail: String,
+    },
+    /// The TLS handshake failed.
+    #[error("streams group protocol: TLS with {addr} failed: {detail}; check kafka.ssl.ca.location and that the listener speaks kafka.security.protocol")]
+    Tls {
+        /// The broker.
+        addr: String,
+        /// Why.
+        detail: String,
+    },
+    /// SASL authentication failed.
+    #[error("streams group protocol: cannot authenticate to Kafka at {addr} with {mechanism}: {detail}; check kafka.sasl.mechanism, kafka.sasl.username and kafka.sasl.password")]
+    Authentication {
+        /// The broker.
+        addr: String,
+        /// The mechanism.
+        mechanism: &'static str,
+        /// Why (never the password).
         detail: String,
     },
     /// The broker answered with an error code.
@@ -573,49 +596,146 @@ impl HeartbeatResponse {
     }
 }
 
-/// One connection to a broker: framed requests with header v2, responses with header v1.
+/// One connection to a broker (inside TLS and authenticated as `kafka.*` says): framed
+/// requests with header v2 (v1 for the non-flexible `SaslHandshake`), responses with header v1
+/// (v0).
 struct Connection {
-    stream: TcpStream,
+    stream: Stream,
     addr: String,
     correlation: i32,
 }
 
 impl Connection {
-    fn open(addr: &str, timeout: Duration) -> Result<Self, StreamsGroupError> {
+    fn open(
+        addr: &str,
+        timeout: Duration,
+        security: &WireSecurity,
+    ) -> Result<Self, StreamsGroupError> {
         let io = |source| StreamsGroupError::Io {
             addr: addr.to_string(),
             source,
         };
         let mut last = std::io::Error::other("no address");
+        let mut tcp = None;
         for a in addr.to_socket_addrs().map_err(io)? {
             match TcpStream::connect_timeout(&a, timeout) {
                 Ok(stream) => {
-                    stream.set_read_timeout(Some(timeout)).map_err(io)?;
-                    stream.set_write_timeout(Some(timeout)).map_err(io)?;
-                    return Ok(Connection {
-                        stream,
-                        addr: addr.to_string(),
-                        correlation: 0,
-                    });
+                    tcp = Some(stream);
+                    break;
                 }
                 Err(e) => last = e,
             }
         }
-        Err(io(last))
+        let tcp = tcp.ok_or_else(|| io(last))?;
+        tcp.set_read_timeout(Some(timeout)).map_err(io)?;
+        tcp.set_write_timeout(Some(timeout)).map_err(io)?;
+        // The host as the certificate must name it: `addr` without its port or brackets.
+        let host = addr
+            .rsplit_once(':')
+            .map_or(addr, |(h, _)| h)
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let stream = security
+            .wrap(tcp, host)
+            .map_err(|detail| StreamsGroupError::Tls {
+                addr: addr.to_string(),
+                detail,
+            })?;
+        let mut conn = Connection {
+            stream,
+            addr: addr.to_string(),
+            correlation: 0,
+        };
+        if let Some(sasl) = security.sasl() {
+            conn.authenticate(sasl)?;
+        }
+        Ok(conn)
     }
 
-    /// Sends a request of `api` at `version` and returns the response's body.
+    /// `SaslHandshake` v1 naming the mechanism, then its conversation in `SaslAuthenticate` v2
+    /// requests.
+    fn authenticate(&mut self, sasl: &super::wire_security::Sasl) -> Result<(), StreamsGroupError> {
+        let mechanism = sasl.mechanism.name();
+        let refused = |addr: &str, detail: String| StreamsGroupError::Authentication {
+            addr: addr.to_string(),
+            mechanism,
+            detail,
+        };
+        let mut w = Writer::default();
+        w.i16(mechanism.len() as i16);
+        w.0.extend_from_slice(mechanism.as_bytes());
+        let body = self.call_as(SASL_HANDSHAKE, 1, &w.0, false)?;
+        let mut r = Reader { buf: &body, pos: 0 };
+        let code = r.i16().map_err(|d| refused(&self.addr, d))?;
+        if code != 0 {
+            // 33: UNSUPPORTED_SASL_MECHANISM; the broker lists the ones it has (int16 strings).
+            let mut enabled = Vec::new();
+            if let Ok(n) = r.i32() {
+                for _ in 0..n.max(0) {
+                    let Ok(len) = r.i16() else { break };
+                    let Ok(name) = r.take(len.max(0) as usize) else {
+                        break;
+                    };
+                    enabled.push(String::from_utf8_lossy(name).into_owned());
+                }
+            }
+            return Err(refused(
+                &self.addr,
+                format!(
+                    "the broker refused the mechanism (error {code}; it has {})",
+                    enabled.join(", ")
+                ),
+            ));
+        }
+        let addr = self.addr.clone();
+        authenticate(sasl, |message| {
+            let mut w = Writer::default();
+            w.uvarint(message.len() as u64 + 1);
+            w.0.extend_from_slice(message);
+            w.tags();
+            let body = self
+                .call(SASL_AUTHENTICATE, 2, &w.0)
+                .map_err(|e| e.to_string())?;
+            let mut r = Reader { buf: &body, pos: 0 };
+            let code = r.i16()?;
+            let message = r.nullable_string()?;
+            if code != 0 {
+                return Err(message.unwrap_or_else(|| format!("error {code}")));
+            }
+            let n = r.uvarint()?;
+            let bytes = r.take(n.saturating_sub(1) as usize)?;
+            Ok(bytes.to_vec())
+        })
+        .map_err(|detail| refused(&addr, detail))
+    }
+
+    /// Sends a request of `api` at `version` (a flexible version) and returns the response's
+    /// body.
     fn call(&mut self, api: i16, version: i16, body: &[u8]) -> Result<Vec<u8>, StreamsGroupError> {
+        self.call_as(api, version, body, true)
+    }
+
+    /// [`Self::call`] for a `flexible` version or not (request header v2 or v1, response
+    /// header v1 or v0).
+    fn call_as(
+        &mut self,
+        api: i16,
+        version: i16,
+        body: &[u8],
+        flexible: bool,
+    ) -> Result<Vec<u8>, StreamsGroupError> {
         self.correlation = self.correlation.wrapping_add(1);
         let mut w = Writer::default();
         w.i16(api);
         w.i16(version);
         w.i32(self.correlation);
-        // The client id of header v2 is a classic nullable string (int16 length).
+        // The client id of headers v1 and v2 is a classic nullable string (int16 length).
         let client = b"rill";
         w.i16(client.len() as i16);
         w.0.extend_from_slice(client);
-        w.tags();
+        if flexible {
+            w.tags();
+        }
         w.0.extend_from_slice(body);
         let io = |source| StreamsGroupError::Io {
             addr: self.addr.clone(),
@@ -648,7 +768,9 @@ impl Connection {
                 self.correlation
             )));
         }
-        r.tags().map_err(malformed)?;
+        if flexible {
+            r.tags().map_err(malformed)?;
+        }
         Ok(response[r.pos..].to_vec())
     }
 }
@@ -678,6 +800,7 @@ impl StreamsGroupClient {
         bootstrap: &str,
         group: &str,
         timeout: Duration,
+        security: &WireSecurity,
     ) -> Result<Self, StreamsGroupError> {
         let mut last = None;
         for broker in bootstrap
@@ -685,8 +808,10 @@ impl StreamsGroupClient {
             .map(str::trim)
             .filter(|b| !b.is_empty())
         {
-            match Self::via(broker, group, timeout) {
+            match Self::via(broker, group, timeout, security) {
                 Ok(c) => return Ok(c),
+                // Wrong credentials or certificates are wrong at every broker.
+                Err(e @ StreamsGroupError::Authentication { .. }) => return Err(e),
                 Err(e) => last = Some(e),
             }
         }
@@ -696,8 +821,13 @@ impl StreamsGroupClient {
         }))
     }
 
-    fn via(broker: &str, group: &str, timeout: Duration) -> Result<Self, StreamsGroupError> {
-        let mut conn = Connection::open(broker, timeout)?;
+    fn via(
+        broker: &str,
+        group: &str,
+        timeout: Duration,
+        security: &WireSecurity,
+    ) -> Result<Self, StreamsGroupError> {
+        let mut conn = Connection::open(broker, timeout, security)?;
         let mut w = Writer::default();
         w.i8(0); // key type: group
         w.array(&[group], |w, g| w.string(g));
@@ -734,7 +864,7 @@ impl StreamsGroupClient {
             });
         }
         Ok(StreamsGroupClient {
-            coordinator: Connection::open(&format!("{host}:{port}"), timeout)?,
+            coordinator: Connection::open(&format!("{host}:{port}"), timeout, security)?,
         })
     }
 

@@ -16,8 +16,10 @@
 //! the ownership of the interactive-query routing's endpoint map ([`StreamsMember::route_with`];
 //! see [`crate::query::metadata`]).
 //!
-//! Not here yet (issue 44): standby and warm-up tasks (every heartbeat reports none), and TLS
-//! and SASL on the coordinator connection. Under
+//! The coordinator connection is secured as `kafka.security.protocol` and `kafka.sasl.*` say
+//! ([`super::wire_security`]); a refused authentication stops the member with an error.
+//!
+//! Not here yet (issue 44): standby and warm-up tasks (every heartbeat reports none). Under
 //! `exactly_once_v2` a transaction's offsets are sent as this member (`kafka::transaction`).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -30,6 +32,7 @@ use super::streams_group::{
     Endpoint, EndpointPartitions, Heartbeat, HeartbeatResponse, OffsetToCommit, StreamsGroupClient,
     StreamsGroupError, TaskIds, TopologyDescription,
 };
+use super::wire_security::WireSecurity;
 use crate::engine::TopicPartition;
 use crate::query::metadata::{BrokerEndpoint, EndpointMap};
 
@@ -79,6 +82,8 @@ pub struct Membership {
     pub endpoint: Option<Endpoint>,
     /// How long the coordinator waits for a revocation.
     pub rebalance_timeout: Duration,
+    /// TLS and SASL on the coordinator connection (the `kafka.*` settings librdkafka uses).
+    pub security: WireSecurity,
 }
 
 /// One instance's membership in its application's streams group.
@@ -92,6 +97,7 @@ pub struct StreamsMember {
     process_id: String,
     endpoint: Option<Endpoint>,
     rebalance_timeout: Duration,
+    security: WireSecurity,
     topology: TopologyDescription,
     /// Input topics (resolved names) of each sub-topology, by its id: a task `(id, p)` is
     /// partition `p` of each.
@@ -161,6 +167,7 @@ impl StreamsMember {
             instance_id: who.instance_id,
             endpoint: who.endpoint,
             rebalance_timeout: who.rebalance_timeout,
+            security: who.security,
             topology,
             topics,
             client: None,
@@ -267,6 +274,8 @@ impl StreamsMember {
                 Ok(Some(self.rejoin()))
             }
             Err(e @ StreamsGroupError::Broker { code, .. }) if !RETRIABLE.contains(&code) => Err(e),
+            // Wrong credentials stay wrong: stop, saying which settings to check.
+            Err(e @ StreamsGroupError::Authentication { .. }) => Err(e),
             Err(e) => {
                 // The coordinator moved or the connection broke: reconnect, unless silent for
                 // longer than the session (the broker fenced us meanwhile).
@@ -329,6 +338,7 @@ impl StreamsMember {
                 &self.bootstrap,
                 &self.group,
                 REQUEST_TIMEOUT,
+                &self.security,
             )?);
         }
         self.client.as_mut().ok_or_else(|| StreamsGroupError::Io {
