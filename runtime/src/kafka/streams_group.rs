@@ -2,8 +2,9 @@
 //! broker assigns a streams application's tasks (active, standby, warm-up) and distributes every
 //! member's `application.server` endpoint.
 //!
-//! librdkafka does not speak this protocol, so rill speaks it itself, over one plain TCP
-//! connection to the group coordinator: `FindCoordinator` (v4) to find it, then
+//! librdkafka does not speak this protocol, so rill speaks it itself, over one TCP connection
+//! to the group coordinator (inside TLS and authenticated with SASL as the `kafka.*` settings
+//! say: [`super::wire_security`]): `FindCoordinator` (v4) to find it, then
 //! `StreamsGroupHeartbeat` (v0) to join (member epoch 0, with the topology), to heartbeat (the
 //! epoch the broker gave, the tasks owned) and to leave (epoch -1), and `OffsetCommit` (v9) to
 //! commit offsets fenced by the member epoch. The messages follow the
@@ -12,8 +13,7 @@
 //!
 //! Status (issue 44): the runtime runs on it (`kafka::streams_member`), tested against the
 //! broker (`tests/kafka_streams_group.rs`); each answer's endpoint map (`PartitionsByUserEndpoint`
-//! at `EndpointInformationEpoch`) routes interactive queries. No standbys yet, and no TLS or
-//! SASL on this connection yet.
+//! at `EndpointInformationEpoch`) routes interactive queries. No standbys yet.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
