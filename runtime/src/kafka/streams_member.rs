@@ -419,3 +419,35 @@ impl StreamsMember {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(host: &str, active: &[i32], standby: &[i32]) -> EndpointPartitions {
+        EndpointPartitions {
+            endpoint: Endpoint {
+                host: host.into(),
+                port: 80,
+            },
+            active: vec![("t".into(), active.to_vec())],
+            standby: vec![("t".into(), standby.to_vec())],
+        }
+    }
+
+    /// One entry per member: two members of one instance share its endpoint, and their
+    /// partitions are merged; a negative partition (malformed) is no partition.
+    #[test]
+    fn the_entries_of_one_endpoint_are_merged() {
+        let by_server = endpoints_by_server(&[
+            entry("a", &[0], &[2]),
+            entry("b", &[1, -1], &[]),
+            entry("a", &[3], &[]),
+        ]);
+        let parts = |s: &BTreeSet<(String, u32)>| s.iter().map(|(_, p)| *p).collect::<Vec<_>>();
+        assert_eq!(by_server.len(), 2);
+        assert_eq!(parts(&by_server["a:80"].active), vec![0, 3]);
+        assert_eq!(parts(&by_server["a:80"].standby), vec![2]);
+        assert_eq!(parts(&by_server["b:80"].active), vec![1]);
+    }
+}
