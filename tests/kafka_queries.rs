@@ -49,8 +49,11 @@ fn two_instances_answer_every_key_at_either_forwarding_to_the_owner() {
     two_instances_answer_every_key("classic");
 }
 
-/// The same on the streams group protocol (KIP-1071): the endpoints topic carries who owns
-/// what whichever protocol assigned it.
+/// The same on the streams group protocol (KIP-1071), where the owners come from the
+/// broker's heartbeat answers (`PartitionsByUserEndpoint`): `/metadata` says so (ownership
+/// `broker`, the endpoint epoch), each instance's partitions are the active tasks Kafka's own
+/// `kafka-streams-groups --describe` shows for its member, and when one instance leaves the
+/// map follows the broker's next answer (a higher epoch, every partition on the other).
 #[test]
 #[ignore = "needs a Kafka broker: run scripts/test"]
 fn two_instances_answer_every_key_on_the_streams_group_protocol() {
@@ -125,10 +128,12 @@ fn two_instances_answer_every_key(protocol: &str) {
                 && instances.len() == 2
                 && owned == PARTS as usize
                 && instances.iter().all(|i| {
-                    i["partitions"].as_array().is_some_and(|p| !p.is_empty())
-                        && i["stores"]
-                            .as_array()
-                            .is_some_and(|s| s.contains(&Value::from(STORE)))
+                    // Non-empty, and each owner's factor published (a key's range needs it).
+                    i["partitions"].as_array().is_some_and(|p| {
+                        !p.is_empty() && p.iter().all(|p| p["factor"].as_u64() > Some(0))
+                    }) && i["stores"]
+                        .as_array()
+                        .is_some_and(|s| s.contains(&Value::from(STORE)))
                 })
         });
         if settled {
@@ -141,6 +146,8 @@ fn two_instances_answer_every_key(protocol: &str) {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(running[0].all_metadata(), running[1].all_metadata());
+    let epoch = (protocol == "streams")
+        .then(|| broker_map_matches_the_group(&app, &addrs, &servers, &dirs));
 
     let mut forwarded = 0;
     for (k, v) in &truth {
@@ -225,7 +232,83 @@ fn two_instances_answer_every_key(protocol: &str) {
     }
     let [ra, rb] = running;
     rb.shutdown().expect("stop b");
+    if let Some(epoch) = epoch {
+        // B left the group: the broker's next answer moves its partitions to A.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, view) = get_json(addrs[0], "/metadata");
+            let instances = view["instances"].as_array().cloned().unwrap_or_default();
+            let moved = instances.len() == 1
+                && instances[0]["server"] == servers[0].as_str()
+                && instances[0]["ownership"] == "broker"
+                && instances[0]["endpoint_epoch"].as_i64() > Some(epoch)
+                && instances[0]["partitions"].as_array().map(Vec::len) == Some(PARTS as usize);
+            if moved {
+                break;
+            }
+            assert!(Instant::now() < deadline, "A's map after B left: {view}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // A runs every partition once it has applied the assignment of that same answer.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for k in truth.keys() {
+            while !ra
+                .query_metadata_for_key(STORE, k, StringSerde)
+                .expect("key metadata")
+                .local
+            {
+                assert!(Instant::now() < deadline, "{k} local at A after B left");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
     ra.shutdown().expect("stop a");
+}
+
+/// Under `group.protocol=streams`: both instances' `/metadata` come from the broker's map (one
+/// endpoint epoch), and each instance's partitions are its member's active tasks as
+/// `kafka-streams-groups --describe --members` shows them. Returns the endpoint epoch.
+fn broker_map_matches_the_group(
+    app: &str,
+    addrs: &[SocketAddr],
+    servers: &[String],
+    dirs: &[tempfile::TempDir],
+) -> i64 {
+    let views: Vec<Value> = addrs.iter().map(|a| get_json(*a, "/metadata").1).collect();
+    let instances = |v: &Value| v["instances"].as_array().cloned().unwrap_or_default();
+    let epoch = instances(&views[0])[0]["endpoint_epoch"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("an endpoint epoch: {}", views[0]));
+    for v in &views {
+        for i in instances(v) {
+            assert_eq!(i["ownership"], "broker", "{v}");
+            assert_eq!(i["endpoint_epoch"].as_i64(), Some(epoch), "{v}");
+        }
+    }
+    for (server, dir) in servers.iter().zip(dirs) {
+        let member = std::fs::read_to_string(dir.path().join("STREAMS_MEMBER_ID"))
+            .expect("the member id kept in the state dir");
+        let tasks = common::described_active_tasks(app, member.trim());
+        let described: Vec<u64> = tasks.iter().map(|(_, p)| u64::from(*p)).collect();
+        let instance = instances(&views[0])
+            .into_iter()
+            .find(|i| i["server"] == server.as_str())
+            .unwrap_or_else(|| panic!("{server} in {}", views[0]));
+        let mut mapped: Vec<u64> = instance["partitions"]
+            .as_array()
+            .expect("partitions")
+            .iter()
+            .filter_map(|p| p["partition"].as_u64())
+            .collect();
+        mapped.sort_unstable();
+        assert_eq!(
+            mapped,
+            described,
+            "{server}'s partitions in /metadata are its member's active tasks:\n{}",
+            common::streams_groups(&["--describe", "--members", "--group", app])
+        );
+    }
+    epoch
 }
 
 /// GET `path` marked as forwarded by another instance: status and JSON body.

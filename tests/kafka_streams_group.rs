@@ -14,36 +14,13 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 
 use common::service::{feed, final_counts, kill, lines, terminate, Service};
+use common::streams_groups;
 use std::time::{Duration, Instant};
 
 use rill::runtime::kafka::streams_group::{
     Endpoint, Heartbeat, OffsetToCommit, StreamsGroupClient, TaskIds, TopologyDescription,
 };
-
-/// Runs Kafka's `StreamsGroupCommand` (what `kafka-streams-groups.sh` runs) with `args`; its
-/// stdout and stderr.
-fn streams_groups(args: &[&str]) -> String {
-    let home = std::env::var("HOME").expect("HOME");
-    let dir = format!("{home}/.cache/rill/kafka-4.4.0");
-    let classpath = std::fs::read_to_string(format!("{dir}/classpath"))
-        .expect("the broker's classpath (scripts/kafka start writes it)");
-    let out = std::process::Command::new("java")
-        .arg("-cp")
-        .arg(classpath.trim())
-        .arg(format!(
-            "-Dlog4j2.configurationFile={dir}/tools-log4j2.properties"
-        ))
-        .arg("org.apache.kafka.tools.streams.StreamsGroupCommand")
-        .args(["--bootstrap-server", &common::bootstrap()])
-        .args(args)
-        .output()
-        .expect("java");
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use rill::runtime::kafka::wire_security::WireSecurity;
 
 fn tasks(t: &Option<Vec<TaskIds>>) -> BTreeSet<(String, i32)> {
     t.iter()
@@ -69,9 +46,13 @@ fn a_member_joins_a_streams_group_gets_every_task_and_leaves() {
         std::slice::from_ref(&repartition)
     );
 
-    let mut client =
-        StreamsGroupClient::connect(&common::bootstrap(), &app, Duration::from_secs(10))
-            .expect("the coordinator");
+    let mut client = StreamsGroupClient::connect(
+        &common::bootstrap(),
+        &app,
+        Duration::from_secs(10),
+        &WireSecurity::plaintext(),
+    )
+    .expect("the coordinator");
     let member = format!("rill-member-{}", std::process::id());
     let mut heartbeat = Heartbeat {
         group_id: app.clone(),

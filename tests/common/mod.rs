@@ -205,3 +205,61 @@ pub fn wordcount(input: &str, output: &str) -> Topology {
         .to(output);
     builder.build().expect("topology")
 }
+
+/// Runs Kafka's `StreamsGroupCommand` (what `kafka-streams-groups.sh` runs) against the test
+/// broker with `args`; its stdout and stderr.
+pub fn streams_groups(args: &[&str]) -> String {
+    let home = std::env::var("HOME").expect("HOME");
+    let dir = format!("{home}/.cache/rill/kafka-4.4.0");
+    let classpath = std::fs::read_to_string(format!("{dir}/classpath"))
+        .expect("the broker's classpath (scripts/kafka start writes it)");
+    let out = std::process::Command::new("java")
+        .arg("-cp")
+        .arg(classpath.trim())
+        .arg(format!(
+            "-Dlog4j2.configurationFile={dir}/tools-log4j2.properties"
+        ))
+        .arg("org.apache.kafka.tools.streams.StreamsGroupCommand")
+        .args(["--bootstrap-server", &bootstrap()])
+        .args(args)
+        .output()
+        .expect("java");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The active tasks `kafka-streams-groups --describe --members` shows for `member` of
+/// `group`, as (sub-topology, partition); empty when the member is not listed.
+pub fn described_active_tasks(
+    group: &str,
+    member: &str,
+) -> std::collections::BTreeSet<(String, u32)> {
+    let text = streams_groups(&["--describe", "--members", "--group", group]);
+    let mut out = std::collections::BTreeSet::new();
+    for line in text
+        .lines()
+        .filter(|l| l.split_whitespace().any(|w| w == member))
+    {
+        let Some((_, active)) = line.split_once("ACTIVE:") else {
+            continue;
+        };
+        // "0:[0,1]; 1:[2]" up to the next kind of task.
+        let active = active.split(['S', 'W']).next().unwrap_or("");
+        for task in active.split(';') {
+            let Some((sub, parts)) = task.trim().split_once(':') else {
+                continue;
+            };
+            let parts = parts.trim().trim_start_matches('[').trim_end_matches(']');
+            out.extend(
+                parts
+                    .split(',')
+                    .filter_map(|p| p.trim().parse().ok())
+                    .map(|p| (sub.trim().to_string(), p)),
+            );
+        }
+    }
+    out
+}

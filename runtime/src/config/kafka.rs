@@ -62,7 +62,8 @@ pub(super) fn check_kafka(kafka: &BTreeMap<String, String>) -> Result<(), Config
 
 /// The group protocol in effect: `group.protocol`, or `kafka.group.protocol=consumer` (the
 /// older way to ask for KIP-848) when the former is left at `classic`; refused when the two
-/// disagree, and `streams` where it cannot run yet.
+/// disagree, and `streams` where it cannot run yet (the embedded cluster, or security settings
+/// its coordinator client cannot honour).
 pub(super) fn group_protocol(
     top: GroupProtocol,
     kafka: &BTreeMap<String, String>,
@@ -90,6 +91,15 @@ pub(super) fn group_protocol(
         };
         if !has_brokers {
             return Err(refuse("the embedded cluster does not speak the streams group protocol: set bootstrap.servers to Apache Kafka 4.2 or later"));
+        }
+        // rill's own coordinator client must secure its connection as librdkafka does.
+        if let Err(e) = crate::kafka::wire_security::WireSecurity::from_kafka(kafka) {
+            let (key, value, expected) = e.key_value_expected();
+            return Err(ConfigError::BadValue {
+                key,
+                value,
+                expected,
+            });
         }
     }
     Ok(protocol)

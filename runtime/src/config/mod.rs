@@ -311,7 +311,7 @@ settings! {
         doc "`at_least_once`: outputs at least once, state exactly once; `exactly_once_v2` (Kafka Streams' name): outputs, changelogs and offsets commit in one Kafka transaction per commit interval, so `read_committed` consumers see each output once (needs `bootstrap.servers`; not with `parallelising.auto`, nor live factor changes)";
     "group.protocol" => group_protocol: GroupProtocol = GroupProtocol::Classic,
         shown "`classic`",
-        doc "how the instances share the work (Kafka Streams' key): `classic` (librdkafka's assignors), `consumer` (KIP-848, the broker assigns partitions), `streams` (KIP-1071, the broker assigns tasks; needs Apache Kafka 4.2+)";
+        doc "how the instances share the work (Kafka Streams' key): `classic` (librdkafka's assignors), `consumer` (KIP-848, the broker assigns partitions), `streams` (KIP-1071, the broker assigns tasks; needs Apache Kafka 4.2+; rill's own coordinator connection honours `kafka.security.protocol` (`plaintext`, `ssl`, `sasl_plaintext`, `sasl_ssl`), `kafka.sasl.mechanism` (`PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`), `kafka.sasl.username`, `kafka.sasl.password`, `kafka.ssl.ca.location`, `kafka.ssl.endpoint.identification.algorithm` and `kafka.enable.ssl.certificate.verification`; client certificates, GSSAPI and OAUTHBEARER are refused at start with the key named)";
     "at.least.once.order.sensitive" => at_least_once_order_sensitive: OrderSensitivePolicy = OrderSensitivePolicy::Refuse,
         shown "`refuse`",
         doc "a topology with a sub-topology in which records of several input topics reach one repartition topic and state (a table-table or stream-stream join, or the foreign-key join, before a `group_by`) replays its inputs after a crash under `at_least_once` in whatever order they are queued then, and repartition de-duplication downstream can then keep outputs of two orders (wrong aggregates, for good): `refuse` stops at start with an error naming the sub-topology; `allow` starts it with a warning. `exactly_once_v2` replays nothing it committed, so it needs neither";
@@ -371,7 +371,7 @@ settings! {
         doc "serve reads of the stores on metrics.addr (`GET /stores/{store}/keys/{key}`, `/range`, `/windows/{key}`; keys owned by another instance are forwarded to it, see `application.server`; `GET /metadata`)";
     "application.server" => application_server: Option<ApplicationServer> = None,
         shown "`unset`",
-        doc "Kafka Streams' key: the `host:port` other instances of the application and clients reach this one's HTTP endpoint at (its `metrics.addr`, as seen from them); published with the partitions this instance owns in the compacted topic `<application.id>-endpoints`, so that any instance tells the owner of a key (`query_metadata_for_key`, `GET /metadata`) and forwards a key query to it; unset, this instance is not published and nothing is forwarded to it";
+        doc "Kafka Streams' key: the `host:port` other instances of the application and clients reach this one's HTTP endpoint at (its `metrics.addr`, as seen from them); published with the partitions this instance owns in the compacted topic `<application.id>-endpoints` (under `group.protocol=streams` also sent to the broker, whose endpoint map then decides the owners), so that any instance tells the owner of a key (`query_metadata_for_key`, `GET /metadata`) and forwards a key query to it; unset, this instance is not published and nothing is forwarded to it";
 }
 
 /// One mebibyte.

@@ -524,3 +524,53 @@ fn the_group_protocol_takes_kafka_streams_values_and_refuses_what_cannot_run() {
         Ok(_) => panic!("eager accepted"),
     }
 }
+
+/// On `group.protocol=streams` rill's own coordinator client must honour the security
+/// settings: what it cannot is refused before anything connects, naming the key; what it can,
+/// and anything under the other protocols (librdkafka alone), passes.
+#[test]
+fn streams_refuses_security_settings_its_coordinator_client_cannot_honour() {
+    let build = |protocol: &str, pairs: &[(&str, &str)]| {
+        let mut b = ConfigBuilder::new()
+            .set("application.id", "a")
+            .set("bootstrap.servers", "127.0.0.1:9092")
+            .set("group.protocol", protocol);
+        for (k, v) in pairs {
+            b = b.set(k, v);
+        }
+        b.build()
+    };
+    let sasl = [
+        ("kafka.security.protocol", "SASL_PLAINTEXT"),
+        ("kafka.sasl.username", "u"),
+        ("kafka.sasl.password", "p"),
+    ];
+    let with = |extra: (&'static str, &'static str)| {
+        let mut pairs = sasl.to_vec();
+        pairs.push(extra);
+        pairs
+    };
+    for mechanism in ["PLAIN", "SCRAM-SHA-256", "scram-sha-512"] {
+        build("streams", &with(("kafka.sasl.mechanism", mechanism)))
+            .unwrap_or_else(|e| panic!("{mechanism}: {e}"));
+    }
+    match build("streams", &with(("kafka.sasl.mechanism", "GSSAPI"))) {
+        Err(ConfigError::BadValue { key, .. }) => assert_eq!(key, "kafka.sasl.mechanism"),
+        other => panic!("GSSAPI on streams: {other:?}"),
+    }
+    // Under the other protocols librdkafka alone connects: this check does not apply.
+    build("classic", &with(("kafka.sasl.mechanism", "OAUTHBEARER"))).expect("classic");
+    match build(
+        "streams",
+        &[
+            ("kafka.security.protocol", "SSL"),
+            ("kafka.ssl.certificate.location", "/c.pem"),
+        ],
+    ) {
+        Err(e) => assert!(
+            e.to_string().contains("kafka.ssl.certificate.location"),
+            "{e}"
+        ),
+        Ok(_) => panic!("a client certificate accepted on streams"),
+    }
+}

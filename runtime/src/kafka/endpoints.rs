@@ -1,6 +1,11 @@
 //! The endpoints channel's Kafka side (see [`crate::query::metadata`] for the protocol and why
 //! a topic): one thread that reads `<application.id>-endpoints` into the endpoint map and, with
 //! `application.server` set, publishes this instance's tasks whenever they change.
+//!
+//! Under `group.protocol=streams` the channel keeps running, though the broker's heartbeat
+//! answers decide who owns what ([`crate::kafka::streams_member`]): the topic is still the only
+//! carrier of each owner's parallelising factor (a key's range) and of the uncaught-error
+//! handler's shutdown requests. Its claims no longer name owners there.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! librdkafka bug, the transaction cycle of `exactly_once_v2` (`transaction`), internal topics
 //! ([`admin`]), the commit metadata codec ([`metadata`]), the changelog reader for restore, the
 //! [`embedded`] cluster, and the streams group protocol (its client [`streams_group`], and
-//! `streams_member`, the instance as a member).
+//! `streams_member`, the instance as a member; [`wire_security`] secures its connections).
 
 pub mod admin;
 pub(crate) mod backpressure;
@@ -23,3 +23,4 @@ pub mod streams_group;
 pub(crate) mod streams_member;
 pub(crate) mod time_sync;
 pub(crate) mod transaction;
+pub mod wire_security;

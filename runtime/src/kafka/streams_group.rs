@@ -2,18 +2,18 @@
 //! broker assigns a streams application's tasks (active, standby, warm-up) and distributes every
 //! member's `application.server` endpoint.
 //!
-//! librdkafka does not speak this protocol, so rill speaks it itself, over one plain TCP
-//! connection to the group coordinator: `FindCoordinator` (v4) to find it, then
+//! librdkafka does not speak this protocol, so rill speaks it itself, over one TCP connection
+//! to the group coordinator (inside TLS and authenticated with SASL as the `kafka.*` settings
+//! say: [`super::wire_security`]): `FindCoordinator` (v4) to find it, then
 //! `StreamsGroupHeartbeat` (v0) to join (member epoch 0, with the topology), to heartbeat (the
 //! epoch the broker gave, the tasks owned) and to leave (epoch -1), and `OffsetCommit` (v9) to
 //! commit offsets fenced by the member epoch. The messages follow the
 //! JSON schemas of apache/kafka (`clients/src/main/resources/common/message/`): flexible
 //! versions, so compact strings and arrays and tagged fields.
 //!
-//! Status (issue 44): this module joins, heartbeats, reads the assignment and leaves, tested
-//! against the broker (`tests/kafka_streams_group.rs`); the runtime does not run on it yet
-//! (fetching the assigned tasks' partitions, committing with the member epoch, standbys).
-//! No TLS or SASL on this connection yet.
+//! Status (issue 44): the runtime runs on it (`kafka::streams_member`), tested against the
+//! broker (`tests/kafka_streams_group.rs`); each answer's endpoint map (`PartitionsByUserEndpoint`
+//! at `EndpointInformationEpoch`) routes interactive queries. No standbys yet.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use rill_topology::{Topic, Topology};
 
+use super::wire_security::{authenticate, Stream, WireSecurity};
 use crate::engine::changelog::changelog_topic;
 
 /// `FindCoordinator`'s API key.
@@ -30,6 +31,10 @@ const FIND_COORDINATOR: i16 = 10;
 const OFFSET_COMMIT: i16 = 8;
 /// `StreamsGroupHeartbeat`'s API key.
 const STREAMS_GROUP_HEARTBEAT: i16 = 88;
+/// `SaslHandshake`'s API key (v1: not a flexible version).
+const SASL_HANDSHAKE: i16 = 17;
+/// `SaslAuthenticate`'s API key (v2: flexible).
+const SASL_AUTHENTICATE: i16 = 36;
 /// Longest a response may be (a guard against a peer that is not a Kafka broker).
 const MAX_RESPONSE: usize = 64 << 20;
 
@@ -53,6 +58,24 @@ pub enum StreamsGroupError {
         /// The broker.
         addr: String,
         /// What was wrong.
+        detail: String,
+    },
+    /// The TLS handshake failed.
+    #[error("streams group protocol: TLS with {addr} failed: {detail}; check kafka.ssl.ca.location and that the listener speaks kafka.security.protocol")]
+    Tls {
+        /// The broker.
+        addr: String,
+        /// Why.
+        detail: String,
+    },
+    /// SASL authentication failed.
+    #[error("streams group protocol: cannot authenticate to Kafka at {addr} with {mechanism}: {detail}; check kafka.sasl.mechanism, kafka.sasl.username and kafka.sasl.password")]
+    Authentication {
+        /// The broker.
+        addr: String,
+        /// The mechanism.
+        mechanism: &'static str,
+        /// Why (never the password).
         detail: String,
     },
     /// The broker answered with an error code.
@@ -196,6 +219,16 @@ pub struct Endpoint {
     pub port: u16,
 }
 
+impl Endpoint {
+    /// `host:port` as `application.server` spells it (an IPv6 host in brackets).
+    pub fn server(&self) -> String {
+        match self.host.contains(':') {
+            true => format!("[{}]:{}", self.host, self.port),
+            false => format!("{}:{}", self.host, self.port),
+        }
+    }
+}
+
 /// One heartbeat (`StreamsGroupHeartbeatRequest` v0); `None` fields mean "unchanged".
 #[derive(Clone, Debug, Default)]
 pub struct Heartbeat {
@@ -206,7 +239,7 @@ pub struct Heartbeat {
     /// 0 to join, the broker's epoch afterwards, -1 to leave, -2 for a static member that
     /// will rejoin.
     pub member_epoch: i32,
-    /// The endpoint epoch last received.
+    /// The endpoint epoch last received (-1: none yet, so the broker sends every endpoint).
     pub endpoint_information_epoch: i32,
     /// `group.instance.id` (static membership).
     pub instance_id: Option<String>,
@@ -265,7 +298,11 @@ pub struct HeartbeatResponse {
     pub standby_tasks: Option<Vec<TaskIds>>,
     /// Warm-up tasks assigned.
     pub warmup_tasks: Option<Vec<TaskIds>>,
-    /// Every member's endpoint with its partitions.
+    /// The group's endpoint epoch: the member echoes it in its next heartbeat, and the broker
+    /// sends [`Self::partitions_by_endpoint`] again only once the group's differs.
+    pub endpoint_information_epoch: i32,
+    /// Every member's endpoint with its partitions (one entry per member: several may name one
+    /// endpoint); `None`: unchanged since the epoch the member echoed.
     pub partitions_by_endpoint: Option<Vec<EndpointPartitions>>,
 }
 
@@ -521,6 +558,7 @@ impl HeartbeatResponse {
         let active_tasks = r.nullable_array(Reader::task_ids)?;
         let standby_tasks = r.nullable_array(Reader::task_ids)?;
         let warmup_tasks = r.nullable_array(Reader::task_ids)?;
+        let endpoint_information_epoch = r.i32()?;
         let partitions_by_endpoint = r.nullable_array(|r| {
             let endpoint = r.endpoint()?;
             let active = r.array(Reader::topic_partitions)?;
@@ -533,6 +571,13 @@ impl HeartbeatResponse {
             })
         })?;
         r.tags()?;
+        // Left-over bytes mean a field was missed: everything after it was read wrongly.
+        if r.pos != body.len() {
+            return Err(format!(
+                "{} bytes left after the last field",
+                body.len() - r.pos
+            ));
+        }
         Ok(HeartbeatResponse {
             error_code,
             error_message,
@@ -545,54 +590,152 @@ impl HeartbeatResponse {
             active_tasks,
             standby_tasks,
             warmup_tasks,
+            endpoint_information_epoch,
             partitions_by_endpoint,
         })
     }
 }
 
-/// One connection to a broker: framed requests with header v2, responses with header v1.
+/// One connection to a broker (inside TLS and authenticated as `kafka.*` says): framed
+/// requests with header v2 (v1 for the non-flexible `SaslHandshake`), responses with header v1
+/// (v0).
 struct Connection {
-    stream: TcpStream,
+    stream: Stream,
     addr: String,
     correlation: i32,
 }
 
 impl Connection {
-    fn open(addr: &str, timeout: Duration) -> Result<Self, StreamsGroupError> {
+    fn open(
+        addr: &str,
+        timeout: Duration,
+        security: &WireSecurity,
+    ) -> Result<Self, StreamsGroupError> {
         let io = |source| StreamsGroupError::Io {
             addr: addr.to_string(),
             source,
         };
         let mut last = std::io::Error::other("no address");
+        let mut tcp = None;
         for a in addr.to_socket_addrs().map_err(io)? {
             match TcpStream::connect_timeout(&a, timeout) {
                 Ok(stream) => {
-                    stream.set_read_timeout(Some(timeout)).map_err(io)?;
-                    stream.set_write_timeout(Some(timeout)).map_err(io)?;
-                    return Ok(Connection {
-                        stream,
-                        addr: addr.to_string(),
-                        correlation: 0,
-                    });
+                    tcp = Some(stream);
+                    break;
                 }
                 Err(e) => last = e,
             }
         }
-        Err(io(last))
+        let tcp = tcp.ok_or_else(|| io(last))?;
+        tcp.set_read_timeout(Some(timeout)).map_err(io)?;
+        tcp.set_write_timeout(Some(timeout)).map_err(io)?;
+        // The host as the certificate must name it: `addr` without its port or brackets.
+        let host = addr
+            .rsplit_once(':')
+            .map_or(addr, |(h, _)| h)
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let stream = security
+            .wrap(tcp, host)
+            .map_err(|detail| StreamsGroupError::Tls {
+                addr: addr.to_string(),
+                detail,
+            })?;
+        let mut conn = Connection {
+            stream,
+            addr: addr.to_string(),
+            correlation: 0,
+        };
+        if let Some(sasl) = security.sasl() {
+            conn.authenticate(sasl)?;
+        }
+        Ok(conn)
     }
 
-    /// Sends a request of `api` at `version` and returns the response's body.
+    /// `SaslHandshake` v1 naming the mechanism, then its conversation in `SaslAuthenticate` v2
+    /// requests.
+    fn authenticate(&mut self, sasl: &super::wire_security::Sasl) -> Result<(), StreamsGroupError> {
+        let mechanism = sasl.mechanism.name();
+        let refused = |addr: &str, detail: String| StreamsGroupError::Authentication {
+            addr: addr.to_string(),
+            mechanism,
+            detail,
+        };
+        let mut w = Writer::default();
+        w.i16(mechanism.len() as i16);
+        w.0.extend_from_slice(mechanism.as_bytes());
+        let body = self.call_as(SASL_HANDSHAKE, 1, &w.0, false)?;
+        let mut r = Reader { buf: &body, pos: 0 };
+        let code = r.i16().map_err(|d| refused(&self.addr, d))?;
+        if code != 0 {
+            // 33: UNSUPPORTED_SASL_MECHANISM; the broker lists the ones it has (int16 strings).
+            let mut enabled = Vec::new();
+            if let Ok(n) = r.i32() {
+                for _ in 0..n.max(0) {
+                    let Ok(len) = r.i16() else { break };
+                    let Ok(name) = r.take(len.max(0) as usize) else {
+                        break;
+                    };
+                    enabled.push(String::from_utf8_lossy(name).into_owned());
+                }
+            }
+            return Err(refused(
+                &self.addr,
+                format!(
+                    "the broker refused the mechanism (error {code}; it has {})",
+                    enabled.join(", ")
+                ),
+            ));
+        }
+        let addr = self.addr.clone();
+        authenticate(sasl, |message| {
+            let mut w = Writer::default();
+            w.uvarint(message.len() as u64 + 1);
+            w.0.extend_from_slice(message);
+            w.tags();
+            let body = self
+                .call(SASL_AUTHENTICATE, 2, &w.0)
+                .map_err(|e| e.to_string())?;
+            let mut r = Reader { buf: &body, pos: 0 };
+            let code = r.i16()?;
+            let message = r.nullable_string()?;
+            if code != 0 {
+                return Err(message.unwrap_or_else(|| format!("error {code}")));
+            }
+            let n = r.uvarint()?;
+            let bytes = r.take(n.saturating_sub(1) as usize)?;
+            Ok(bytes.to_vec())
+        })
+        .map_err(|detail| refused(&addr, detail))
+    }
+
+    /// Sends a request of `api` at `version` (a flexible version) and returns the response's
+    /// body.
     fn call(&mut self, api: i16, version: i16, body: &[u8]) -> Result<Vec<u8>, StreamsGroupError> {
+        self.call_as(api, version, body, true)
+    }
+
+    /// [`Self::call`] for a `flexible` version or not (request header v2 or v1, response
+    /// header v1 or v0).
+    fn call_as(
+        &mut self,
+        api: i16,
+        version: i16,
+        body: &[u8],
+        flexible: bool,
+    ) -> Result<Vec<u8>, StreamsGroupError> {
         self.correlation = self.correlation.wrapping_add(1);
         let mut w = Writer::default();
         w.i16(api);
         w.i16(version);
         w.i32(self.correlation);
-        // The client id of header v2 is a classic nullable string (int16 length).
+        // The client id of headers v1 and v2 is a classic nullable string (int16 length).
         let client = b"rill";
         w.i16(client.len() as i16);
         w.0.extend_from_slice(client);
-        w.tags();
+        if flexible {
+            w.tags();
+        }
         w.0.extend_from_slice(body);
         let io = |source| StreamsGroupError::Io {
             addr: self.addr.clone(),
@@ -625,7 +768,9 @@ impl Connection {
                 self.correlation
             )));
         }
-        r.tags().map_err(malformed)?;
+        if flexible {
+            r.tags().map_err(malformed)?;
+        }
         Ok(response[r.pos..].to_vec())
     }
 }
@@ -655,6 +800,7 @@ impl StreamsGroupClient {
         bootstrap: &str,
         group: &str,
         timeout: Duration,
+        security: &WireSecurity,
     ) -> Result<Self, StreamsGroupError> {
         let mut last = None;
         for broker in bootstrap
@@ -662,8 +808,10 @@ impl StreamsGroupClient {
             .map(str::trim)
             .filter(|b| !b.is_empty())
         {
-            match Self::via(broker, group, timeout) {
+            match Self::via(broker, group, timeout, security) {
                 Ok(c) => return Ok(c),
+                // Wrong credentials or certificates are wrong at every broker.
+                Err(e @ StreamsGroupError::Authentication { .. }) => return Err(e),
                 Err(e) => last = Some(e),
             }
         }
@@ -673,8 +821,13 @@ impl StreamsGroupClient {
         }))
     }
 
-    fn via(broker: &str, group: &str, timeout: Duration) -> Result<Self, StreamsGroupError> {
-        let mut conn = Connection::open(broker, timeout)?;
+    fn via(
+        broker: &str,
+        group: &str,
+        timeout: Duration,
+        security: &WireSecurity,
+    ) -> Result<Self, StreamsGroupError> {
+        let mut conn = Connection::open(broker, timeout, security)?;
         let mut w = Writer::default();
         w.i8(0); // key type: group
         w.array(&[group], |w, g| w.string(g));
@@ -711,7 +864,7 @@ impl StreamsGroupClient {
             });
         }
         Ok(StreamsGroupClient {
-            coordinator: Connection::open(&format!("{host}:{port}"), timeout)?,
+            coordinator: Connection::open(&format!("{host}:{port}"), timeout, security)?,
         })
     }
 
@@ -854,16 +1007,29 @@ mod tests {
         w.nullable_array(Some(&tasks[..]), Writer::task_ids);
         w.nullable_array::<TaskIds>(None, Writer::task_ids);
         w.nullable_array(Some(&[][..]), Writer::task_ids);
-        w.array(&[()], |w, _| {
-            w.string("10.0.0.1");
-            w.u16(8080);
+        w.i32(7); // endpoint information epoch
+                  // Two members of one process share an endpoint: two entries.
+        let entries = [
+            ("10.0.0.1", 8080, vec![("in", vec![0i32, 2])], vec![]),
+            (
+                "10.0.0.2",
+                8080,
+                vec![("in", vec![1])],
+                vec![("in", vec![0])],
+            ),
+            ("10.0.0.1", 8080, vec![("in", vec![3])], vec![]),
+        ];
+        w.array(&entries, |w, (host, port, active, standby)| {
+            w.string(host);
+            w.u16(*port);
             w.tags();
-            w.array(&[("in", vec![0i32, 2])], |w, (t, ps)| {
-                w.string(t);
-                w.array(ps, |w, p| w.i32(*p));
-                w.tags();
-            });
-            w.array::<()>(&[], |_, _| {});
+            for list in [active, standby] {
+                w.array(list, |w, (t, ps)| {
+                    w.string(t);
+                    w.array(ps, |w, p| w.i32(*p));
+                    w.tags();
+                });
+            }
             w.tags();
         });
         w.tags();
@@ -875,9 +1041,50 @@ mod tests {
         assert_eq!(r.active_tasks, Some(tasks.to_vec()));
         assert_eq!(r.standby_tasks, None);
         assert_eq!(r.warmup_tasks, Some(Vec::new()));
+        assert_eq!(r.endpoint_information_epoch, 7);
         let endpoints = r.partitions_by_endpoint.unwrap();
-        assert_eq!(endpoints[0].endpoint.port, 8080);
+        assert_eq!(endpoints.len(), 3);
+        assert_eq!(endpoints[0].endpoint.server(), "10.0.0.1:8080");
         assert_eq!(endpoints[0].active, vec![("in".to_string(), vec![0, 2])]);
+        assert_eq!(endpoints[1].endpoint.server(), "10.0.0.2:8080");
+        assert_eq!(endpoints[1].standby, vec![("in".to_string(), vec![0])]);
+        assert_eq!(endpoints[2].active, vec![("in".to_string(), vec![3])]);
         assert!(HeartbeatResponse::decode(&w.0[..w.0.len() - 3]).is_err());
+        // A field too many (or one the decoder missed) is an error, not a silent misread.
+        let mut longer = w.0.clone();
+        longer.push(0);
+        assert!(HeartbeatResponse::decode(&longer).is_err());
+    }
+
+    /// The map unchanged since the echoed epoch: a null list after the epoch.
+    #[test]
+    fn an_unchanged_endpoint_map_is_none_with_the_epoch_kept() {
+        let mut w = Writer::default();
+        w.i32(0);
+        w.i16(0);
+        w.nullable_string(None);
+        w.string("m-1");
+        for v in [4, 5000, 1000, 60_000] {
+            w.i32(v);
+        }
+        for _ in 0..4 {
+            w.nullable_array::<TaskIds>(None, Writer::task_ids); // status and the three task lists
+        }
+        w.i32(12);
+        w.nullable_array::<TaskIds>(None, Writer::task_ids);
+        w.tags();
+        let r = HeartbeatResponse::decode(&w.0).unwrap();
+        assert_eq!(r.endpoint_information_epoch, 12);
+        assert_eq!(r.partitions_by_endpoint, None);
+        assert_eq!(r.active_tasks, None);
+    }
+
+    #[test]
+    fn an_ipv6_endpoint_is_bracketed() {
+        let e = Endpoint {
+            host: "::1".into(),
+            port: 80,
+        };
+        assert_eq!(e.server(), "[::1]:80");
     }
 }

@@ -11,19 +11,34 @@
 //! a stale epoch, after a pause longer than the session) loses its tasks without committing and
 //! joins again.
 //!
-//! Not here yet (issue 44): standby and warm-up tasks (every heartbeat reports none), the
-//! endpoints the broker distributes (queries use the endpoints topic, which works under every
-//! protocol), and TLS and SASL on the coordinator connection. Under
+//! Endpoints: the member echoes the endpoint epoch of the last map it applied (-1 at first and
+//! after a rejoin, so the broker sends the whole map), and every map an answer carries replaces
+//! the ownership of the interactive-query routing's endpoint map ([`StreamsMember::route_with`];
+//! see [`crate::query::metadata`]).
+//!
+//! The coordinator connection is secured as `kafka.security.protocol` and `kafka.sasl.*` say
+//! ([`super::wire_security`]); a refused authentication stops the member with an error.
+//!
+//! Not here yet (issue 44): standby and warm-up tasks (every heartbeat reports none). Under
 //! `exactly_once_v2` a transaction's offsets are sent as this member (`kafka::transaction`).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::RwLock;
+
 use super::streams_group::{
-    Endpoint, Heartbeat, HeartbeatResponse, OffsetToCommit, StreamsGroupClient, StreamsGroupError,
-    TaskIds, TopologyDescription,
+    Endpoint, EndpointPartitions, Heartbeat, HeartbeatResponse, OffsetToCommit, StreamsGroupClient,
+    StreamsGroupError, TaskIds, TopologyDescription,
 };
+use super::wire_security::WireSecurity;
 use crate::engine::TopicPartition;
+use crate::query::metadata::{BrokerEndpoint, EndpointMap};
+
+/// The endpoint epoch a member sends before it has a map: the broker's differs, so it answers
+/// with the whole map.
+const NO_ENDPOINT_EPOCH: i32 = -1;
 
 /// Time allowed for one request to the coordinator.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -67,6 +82,8 @@ pub struct Membership {
     pub endpoint: Option<Endpoint>,
     /// How long the coordinator waits for a revocation.
     pub rebalance_timeout: Duration,
+    /// TLS and SASL on the coordinator connection (the `kafka.*` settings librdkafka uses).
+    pub security: WireSecurity,
 }
 
 /// One instance's membership in its application's streams group.
@@ -80,6 +97,7 @@ pub struct StreamsMember {
     process_id: String,
     endpoint: Option<Endpoint>,
     rebalance_timeout: Duration,
+    security: WireSecurity,
     topology: TopologyDescription,
     /// Input topics (resolved names) of each sub-topology, by its id: a task `(id, p)` is
     /// partition `p` of each.
@@ -98,6 +116,34 @@ pub struct StreamsMember {
     /// When a heartbeat last got an answer (a member silent for longer than the session is
     /// fenced by the broker: its tasks are treated as lost).
     answered: Instant,
+    /// The endpoint epoch of the last map applied, echoed in every heartbeat.
+    endpoint_epoch: i32,
+    /// The interactive-query routing's map, whose ownership the broker's maps replace.
+    endpoints: Option<Arc<RwLock<EndpointMap>>>,
+}
+
+/// The broker's `PartitionsByUserEndpoint` by `application.server`, the entries of one endpoint
+/// merged (one entry per member: an instance could run several).
+pub fn endpoints_by_server(list: &[EndpointPartitions]) -> BTreeMap<String, BrokerEndpoint> {
+    let mut out: BTreeMap<String, BrokerEndpoint> = BTreeMap::new();
+    for e in list {
+        let entry = out.entry(e.endpoint.server()).or_default();
+        for (into, from) in [
+            (&mut entry.active, &e.active),
+            (&mut entry.standby, &e.standby),
+        ] {
+            for (topic, partitions) in from {
+                // A negative partition is no partition: skipped, not wrapped.
+                into.extend(
+                    partitions
+                        .iter()
+                        .filter_map(|p| u32::try_from(*p).ok())
+                        .map(|p| (topic.clone(), p)),
+                );
+            }
+        }
+    }
+    out
 }
 
 impl StreamsMember {
@@ -121,6 +167,7 @@ impl StreamsMember {
             instance_id: who.instance_id,
             endpoint: who.endpoint,
             rebalance_timeout: who.rebalance_timeout,
+            security: who.security,
             topology,
             topics,
             client: None,
@@ -130,7 +177,30 @@ impl StreamsMember {
             interval: FIRST_INTERVAL,
             due: Instant::now(),
             answered: Instant::now(),
+            endpoint_epoch: NO_ENDPOINT_EPOCH,
+            endpoints: None,
         }
+    }
+
+    /// Makes every endpoint map the broker sends decide the owners in `map` (interactive-query
+    /// routing under this protocol).
+    pub fn route_with(&mut self, map: Arc<RwLock<EndpointMap>>) {
+        self.endpoints = Some(map);
+    }
+
+    /// Applies the endpoint map of answer `r`, if it carries one. The epoch is echoed only once
+    /// its map is applied: an answer with a new epoch and no map makes the broker send it again.
+    fn apply_endpoints(&mut self, r: &HeartbeatResponse) {
+        let Some(list) = &r.partitions_by_endpoint else {
+            return;
+        };
+        let by_server = endpoints_by_server(list);
+        tracing::debug!(epoch = r.endpoint_information_epoch, endpoints = ?by_server.keys().collect::<Vec<_>>(), "streams group endpoint map");
+        if let Some(map) = &self.endpoints {
+            map.write()
+                .set_from_broker(r.endpoint_information_epoch, by_server);
+        }
+        self.endpoint_epoch = r.endpoint_information_epoch;
     }
 
     /// The member epoch (0 while joining).
@@ -181,6 +251,7 @@ impl StreamsMember {
                 if let Some(status) = r.status.as_ref().filter(|s| !s.is_empty()) {
                     tracing::debug!(?status, "streams group status");
                 }
+                self.apply_endpoints(&r);
                 if let Some(active) = &r.active_tasks {
                     let target: BTreeSet<(String, i32)> = active
                         .iter()
@@ -203,6 +274,8 @@ impl StreamsMember {
                 Ok(Some(self.rejoin()))
             }
             Err(e @ StreamsGroupError::Broker { code, .. }) if !RETRIABLE.contains(&code) => Err(e),
+            // Wrong credentials stay wrong: stop, saying which settings to check.
+            Err(e @ StreamsGroupError::Authentication { .. }) => Err(e),
             Err(e) => {
                 // The coordinator moved or the connection broke: reconnect, unless silent for
                 // longer than the session (the broker fenced us meanwhile).
@@ -223,6 +296,8 @@ impl StreamsMember {
         let lost = std::mem::take(&mut self.owned);
         self.pending = None;
         self.epoch = 0;
+        // A new member gets the whole map again.
+        self.endpoint_epoch = NO_ENDPOINT_EPOCH;
         self.client = None;
         self.due = Instant::now();
         Change {
@@ -263,6 +338,7 @@ impl StreamsMember {
                 &self.bootstrap,
                 &self.group,
                 REQUEST_TIMEOUT,
+                &self.security,
             )?);
         }
         self.client.as_mut().ok_or_else(|| StreamsGroupError::Io {
@@ -290,7 +366,7 @@ impl StreamsMember {
             group_id: self.group.clone(),
             member_id: self.member_id.clone(),
             member_epoch: self.epoch,
-            endpoint_information_epoch: 0,
+            endpoint_information_epoch: self.endpoint_epoch,
             instance_id: self.instance_id.clone(),
             rebalance_timeout_ms: if joining {
                 i32::try_from(self.rebalance_timeout.as_millis()).unwrap_or(i32::MAX)
@@ -341,5 +417,37 @@ impl StreamsMember {
         if let Err(e) = self.heartbeat() {
             tracing::debug!(error = %e, "leaving the streams group failed (the session expires instead)");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(host: &str, active: &[i32], standby: &[i32]) -> EndpointPartitions {
+        EndpointPartitions {
+            endpoint: Endpoint {
+                host: host.into(),
+                port: 80,
+            },
+            active: vec![("t".into(), active.to_vec())],
+            standby: vec![("t".into(), standby.to_vec())],
+        }
+    }
+
+    /// One entry per member: two members of one instance share its endpoint, and their
+    /// partitions are merged; a negative partition (malformed) is no partition.
+    #[test]
+    fn the_entries_of_one_endpoint_are_merged() {
+        let by_server = endpoints_by_server(&[
+            entry("a", &[0], &[2]),
+            entry("b", &[1, -1], &[]),
+            entry("a", &[3], &[]),
+        ]);
+        let parts = |s: &BTreeSet<(String, u32)>| s.iter().map(|(_, p)| *p).collect::<Vec<_>>();
+        assert_eq!(by_server.len(), 2);
+        assert_eq!(parts(&by_server["a:80"].active), vec![0, 3]);
+        assert_eq!(parts(&by_server["a:80"].standby), vec![2]);
+        assert_eq!(parts(&by_server["b:80"].active), vec![1]);
     }
 }

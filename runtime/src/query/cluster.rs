@@ -47,6 +47,15 @@ impl Cluster {
         }
     }
 
+    /// The view of an instance published as `me` whose owners come from the streams group's
+    /// heartbeat answers (`group.protocol=streams`; see [`super::metadata`]).
+    pub fn with_broker_ownership(me: Option<String>) -> Self {
+        Cluster {
+            map: Arc::new(RwLock::new(EndpointMap::from_broker())),
+            ..Self::new(me)
+        }
+    }
+
     /// Where each store's records come from (once the partition counts are known).
     pub fn set_stores(&self, stores: BTreeMap<String, StoreSource>) {
         let _ = self.stores.set(stores);
@@ -56,7 +65,8 @@ impl Cluster {
         self.stores.get().ok_or(QueryError::NotRunning)
     }
 
-    /// The endpoint map the reader of the endpoints topic fills.
+    /// The endpoint map the reader of the endpoints topic fills (and, under
+    /// `group.protocol=streams`, the streams group member).
     pub fn map(&self) -> &Arc<RwLock<EndpointMap>> {
         &self.map
     }
@@ -132,7 +142,7 @@ impl Cluster {
             key,
             partition,
             (owner.map(|(s, _)| s.to_string()), false),
-            owner.map(|(_, f)| f),
+            owner.and_then(|(_, f)| f),
         ))
     }
 

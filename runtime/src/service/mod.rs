@@ -157,6 +157,9 @@ pub enum RuntimeError {
         /// What librdkafka reported (it never contains the password).
         detail: String,
     },
+    /// The security settings cannot be used on the streams group coordinator connection.
+    #[error(transparent)]
+    Security(#[from] crate::kafka::wire_security::WireSecurityError),
     /// The engine failed.
     #[error(transparent)]
     Engine(#[from] EngineError),
@@ -387,9 +390,14 @@ impl Runtime {
         let control = ControlPlane::new()?;
         let (factor_control, factor_requests) = FactorControl::new();
         // Who owns which partitions, across the instances (application.server).
-        let owners = self
-            .endpoints_enabled()
-            .then(|| Arc::new(crate::query::Cluster::new(c.application_server.clone())));
+        let owners = self.endpoints_enabled().then(|| {
+            let me = c.application_server.clone();
+            Arc::new(match c.group_protocol {
+                // The broker's heartbeat answers carry every member's endpoint and partitions.
+                GroupProtocol::Streams => crate::query::Cluster::with_broker_ownership(me),
+                _ => crate::query::Cluster::new(me),
+            })
+        });
         let mut queries = crate::query::QueryRoutes::new(self.renderings.clone());
         if let Some(owners) = &owners {
             queries = queries.with_locate(owners.clone());
@@ -630,8 +638,16 @@ impl Runtime {
             }
             GroupProtocol::Classic => {}
         }
-        let streams =
-            (protocol == GroupProtocol::Streams).then(|| self.streams_member(&partitions));
+        let streams = match protocol {
+            GroupProtocol::Streams => {
+                let member = self.streams_member(&partitions)?;
+                if let Some(owners) = &owners {
+                    member.lock().route_with(owners.map().clone());
+                }
+                Some(member)
+            }
+            _ => None,
+        };
         let (engine2, health3) = (engine.clone(), health.clone());
         let (drain_timeout, held_limit, unavailable_timeout, max_task_idle) = (
             c.shutdown_timeout,
@@ -825,7 +841,7 @@ impl Runtime {
     fn streams_member(
         &self,
         partitions: &BTreeMap<String, u32>,
-    ) -> Arc<Mutex<crate::kafka::streams_member::StreamsMember>> {
+    ) -> Result<Arc<Mutex<crate::kafka::streams_member::StreamsMember>>, RuntimeError> {
         use crate::kafka::streams_group::{Endpoint, TopologyDescription};
         let c = &self.config;
         let topology = TopologyDescription::of(&self.topology, &c.application_id, partitions);
@@ -846,7 +862,7 @@ impl Runtime {
                 host: host.to_string(),
                 port,
             });
-        Arc::new(Mutex::new(
+        Ok(Arc::new(Mutex::new(
             crate::kafka::streams_member::StreamsMember::new(
                 crate::kafka::streams_member::Membership {
                     bootstrap: self.bootstrap.clone(),
@@ -855,11 +871,12 @@ impl Runtime {
                     instance_id: c.kafka.get("group.instance.id").cloned(),
                     endpoint,
                     rebalance_timeout: c.shutdown_timeout.max(Duration::from_secs(30)),
+                    security: crate::kafka::wire_security::WireSecurity::from_kafka(&c.kafka)?,
                 },
                 topology,
                 topics,
             ),
-        ))
+        )))
     }
 
     /// The streams group member id this instance had before a restart (kept in the state dir's
