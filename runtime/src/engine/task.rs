@@ -66,8 +66,8 @@ pub struct Resume {
     /// `OFFSET_HASH_ID`); ranges of another routing than the task's are not its own.
     pub hash_id: u32,
     /// The input's end offset when it was assigned here, when another member ran the task
-    /// before: its stores answer queries once the task has taken every record below it (see
-    /// [`CatchUp`]).
+    /// before without handing it over: its stores answer queries once the task has taken every
+    /// record below it.
     pub end: Option<u64>,
 }
 
