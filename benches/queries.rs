@@ -232,6 +232,12 @@ fn main() -> Result<(), Error> {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(16_000_000);
+    // The processing threads' niceness (`worker.threads.nice`), 0 by default.
+    let nice: u32 = std::env::var("RILL_BENCH_NICE")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    println!("worker.threads.nice = {nice}");
     let stamp = std::process::id();
     let (input, output) = (format!("iq-in-{stamp}"), format!("iq-out-{stamp}"));
     create_topics(
@@ -268,6 +274,7 @@ fn main() -> Result<(), Error> {
             .set("metrics.addr", addr)
             .set("application.server", addr)
             .set("interactive.queries.enabled", true)
+            .set("worker.threads.nice", nice)
             .build()
     };
     let instance = |addr, state: &std::path::Path| -> Result<Runtime, Error> {
@@ -280,16 +287,34 @@ fn main() -> Result<(), Error> {
     let b = instance(addr_b, states.1.path())?.start()?;
     // Until both own partitions, restored, and the first keys are in.
     let deadline = Instant::now() + Duration::from_secs(120);
+    let mut reported = Instant::now();
     loop {
+        let mut not_yet = std::collections::BTreeMap::<String, usize>::new();
         let kinds: Vec<bool> = (0..40)
             .filter_map(|k| {
                 let path = format!("/stores/counts/keys/key-{k:08}");
                 match Client::connect(addr_a).and_then(|mut c| c.get(&path)) {
                     Ok((200, body)) => Some(body.contains("\"forwarded_by\"")),
-                    _ => None,
+                    other => {
+                        let why = match other {
+                            Ok((status, body)) => {
+                                format!("{status} {}", body.chars().take(60).collect::<String>())
+                            }
+                            Err(e) => e.to_string(),
+                        };
+                        *not_yet.entry(why).or_default() += 1;
+                        None
+                    }
                 }
             })
             .collect();
+        if reported.elapsed() > Duration::from_secs(10) && !not_yet.is_empty() {
+            println!(
+                "still waiting after {:.0} s: {not_yet:?}",
+                started.elapsed().as_secs_f64()
+            );
+            reported = Instant::now();
+        }
         // Every probe answered (no partition restoring or moving), some forwarded.
         if kinds.len() == 40 && kinds.contains(&true) && kinds.contains(&false) {
             break;

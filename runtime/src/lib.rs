@@ -62,6 +62,7 @@ pub mod health;
 pub(crate) mod http;
 pub mod kafka;
 pub mod metrics;
+pub(crate) mod priority;
 pub mod query;
 pub(crate) mod queue_time;
 pub mod registry;

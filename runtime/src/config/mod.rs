@@ -53,7 +53,7 @@ mod tests;
 use kafka::check_kafka;
 use redact::redact;
 pub(crate) use setting::host_and_port;
-use setting::{parse, AppId, ApplicationServer, MaxOpenFiles, Whole};
+use setting::{parse, AppId, ApplicationServer, MaxOpenFiles, Nice, Whole};
 use source::{parse_toml, DeError, Flat};
 
 pub use crate::engine::config::{AsyncConfig, ProcessingOrder};
@@ -178,6 +178,8 @@ pub struct Config {
     pub parallelising_auto_queue_time: Duration,
     /// Worker pool threads.
     pub worker_threads: usize,
+    /// Niceness added to the processing threads (`worker.threads.nice`).
+    pub worker_threads_nice: i32,
     /// State directory.
     pub state_dir: PathBuf,
     /// Whether `state.dir` was set (a demo on the embedded cluster without it gets a fresh one).
@@ -297,6 +299,9 @@ settings! {
     "worker.threads" => worker_threads: Whole<1> = Whole(cores()),
         shown "cores",
         doc "threads of the worker pool";
+    "worker.threads.nice" => worker_threads_nice: Nice = Nice(0),
+        shown "0",
+        doc "niceness added to the processing threads (worker pool, source loop, async stages), 0 to 19: above 0 they leave the CPU to the HTTP endpoint (queries, probes, scrapes) on a busy machine";
     "state.dir" => state_dir: Option<PathBuf> = None,
         shown "`<temp dir>/rill/<application.id>`",
         doc "where the RocksDB state lives";
@@ -602,6 +607,7 @@ impl ConfigBuilder {
                 s.parallelising_auto_queue_time_ms.0,
             ),
             worker_threads: s.worker_threads.usize(),
+            worker_threads_nice: s.worker_threads_nice.0,
             commit_interval: Duration::from_millis(s.commit_interval_ms.0),
             mailbox_capacity: s.mailbox_capacity.usize(),
             processing_guarantee: s.processing_guarantee,

@@ -102,6 +102,19 @@ impl<const MIN: u64> Setting for Whole<MIN> {
     }
 }
 
+/// A niceness to add to a thread: 0 (none) to 19 (the lowest priority).
+#[derive(Debug)]
+pub(super) struct Nice(pub(super) i32);
+
+impl Setting for Nice {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text.trim().parse::<i32>() {
+            Ok(n) if (0..=19).contains(&n) => Ok(Nice(n)),
+            _ => Err("a whole number from 0 (as other threads) to 19 (the lowest priority)".into()),
+        }
+    }
+}
+
 /// `rocksdb.max.open.files`: `-1` (no bound) or a whole number of at least
 /// [`rill_state::MIN_OPEN_FILES`].
 #[derive(Debug)]

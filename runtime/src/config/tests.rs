@@ -476,6 +476,27 @@ fn application_server_takes_host_and_port_and_names_the_key_otherwise() {
 }
 
 #[test]
+fn worker_threads_nice_takes_0_to_19_and_names_the_key_otherwise() {
+    let base = ConfigBuilder::new().set("application.id", "a");
+    assert_eq!(base.build().expect("config").worker_threads_nice, 0);
+    for good in [0, 5, 19] {
+        let c = base.clone().set("worker.threads.nice", good).build();
+        assert_eq!(c.expect("config").worker_threads_nice, good);
+    }
+    for bad in ["20", "-1", "low"] {
+        let err = base
+            .clone()
+            .set("worker.threads.nice", bad)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::BadValue { key, .. } if key == "worker.threads.nice"),
+            "{bad}: {err:?}"
+        );
+    }
+}
+
+#[test]
 fn the_group_protocol_takes_kafka_streams_values_and_refuses_what_cannot_run() {
     let build = |pairs: &[(&str, &str)]| {
         let mut b = ConfigBuilder::new().set("application.id", "a");

@@ -938,12 +938,13 @@ impl Drop for LiveDriver {
 pub(crate) struct AsyncRuntime(Option<tokio::runtime::Runtime>);
 
 impl AsyncRuntime {
-    /// `threads` worker threads (`async.threads`): calls wait on I/O, and the CPU work is
+    /// `threads` worker threads (`async.threads`, niceness `nice` added): calls wait on I/O, and the CPU work is
     /// handling their answers (on the thread that polled them when no job runs the sub-task).
-    pub fn new(threads: usize) -> Result<Self, EngineError> {
+    pub fn new(threads: usize, nice: i32) -> Result<Self, EngineError> {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
             .thread_name("rill-async")
+            .on_thread_start(move || crate::priority::lower_this_thread(nice))
             .enable_all()
             .build()
             .map(|r| AsyncRuntime(Some(r)))

@@ -62,6 +62,8 @@ pub struct EngineConfig {
     pub parallelising_factor: usize,
     /// Worker threads of the pool.
     pub worker_threads: usize,
+    /// Niceness added to the worker and async threads (`worker.threads.nice`).
+    pub thread_nice: i32,
     /// Records a sub-task may hold before its partition is paused.
     pub mailbox_capacity: usize,
     /// Handling of records that do not deserialize.
@@ -140,6 +142,7 @@ impl Default for EngineConfig {
             application_id: "rill".into(),
             parallelising_factor: 1,
             worker_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            thread_nice: 0,
             mailbox_capacity: 1000,
             deserialization_handler: RecordErrorHandler::Fail,
             processing_handler: RecordErrorHandler::Fail,

@@ -292,9 +292,11 @@ impl Engine {
                 message: "the topology has stores, so it needs a state directory".into(),
             });
         }
+        let nice = config.thread_nice;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(config.worker_threads)
             .thread_name(|i| format!("rill-worker-{i}"))
+            .start_handler(move |_| crate::priority::lower_this_thread(nice))
             .build()
             .map_err(|e| EngineError::Pool(e.to_string()))?;
         let mut sources = HashMap::new();
@@ -344,7 +346,10 @@ impl Engine {
             });
         }
         let async_runtime = if has_async {
-            Some(async_stage::AsyncRuntime::new(config.async_stages.threads)?)
+            Some(async_stage::AsyncRuntime::new(
+                config.async_stages.threads,
+                config.thread_nice,
+            )?)
         } else {
             None
         };

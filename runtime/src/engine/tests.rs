@@ -697,3 +697,28 @@ fn a_reader_waits_for_one_record_not_the_whole_batch() {
     );
     assert!(e.wait_idle(Duration::from_secs(20)));
 }
+
+/// `worker.threads.nice`: the worker pool's threads run at the niceness asked for (above the
+/// test thread's), so the HTTP endpoint's threads go first on a busy machine.
+#[test]
+fn worker_threads_run_at_the_niceness_asked_for() {
+    let own = crate::priority::this_thread_niceness().unwrap();
+    let config = EngineConfig {
+        worker_threads: 2,
+        thread_nice: 7,
+        ..EngineConfig::default()
+    };
+    let builder = StreamsBuilder::new();
+    builder.stream("in", StringSerde, StringSerde).to("out");
+    let topology = Arc::new(builder.build().unwrap());
+    let e = Engine::new(
+        topology,
+        config,
+        None,
+        Arc::new(MemorySink::new()),
+        HashMap::new(),
+    )
+    .unwrap();
+    let worker = e.shared.pool.install(crate::priority::this_thread_niceness);
+    assert_eq!(worker, Some((own + 7).min(19)));
+}

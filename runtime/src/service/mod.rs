@@ -514,6 +514,7 @@ impl Runtime {
                 application_id: c.application_id.clone(),
                 parallelising_factor: c.parallelising_factor,
                 worker_threads: c.worker_threads,
+                thread_nice: c.worker_threads_nice,
                 mailbox_capacity: c.mailbox_capacity,
                 deserialization_handler: c.deserialization_handler.clone(),
                 processing_handler: c.processing_handler.clone(),
@@ -711,9 +712,11 @@ impl Runtime {
         let server = c.application_server.clone();
         let request_cfg = client_config(&self.bootstrap, &c.kafka);
         let request_topic = crate::query::metadata::endpoints_topic(&c.application_id);
+        let nice = c.worker_threads_nice;
         let thread = std::thread::Builder::new()
             .name("rill-source".into())
             .spawn(move || {
+                crate::priority::lower_this_thread(nice);
                 let mut rejoins = Rejoins::default();
                 let r = loop {
                     let r = source::run(
