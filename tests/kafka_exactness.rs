@@ -262,6 +262,7 @@ fn internal_topics_that_do_not_fit_are_refused() {
         &cfg,
         &[(changelog.clone(), 1)],
         &[("cleanup.policy", "compact")],
+        -1,
         Duration::from_secs(30),
     )
     .unwrap();
@@ -274,6 +275,7 @@ fn internal_topics_that_do_not_fit_are_refused() {
         &cfg,
         &[(changelog.clone(), 2)],
         &[("cleanup.policy", "delete")],
+        -1,
         Duration::from_secs(30),
     )
     .unwrap();
@@ -333,4 +335,50 @@ fn a_state_dir_of_another_cluster_is_refused() {
         .start(),
         Err(RuntimeError::State(_))
     ));
+}
+
+/// Issue 48: `replication.factor` (Kafka Streams' key) sets the replicas of the internal topics
+/// rill creates; a factor above the cluster's broker count stops the start with an error that
+/// names the key (here: one broker).
+#[test]
+#[ignore = "needs a Kafka broker: run scripts/test"]
+fn replication_factor_sets_the_internal_topics_replicas_and_names_the_key_when_refused() {
+    let (input, output) = (unique("rf-in"), unique("rf-out"));
+    create_topic(&input, 2);
+    create_topic(&output, 2);
+    let state = tempfile::tempdir().unwrap();
+    let app = unique("rf-too-many");
+    let e = start_error(
+        counting(&input, &output),
+        config(&app, 1, state.path()).set("replication.factor", 2),
+    );
+    assert!(
+        e.contains("replication.factor") && e.contains("at most the number of brokers"),
+        "{e}"
+    );
+    let app = unique("rf-one");
+    let running = Runtime::new(
+        counting(&input, &output),
+        config(&app, 1, state.path())
+            .set("replication.factor", 1)
+            .build()
+            .unwrap(),
+    )
+    .unwrap()
+    .start()
+    .expect("starts with one replica");
+    let consumer: BaseConsumer = client_config(&bootstrap(), &BTreeMap::new())
+        .create()
+        .unwrap();
+    let topic = format!("{app}-counts-changelog");
+    let md = consumer
+        .fetch_metadata(Some(&topic), Duration::from_secs(10))
+        .unwrap();
+    let t = &md.topics()[0];
+    assert_eq!(t.partitions().len(), 2, "{topic}");
+    assert!(
+        t.partitions().iter().all(|p| p.replicas().len() == 1),
+        "{topic}"
+    );
+    running.shutdown().unwrap();
 }

@@ -53,7 +53,7 @@ mod tests;
 use kafka::check_kafka;
 use redact::redact;
 pub(crate) use setting::host_and_port;
-use setting::{parse, AppId, ApplicationServer, MaxOpenFiles, Nice, Whole};
+use setting::{parse, AppId, ApplicationServer, MaxOpenFiles, Nice, Replication, Whole};
 use source::{parse_toml, DeError, Flat};
 
 pub use crate::engine::config::{AsyncConfig, ProcessingOrder};
@@ -180,6 +180,9 @@ pub struct Config {
     pub worker_threads: usize,
     /// Niceness added to the processing threads (`worker.threads.nice`).
     pub worker_threads_nice: i32,
+    /// Replicas of the internal topics rill creates (`replication.factor`; -1: the broker's
+    /// default).
+    pub replication_factor: i32,
     /// State directory.
     pub state_dir: PathBuf,
     /// Whether `state.dir` was set (a demo on the embedded cluster without it gets a fresh one).
@@ -299,6 +302,9 @@ settings! {
     "worker.threads" => worker_threads: Whole<1> = Whole(cores()),
         shown "cores",
         doc "threads of the worker pool";
+    "replication.factor" => replication_factor: Replication = Replication(-1),
+        shown "-1",
+        doc "replicas of the internal topics rill creates (repartition topics, changelogs, the endpoints topic); -1: the broker's default.replication.factor";
     "worker.threads.nice" => worker_threads_nice: Nice = Nice(0),
         shown "0",
         doc "niceness added to the processing threads (worker pool, source loop, async stages), 0 to 19: above 0 they leave the CPU to the HTTP endpoint (queries, probes, scrapes) on a busy machine";
@@ -608,6 +614,7 @@ impl ConfigBuilder {
             ),
             worker_threads: s.worker_threads.usize(),
             worker_threads_nice: s.worker_threads_nice.0,
+            replication_factor: s.replication_factor.0,
             commit_interval: Duration::from_millis(s.commit_interval_ms.0),
             mailbox_capacity: s.mailbox_capacity.usize(),
             processing_guarantee: s.processing_guarantee,

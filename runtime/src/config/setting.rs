@@ -102,6 +102,22 @@ impl<const MIN: u64> Setting for Whole<MIN> {
     }
 }
 
+/// `replication.factor`: `-1` (the broker's `default.replication.factor`) or at least 1.
+#[derive(Debug)]
+pub(super) struct Replication(pub(super) i32);
+
+impl Setting for Replication {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text.trim().parse::<i32>() {
+            Ok(n) if n == -1 || n >= 1 => Ok(Replication(n)),
+            _ => Err(
+                "-1 (the broker's default.replication.factor) or a whole number of at least 1"
+                    .into(),
+            ),
+        }
+    }
+}
+
 /// A niceness to add to a thread: 0 (none) to 19 (the lowest priority).
 #[derive(Debug)]
 pub(super) struct Nice(pub(super) i32);

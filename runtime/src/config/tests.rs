@@ -476,6 +476,27 @@ fn application_server_takes_host_and_port_and_names_the_key_otherwise() {
 }
 
 #[test]
+fn replication_factor_takes_minus_one_or_at_least_one() {
+    let base = ConfigBuilder::new().set("application.id", "a");
+    assert_eq!(base.build().expect("config").replication_factor, -1);
+    for good in [-1, 1, 3] {
+        let c = base.clone().set("replication.factor", good).build();
+        assert_eq!(c.expect("config").replication_factor, good);
+    }
+    for bad in ["0", "-2", "three"] {
+        let err = base
+            .clone()
+            .set("replication.factor", bad)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::BadValue { key, .. } if key == "replication.factor"),
+            "{bad}: {err:?}"
+        );
+    }
+}
+
+#[test]
 fn worker_threads_nice_takes_0_to_19_and_names_the_key_otherwise() {
     let base = ConfigBuilder::new().set("application.id", "a");
     assert_eq!(base.build().expect("config").worker_threads_nice, 0);

@@ -103,15 +103,20 @@ pub fn create_topics(
     topics: &[(String, u32)],
     timeout: Duration,
 ) -> Result<(), KafkaError> {
-    create_topics_with(cfg, topics, &[], timeout)
+    create_topics_with(cfg, topics, &[], BROKER_DEFAULT_REPLICATION, timeout)
 }
 
+/// The replication factor that asks for the broker's `default.replication.factor`.
+pub const BROKER_DEFAULT_REPLICATION: i32 = -1;
+
 /// Creates `topics` like [`create_topics`], each with the topic settings `configs`
-/// (`cleanup.policy=compact` for changelogs).
+/// (`cleanup.policy=compact` for changelogs) and `replication` replicas
+/// ([`BROKER_DEFAULT_REPLICATION`]: the broker's default).
 pub fn create_topics_with(
     cfg: &ClientConfig,
     topics: &[(String, u32)],
     configs: &[(&str, &str)],
+    replication: i32,
     timeout: Duration,
 ) -> Result<(), KafkaError> {
     if topics.is_empty() {
@@ -131,7 +136,7 @@ pub fn create_topics_with(
         .iter()
         .map(|(name, n)| {
             configs.iter().fold(
-                NewTopic::new(name, *n as i32, TopicReplication::Fixed(-1)),
+                NewTopic::new(name, *n as i32, TopicReplication::Fixed(replication)),
                 |t, (k, v)| t.set(k, v),
             )
         })

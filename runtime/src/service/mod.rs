@@ -149,6 +149,10 @@ pub enum RuntimeError {
     /// Kafka failed.
     #[error("kafka: {0}")]
     Kafka(#[from] KafkaError),
+    /// A setting the cluster refused once the runtime met it (`replication.factor` above the
+    /// broker count).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     /// The brokers refused the client's credentials or its TLS handshake failed.
     #[error("cannot authenticate to Kafka at {bootstrap}: {detail}. Check kafka.security.protocol, kafka.sasl.mechanism, kafka.sasl.username, kafka.sasl.password and kafka.ssl.ca.location")]
     Authentication {

@@ -10,8 +10,8 @@ use super::{
 };
 use crate::engine::changelog::changelog_topic;
 use crate::kafka::admin::{
-    client_config, create_topics, create_topics_with, is_transient, partition_counts,
-    partition_counts_checked, topic_config, AuthWatch,
+    client_config, create_topics_with, is_transient, partition_counts, partition_counts_checked,
+    topic_config, AuthWatch,
 };
 
 impl Runtime {
@@ -161,7 +161,12 @@ impl Runtime {
                         });
                     }
                 }
-                create_topics(&cfg, &to_create, REQUEST_TIMEOUT)?;
+                let replication = self.config.replication_factor;
+                let created = |topics: &[(String, u32)], configs: &[(&str, &str)]| {
+                    create_topics_with(&cfg, topics, configs, replication, REQUEST_TIMEOUT)
+                        .map_err(|e| replication_refused(e, replication))
+                };
+                created(&to_create, &[])?;
                 let lag = CHANGELOG_MIN_COMPACTION_LAG.as_millis().to_string();
                 // One request per distinct set of configs (most changelogs share rill's own).
                 let mut by_configs: BTreeMap<Configs, Vec<(String, u32)>> = BTreeMap::new();
@@ -186,15 +191,10 @@ impl Runtime {
                         .iter()
                         .map(|(k, v)| (k.as_str(), v.as_str()))
                         .collect();
-                    create_topics_with(&cfg, topics, &configs, REQUEST_TIMEOUT)?;
+                    created(topics, &configs)?;
                 }
                 if let Some(name) = &endpoints {
-                    create_topics_with(
-                        &cfg,
-                        &[(name.clone(), 1)],
-                        &[("cleanup.policy", "compact")],
-                        REQUEST_TIMEOUT,
-                    )?;
+                    created(&[(name.clone(), 1)], &[("cleanup.policy", "compact")])?;
                 }
             }
         }
@@ -232,6 +232,20 @@ fn changelog_configs(
         ));
     }
     Ok(configs.into_iter().collect())
+}
+
+/// A broker's refusal of `replication.factor` as a start error that names the key.
+fn replication_refused(e: rdkafka::error::KafkaError, replication: i32) -> RuntimeError {
+    match e {
+        rdkafka::error::KafkaError::AdminOp(
+            rdkafka::types::RDKafkaErrorCode::InvalidReplicationFactor,
+        ) => RuntimeError::Config(crate::config::ConfigError::BadValue {
+            key: "replication.factor".into(),
+            value: replication.to_string(),
+            expected: "at most the number of brokers in the cluster (the broker refused to create the internal topics with it)".into(),
+        }),
+        e => RuntimeError::Kafka(e),
+    }
 }
 
 #[cfg(test)]
