@@ -432,17 +432,22 @@ fn http_routes_answer_values_with_their_range_404_for_unknown_stores_and_absent_
         wrong_serde.get(&"kafka".to_string()),
         Err(QueryError::Serde { what: "value", .. })
     ));
-    // The window store's sub-topology restores on its own: read once it serves.
+    // The window store's sub-topology restores on its own, and a partition of it assigned
+    // later restores then too: read once it serves, retrying what says to retry.
     await_status(addr, &format!("/stores/{WINDOWS}/windows/alice"), 200);
     let windows = running
         .window_store(WINDOWS, StringSerde, I64Serde)
         .expect("win-store");
-    let counted: i64 = windows
-        .fetch(&"alice".to_string(), i64::MIN, i64::MAX)
-        .expect("fetch")
-        .iter()
-        .map(|(_, n)| n)
-        .sum();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let fetched = loop {
+        match windows.fetch(&"alice".to_string(), i64::MIN, i64::MAX) {
+            Err(e) if e.retry_after().is_some() && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            other => break other.expect("fetch"),
+        }
+    };
+    let counted: i64 = fetched.iter().map(|(_, n)| n).sum();
     assert_eq!(counted, 3);
 
     let (_, metrics) = common::http::get(addr, "/metrics");
