@@ -39,6 +39,8 @@ impl Config {
             self.parallelising_auto_queue_time.as_millis().to_string(),
         );
         put("worker.threads", self.worker_threads.to_string());
+        put("worker.threads.nice", self.worker_threads_nice.to_string());
+        put("replication.factor", self.replication_factor.to_string());
         put("state.dir", self.state_dir.display().to_string());
         put(
             "commit.interval.ms",
