@@ -320,7 +320,7 @@ impl Run {
     /// cleanly, wipes its state dir and starts it again: the restore reads compacted logs only.
     fn compact_wipe_and_restart(&mut self, changelogs: &[String]) {
         self.wait_ready();
-        let before = read_changelogs(changelogs);
+        let before = read_logs(changelogs);
         let shadowed = shadowed_offsets(&before);
         let total: usize = before.values().map(Vec::len).sum();
         assert!(
@@ -335,10 +335,13 @@ impl Run {
         loop {
             std::thread::sleep(Duration::from_secs(2));
             self.check_alive();
-            let now = read_changelogs(changelogs);
+            let now = read_logs(changelogs);
             left = shadowed
                 .iter()
-                .filter(|(tp, o)| now.get(tp).is_some_and(|r| r.iter().any(|(x, _)| x == o)))
+                .filter(|(tp, o)| {
+                    now.get(tp)
+                        .is_some_and(|r| r.iter().any(|(x, _, _)| x == o))
+                })
                 .count();
             if left == 0 {
                 println!(
@@ -451,12 +454,48 @@ fn compact_now(topics: &[String]) {
     assert!(applied, "min.compaction.lag.ms=0 not applied to {topics:?}");
 }
 
-/// Offset and key of each record, per (topic, partition).
-type Logs = HashMap<(String, i32), Vec<(i64, Vec<u8>)>>;
+/// Prints, for each wrong window, its clicks with their input offsets, the partition's stream
+/// time at each (the oracle's), and every log line of a late drop at that offset: what a failure
+/// needs to be explained after the broker is gone.
+fn explain(input: &str, missing: &[(String, i64, Option<i64>)], log: &str) {
+    let logs = read_logs(&[input.to_string()]);
+    let log = strip_ansi(log);
+    for (window, want, got) in missing.iter().take(10) {
+        let Some((user, start)) = window.split_once('@') else {
+            continue;
+        };
+        let start: i64 = start.parse().unwrap_or(0);
+        println!("{window}: want {want}, got {got:?}");
+        for p in 0..PARTITIONS as i32 {
+            let mut partition_time = i64::MIN;
+            for (offset, key, ts) in logs.get(&(input.to_string(), p)).into_iter().flatten() {
+                partition_time = partition_time.max(*ts);
+                if key.as_slice() != user.as_bytes() || *ts < start || *ts >= start + WINDOW_MS {
+                    continue;
+                }
+                let drop = format!("partition={p} ");
+                let at = format!("offset=Some({offset})");
+                let drops: Vec<&str> = log
+                    .lines()
+                    .filter(|l| l.contains("late record was dropped"))
+                    .filter(|l| l.contains(&drop) && l.contains(&at))
+                    .collect();
+                println!(
+                    "  p{p} offset {offset} ts +{} partition time +{} late drops {drops:?}",
+                    ts - start,
+                    partition_time - start
+                );
+            }
+        }
+    }
+}
 
-/// Offset and key of every committed record of `topics`, per (topic, partition), read from the
-/// start to the end each partition had when the read reached it.
-fn read_changelogs(topics: &[String]) -> Logs {
+/// Offset, key and timestamp of each record, per (topic, partition).
+type Logs = HashMap<(String, i32), Vec<(i64, Vec<u8>, i64)>>;
+
+/// Offset, key and timestamp of every committed record of `topics`, per (topic, partition), read
+/// from the start to the end each partition had when the read reached it.
+fn read_logs(topics: &[String]) -> Logs {
     let mut out: Logs = HashMap::new();
     for topic in topics {
         // One consumer per topic: a partition's end-of-log event names the partition only.
@@ -483,7 +522,11 @@ fn read_changelogs(topics: &[String]) -> Logs {
                 Some(Ok(m)) if !at_end.contains(&m.partition()) => out
                     .entry((topic.clone(), m.partition()))
                     .or_default()
-                    .push((m.offset(), m.key().unwrap_or_default().to_vec())),
+                    .push((
+                        m.offset(),
+                        m.key().unwrap_or_default().to_vec(),
+                        m.timestamp().to_millis().unwrap_or(-1),
+                    )),
                 Some(Err(KafkaError::PartitionEOF(p))) => {
                     at_end.insert(p);
                 }
@@ -500,7 +543,7 @@ fn shadowed_offsets(logs: &Logs) -> Vec<((String, i32), i64)> {
     let mut out = Vec::new();
     for (tp, records) in logs {
         let mut last: HashMap<&[u8], i64> = HashMap::new();
-        for (o, k) in records {
+        for (o, k, _) in records {
             if let Some(before) = last.insert(k, *o) {
                 out.push((tp.clone(), before));
             }
@@ -525,6 +568,11 @@ fn crash_run(eos: bool) {
             .map(String::from),
     );
     service.set("parallelising.factor", &FACTOR.to_string());
+    // A failure reads late drops (with their offsets) and the stream time at each resume.
+    service.set(
+        "log",
+        "info,rill_runtime::kafka::rebalance=debug,rill_runtime::engine=debug",
+    );
     let addr = service.serve_http();
     service.set("admin.enabled", "true");
     if eos {
@@ -643,6 +691,24 @@ fn crash_run(eos: bool) {
             (String::from_utf8_lossy(k).into_owned(), *n, got)
         })
         .collect();
+    if !missing.is_empty() || std::env::var_os("RILL_TEST_KEEP_LOGS").is_some() {
+        // Every count each wrong window was emitted with, in output order, and the whole log
+        // kept outside the temporary dir (the topics outlive the test too).
+        for (name, _, _) in missing.iter().take(10) {
+            let counts: Vec<i64> = read
+                .iter()
+                .filter(|(k, _)| k.as_slice() == name.as_bytes())
+                .map(|(_, v)| long(v))
+                .collect();
+            println!("{name} was emitted with {counts:?}");
+        }
+        let kept = std::env::temp_dir().join(format!("{app}.log"));
+        let _ = std::fs::copy(&run.service.log, &kept);
+        println!("the service's whole log: {}", kept.display());
+        if !missing.is_empty() {
+            explain(&input, &missing, &run.service.log_text());
+        }
+    }
     assert!(
         missing.is_empty(),
         "{} windows are missing or wrong (window, want, got; first 10): {:?}; log:\n{log}",

@@ -148,6 +148,10 @@ impl TaskEnv for Env<'_> {
     }
 
     fn late_dropped(&mut self, store: &str) {
+        // Kafka Streams logs each skipped record of an expired window; at debug here (a backlog
+        // of late records would flood the log at warn), with what finds the record again.
+        let offset = self.origin.map(|(_, offset, _)| offset);
+        tracing::debug!(store, partition = self.id.partition, range = %self.id.range, ?offset, "a late record was dropped (its window closed)");
         self.shared.stats.count_late(store);
     }
 

@@ -502,6 +502,7 @@ impl Engine {
                 task.clock.time = Some(task.clock.time.map_or(t, |c| c.max(t)));
             }
         }
+        tracing::debug!(partition = key.partition, stream_time = ?task.clock.time, ?starts, "the partition's stream time where dispatch resumes");
         Ok(())
     }
 
