@@ -105,7 +105,18 @@ pub fn resplit(
         .iter()
         .filter_map(|s| s.committed_progress().map(|p| (s.range(), p)))
         .collect();
-    let progress: Vec<_> = target.iter().map(|r| compose(*r, &parts)).collect();
+    // A new range no committed part overlaps was committed by nobody: it gets no progress, as
+    // it had none. (A progress composed of nothing names no owner, and a restart would then
+    // distrust the whole local state and restore it from the changelogs.)
+    let progress: Vec<Option<_>> = target
+        .iter()
+        .map(|r| {
+            parts
+                .iter()
+                .any(|(part, _)| part.overlaps(r))
+                .then(|| compose(*r, &parts))
+        })
+        .collect();
     let from: Vec<KeyRange> = moved.iter().map(|s| s.range()).collect();
     let mut old_states = old_states;
     swap_progress(&mut new_states, progress, &mut old_states)?;

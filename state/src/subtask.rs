@@ -748,7 +748,7 @@ impl SubTaskState {
 /// state, in ONE WriteBatch (the switch of a re-split; see [`crate::resplit`]).
 pub(crate) fn swap_progress(
     new: &mut [SubTaskState],
-    progress: Vec<Progress>,
+    progress: Vec<Option<Progress>>,
     old: &mut [SubTaskState],
 ) -> Result<(), StateError> {
     let Some(db) = new.first().map(|s| s.db.clone()) else {
@@ -756,6 +756,7 @@ pub(crate) fn swap_progress(
     };
     let mut batch = WriteBatch::default();
     for (state, p) in new.iter().zip(&progress) {
+        let Some(p) = p else { continue };
         state.check_progress(p)?;
         let encoded = p.to_bytes();
         for store in &state.stores {
@@ -773,7 +774,7 @@ pub(crate) fn swap_progress(
         .write_opt(batch, &WriteOptions::default())
         .map_err(|e| StateError::backend("re-split", e))?;
     for (state, p) in new.iter_mut().zip(progress) {
-        state.committed = Some(p);
+        state.committed = p;
     }
     for state in old.iter_mut() {
         state.committed = None;

@@ -1304,6 +1304,35 @@ mod resplits {
     }
 
     #[test]
+    fn a_new_range_that_no_committed_range_overlaps_gets_no_progress() {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = StateDb::open(&cfg(tmp.path())).unwrap();
+        // Factor 4: ranges 0 and 1 committed (by lineage 7); 2 and 3 opened, never committed
+        // (no key of the partition fell there).
+        for (i, r) in ranges(4).into_iter().enumerate() {
+            let mut st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, r).unwrap();
+            if i < 2 {
+                let mut progress = Progress::new(r, "t", 10);
+                progress.owner = 7;
+                st.commit(progress).unwrap();
+            }
+        }
+        resplit(&db, &names(&["s", "u"]), 0, &ranges(8))
+            .unwrap()
+            .unwrap();
+        for (i, r) in ranges(8).into_iter().enumerate() {
+            let st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, r).unwrap();
+            match st.committed_progress() {
+                Some(p) => {
+                    assert!(i < 4, "range {i} of 8 lies in an uncommitted range of 4");
+                    assert_eq!(p.owner, 7, "the owner of the part it came from");
+                }
+                None => assert!(i >= 4, "range {i} of 8 lost its part's progress"),
+            }
+        }
+    }
+
+    #[test]
     fn a_resplit_that_died_before_its_switch_starts_over_from_the_old_ranges() {
         let tmp = tempfile::tempdir().unwrap();
         let db = StateDb::open(&cfg(tmp.path())).unwrap();

@@ -116,9 +116,16 @@ impl Engine {
                     resplit_local(&db, stores, partition, p)?;
                     let mut states = open_states(&db, stores, partition, p)?;
                     if !trusted(prior, &states) {
+                        let owners: Vec<(u64, u64)> = states
+                            .iter()
+                            .filter_map(SubTaskState::committed_progress)
+                            .map(|p| (p.owner, p.owner_parent))
+                            .collect();
                         tracing::info!(
                             sub_topology = sub,
                             partition,
+                            ?prior,
+                            ?owners,
                             "another member owned this task since the local state was written: \
                              restoring it from the changelogs"
                         );
