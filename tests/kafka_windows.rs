@@ -683,6 +683,17 @@ fn crash_run(eos: bool) {
     });
     let clean = terminate(&mut run.child);
     let log = run.service.log_tail(40);
+    // One instance continues its own state after every kill: a restore from scratch is for the
+    // wiped dir only (it would also expose the run to compaction with lag 0, see COMPACT_NOW).
+    let distrusted: Vec<String> = strip_ansi(&run.service.log_text())
+        .lines()
+        .filter(|l| l.contains("another member owned this task"))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        distrusted.is_empty(),
+        "a restart of the only instance distrusted its local state: {distrusted:#?}"
+    );
     let missing: Vec<_> = want
         .iter()
         .filter(|(k, n)| latest.get(*k).is_none_or(|v| long(v) != **n))
