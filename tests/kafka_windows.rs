@@ -220,6 +220,24 @@ struct Run {
     factors: Vec<usize>,
 }
 
+impl Drop for Run {
+    /// A panic anywhere keeps the whole log outside the temporary dir that is about to go.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let app = self
+                .service
+                .env
+                .iter()
+                .find(|(k, _)| k == "RILL_APPLICATION_ID")
+                .map_or("rill-test-windows", |(_, v)| v.as_str());
+            let kept = std::env::temp_dir().join(format!("{app}.log"));
+            if std::fs::copy(&self.service.log, &kept).is_ok() {
+                eprintln!("the service's whole log: {}", kept.display());
+            }
+        }
+    }
+}
+
 impl Run {
     /// Lets it process for 1.5 to 3.5 s.
     fn pause(&mut self) {
