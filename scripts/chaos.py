@@ -103,7 +103,9 @@ class Instance:
         self.tmpfs = r.returncode == 0
         if not self.tmpfs:
             log("note", f"{self.name}: no tmpfs for the state dir ({r.stderr.strip()}); disk-full faults skip it")
-        self.env = dict(os.environ)
+        # The instances' config comes only from the RILL_* variables below (rill rejects unknown
+        # RILL_* keys, e.g. RILL_CHAOS_BIN_DIR).
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RILL_")}
         self.env.update({
             "RILL_BOOTSTRAP_SERVERS": BOOTSTRAP,
             "RILL_APPLICATION_ID": app.app_id,
@@ -214,7 +216,7 @@ class Workload:
     def producer(self):
         return Producer({"bootstrap.servers": BOOTSTRAP, "acks": "all", "enable.idempotence": True,
                          "delivery.timeout.ms": 600000, "request.timeout.ms": 20000,
-                         "linger.ms": 20, "message.timeout.ms": 600000})
+                         "linger.ms": 20, "message.timeout.ms": 600000, "log_level": 4})
 
     def delivery(self, index):
         def cb(err, _msg):
@@ -259,7 +261,7 @@ class Workload:
     # -- reader --
     def reader_config(self, group):
         c = {"bootstrap.servers": BOOTSTRAP, "group.id": group, "enable.auto.commit": False,
-             "auto.offset.reset": "earliest", "enable.partition.eof": True}
+             "auto.offset.reset": "earliest", "enable.partition.eof": True, "log_level": 4}
         if self.args.guarantee == "exactly_once_v2":
             c["isolation.level"] = "read_committed"
         else:
