@@ -54,9 +54,10 @@ def utc(t=None):
                                            datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
 
 
-def log(kind, detail):
-    """Logs an event (a fault, a recovery, a note) with its UTC time to stdout and the fault log."""
-    t = time.time()
+def log(kind, detail, t=None):
+    """Logs an event (a fault, a recovery, a note) with its UTC time (`t`: when it happened, if
+    earlier than now) to stdout and the fault log."""
+    t = time.time() if t is None else t
     with LOCK:
         EVENTS.append((t, kind, detail))
         line = f"{utc(t)} +{t - T0:7.1f}s {kind:<18} {detail}"
@@ -544,6 +545,15 @@ class Chaos:
                  ("disk-full", 1)]
         if self.args.guarantee == "at_least_once":
             kinds.append(("factor-change", 2))
+        if self.args.faults != "all":
+            wanted = set(self.args.faults.split(","))
+            kinds = [(k, n) for k, n in kinds if k in wanted]
+            log("note", f"fault kinds limited to {', '.join(k for k, _ in kinds)} (--faults)")
+        if not kinds:
+            log("note", "no fault kind to inject")
+            while time.time() < end:
+                time.sleep(1)
+            return
         # A first fault soon, then one every gap_min..gap_max seconds; they overlap (each runs on
         # a thread of its own until its recovery).
         next_at = time.time() + self.rng.uniform(10, 20)
@@ -585,10 +595,11 @@ class Chaos:
         try:
             inst.expect_down = True
             pid = inst.pid()
+            t_fault = time.time()
             inst.sigkill()
             down = self.rng.uniform(2, 6)
             self.count(kind)
-            log(kind, f"{inst.name} pid {pid} SIGKILLed; restart in {down:.1f}s")
+            log(kind, f"{inst.name} pid {pid} SIGKILLed; restart in {down:.1f}s", t_fault)
             time.sleep(down)
             inst.spawn()
             log("recover", f"{inst.name} restarted (pid {inst.pid()})")
@@ -675,6 +686,7 @@ class Chaos:
                 node2 = self.rng.randint(1, 3)
                 log("note", f"{kind}: target {target}: {why}; killing random node {node2} instead")
                 node, why = node2, f"random (the {target} query gave no node)"
+            t_fault = time.time()
             rc, out, err = kafka_cmd("stop-node", str(node), "--kill")
             if rc != 0:
                 return log("fault-error", f"{kind}: stop-node {node} failed: {err[-300:]}")
@@ -682,7 +694,7 @@ class Chaos:
             self.count(kind)
             self.count(f"{kind} ({target})")
             down = self.rng.uniform(5, 15)
-            log(kind, f"node {node} SIGKILLed: {target}: {why}; restart in {down:.1f}s")
+            log(kind, f"node {node} SIGKILLed: {target}: {why}; restart in {down:.1f}s", t_fault)
             time.sleep(down)
             for attempt in range(5):
                 rc, out, err = kafka_cmd("start-node", str(node), timeout=180)
@@ -707,6 +719,7 @@ class Chaos:
             inst.expect_down = True   # rill documents: a full state dir is a clear error and an exit
             secs = self.rng.uniform(5, 15)
             written = 0
+            t_fault = time.time()
             with open(filler, "wb") as f:
                 chunk = b"\0" * (1 << 20)
                 try:
@@ -719,7 +732,7 @@ class Chaos:
             self.count(kind)
             st = os.statvfs(inst.state_dir)
             log(kind, f"{inst.name} state dir (tmpfs {self.args.disk_mb} MiB) filled with {written} MiB "
-                      f"({st.f_bavail * st.f_frsize // 1024} KiB left) for {secs:.1f}s")
+                      f"({st.f_bavail * st.f_frsize // 1024} KiB left) for {secs:.1f}s", t_fault)
             time.sleep(secs)
             os.remove(filler)
             log("recover", f"{inst.name} state dir freed; process {'alive' if inst.alive() else 'exited'}")
@@ -874,10 +887,10 @@ def longest_stall(w, feed_start, feed_end):
             best = (a2, b2)
     if best is None:
         return None
-    before = [e for e in EVENTS if e[1] not in ("note", "recover") and e[0] <= best[0] + 1
-              and e[0] >= best[0] - 60]
+    before = sorted(e for e in EVENTS if e[1] not in ("note", "recover", "check", "fault-skipped")
+                    and best[0] - 60 <= e[0] <= best[0] + 5)
     return {"start": utc(best[0]), "end": utc(best[1]), "seconds": round(best[1] - best[0], 1),
-            "preceding_faults": [f"{utc(t)} {k} {d}" for t, k, d in before[-3:]]}
+            "preceding_faults": [f"{utc(t)} {k} {d}" for t, k, d in before[-4:]]}
 
 
 def write_report(path, ctx):
@@ -966,7 +979,7 @@ def write_report(path, ctx):
     L.append(f"\n![throughput, RSS and faults]({os.path.basename(ctx['svg'])})\n")
     L.append("## Fault log\n")
     L.append("```text")
-    for t, k, d in EVENTS:
+    for t, k, d in sorted(EVENTS):
         L.append(f"{utc(t)} +{t - T0:7.1f}s {k:<18} {d}")
     L.append("```")
     with open(path, "w") as f:
@@ -996,6 +1009,9 @@ def main():
     ap.add_argument("--rate", type=int, default=100, help="input records/s per workload")
     ap.add_argument("--gap-min", type=float, default=10, help="seconds between faults, least")
     ap.add_argument("--gap-max", type=float, default=30, help="seconds between faults, most")
+    ap.add_argument("--faults", default="all",
+                    help="comma-separated kinds to inject (instance-sigkill, instance-sigstop, "
+                         "broker-sigkill, disk-full, factor-change), default all")
     ap.add_argument("--sample-every", type=float, default=3)
     ap.add_argument("--drain-timeout", type=float, default=420)
     ap.add_argument("--disk-mb", type=int, default=512)
