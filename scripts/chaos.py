@@ -9,6 +9,7 @@ import json
 import os
 import random
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -777,6 +778,33 @@ class Chaos:
 
 # ---- Supervision and sampling --------------------------------------------------------------------
 
+def dump_stacks(inst, work):
+    """Every thread's stack of a hung instance (gdb, when installed) and its threads' kernel
+    states, into the work dir; returns the file's path."""
+    path = os.path.join(work, f"{inst.name}-stacks-{time.strftime('%H%M%S', time.gmtime())}.txt")
+    pid = inst.pid()
+    with open(path, "w") as f:
+        f.write(f"{inst.name} pid {pid} at {utc()}\n")
+        try:
+            for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+                base = f"/proc/{pid}/task/{tid}"
+                comm = open(f"{base}/comm").read().strip()
+                state = open(f"{base}/stat").read().split(")")[1].split()[0]
+                wchan = open(f"{base}/wchan").read().strip()
+                f.write(f"thread {tid} {comm} state {state} wchan {wchan}\n")
+        except OSError as e:
+            f.write(f"/proc read failed: {e}\n")
+        if shutil.which("gdb"):
+            try:
+                r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+                                   capture_output=True, text=True, timeout=120)
+                f.write(r.stdout + r.stderr)
+            except subprocess.TimeoutExpired:
+                f.write("gdb timed out\n")
+    log("note", f"{inst.name}: thread stacks written to {path}")
+    return path
+
+
 def supervise(instances, stop):
     """Restarts an instance that exited by itself (not during a fault that expects it)."""
     while not stop.is_set():
@@ -791,15 +819,58 @@ def supervise(instances, stop):
         time.sleep(1)
 
 
-def sample(workloads, samples, stop, every):
+def metric_sums(inst, names):
+    """Sums of the named metrics on the instance's /metrics (None when it does not answer)."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", inst.port, timeout=1)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode(errors="replace")
+    except Exception:
+        return None
+    out = {n: 0.0 for n in names}
+    for line in text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name in out:
+            try:
+                out[name] += float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                pass
+    return out
+
+
+STUCK_S = 60
+
+
+def sample(workloads, samples, stop, every, feeding, work):
+    """Every `every` s: records in/out, each instance's RSS, fds and counters. An instance whose
+    range commits stay still for STUCK_S s while input flows (and it is not SIGSTOPped) is logged,
+    with its thread stacks, once per process: idle (no partition) or stuck, the stacks tell."""
+    last_change = {}
+    reported = set()
+    names = ["rill_commits_total", "rill_records_processed_total"]
     while not stop.is_set():
-        row = {"t": time.time(), "in": {}, "out": {}, "rss": {}, "fds": {}}
+        row = {"t": time.time(), "in": {}, "out": {}, "rss": {}, "fds": {}, "commits": {}, "processed": {}}
         for w in workloads:
             row["in"][w.short] = w.acked
             row["out"][w.short] = len(w.out_records)
             for i in w.instances:
                 row["rss"][i.name] = i.rss_mib()
                 row["fds"][i.name] = i.fds()
+                m = metric_sums(i, names) if i.alive() and not i.stopped else None
+                if m is None:
+                    continue
+                row["commits"][i.name] = m["rill_commits_total"]
+                row["processed"][i.name] = m["rill_records_processed_total"]
+                key = (i.name, i.pid())
+                prev = last_change.get(key)
+                if prev is None or prev[1] != m["rill_commits_total"]:
+                    last_change[key] = (row["t"], m["rill_commits_total"])
+                elif (feeding.is_set() and row["t"] - prev[0] > STUCK_S and key not in reported
+                      and not i.busy):
+                    reported.add(key)
+                    log("no-commit", f"{i.name} pid {i.pid()}: rill_commits_total still at "
+                                     f"{m['rill_commits_total']:.0f} for {row['t'] - prev[0]:.0f}s while input flows")
+                    threading.Thread(target=dump_stacks, args=(i, work), daemon=True).start()
         samples.append(row)
         stop.wait(every)
 
@@ -807,7 +878,8 @@ def sample(workloads, samples, stop, every):
 # ---- Report --------------------------------------------------------------------------------------
 
 KIND_COLOURS = {"instance-sigkill": "#d62728", "instance-sigstop": "#ff7f0e", "broker-sigkill": "#9467bd",
-                "disk-full": "#8c564b", "factor-change": "#2ca02c", "self-exit": "#000000"}
+                "disk-full": "#8c564b", "factor-change": "#2ca02c", "self-exit": "#000000",
+                "no-commit": "#7f7f7f"}
 
 
 def svg_chart(path, samples, events, workloads, title):
@@ -929,6 +1001,13 @@ def write_report(path, ctx):
     exits = [e for e in EVENTS if e[1] == "self-exit"]
     L.append(f"\nInstances that exited by themselves outside a fault that expects it: {len(exits)}" +
              ("".join(f"\n- {utc(t)} {d}" for t, _, d in exits)))
+    unclean = [e for e in EVENTS if e[1] == "unclean-stop"]
+    L.append(f"\nInstances that did not exit 0 within 90 s of the final SIGTERM: {len(unclean)}" +
+             ("".join(f"\n- {utc(t)} {d}" for t, _, d in unclean)))
+    still = [e for e in EVENTS if e[1] == "no-commit"]
+    L.append(f"\nInstances with no range commit for {STUCK_S} s while input flowed (idle or stuck; "
+             f"thread stacks in the evidence dir): {len(still)}" +
+             ("".join(f"\n- {utc(t)} {d}" for t, _, d in still)))
     L.append("\nNot injected (issue 48 lists them):\n")
     for k, why in NOT_INJECTED:
         L.append(f"- **{k}**: {why}")
@@ -1130,6 +1209,8 @@ def main():
         w.instances = [Instance(w, i, args, work) for i in range(INSTANCES)]
         all_instances += w.instances
     stop_all = threading.Event()
+    feeding = threading.Event()
+    feeding.set()
     samples = []
     exit_code = 2
     try:
@@ -1137,7 +1218,8 @@ def main():
             i.spawn()
         log("note", "instances: " + ", ".join(f"{i.name} pid {i.pid()} http 127.0.0.1:{i.port}" for i in all_instances))
         threads = [threading.Thread(target=supervise, args=(all_instances, stop_all), daemon=True),
-                   threading.Thread(target=sample, args=(workloads, samples, stop_all, args.sample_every), daemon=True)]
+                   threading.Thread(target=sample, args=(workloads, samples, stop_all, args.sample_every, feeding, work),
+                                    daemon=True)]
         feeders = [threading.Thread(target=w.feed, daemon=True) for w in workloads]
         readers = [threading.Thread(target=w.read_live, daemon=True) for w in workloads]
         for t in threads + feeders + readers:
@@ -1156,6 +1238,7 @@ def main():
             if i.stopped:
                 i.signal(signal.SIGCONT)
         log("note", "stopping the input (then the closing records)")
+        feeding.clear()
         for w in workloads:
             w.stop_feed.set()
         for w in workloads:
@@ -1178,18 +1261,20 @@ def main():
             log("note", f"{w.short}: live output did NOT match the oracle within {args.drain_timeout:.0f}s")
         stop_all.set()
         # Clean stop: SIGTERM, each must drain, commit and exit 0.
+        sigterm_at = time.time()
         for i in all_instances:
             i.expect_down = True
             i.signal(signal.SIGTERM)
         for i in all_instances:
             try:
-                rc = i.proc.wait(90)
+                rc = i.proc.wait(max(1, sigterm_at + 90 - time.time()))
             except subprocess.TimeoutExpired:
+                dump = dump_stacks(i, work)
                 i.sigkill()
-                rc = "killed after 90 s"
+                rc = f"killed after 90 s; thread stacks in {dump}"
             log("note", f"{i.name} stopped by SIGTERM: exit {rc}")
             if rc != 0:
-                log("self-exit", f"{i.name}: SIGTERM did not end in exit 0 ({rc})")
+                log("unclean-stop", f"{i.name}: SIGTERM did not end in exit 0 ({rc})")
         for w in workloads:
             w.stop_read.set()
         results, ok, verdicts = [], True, []
@@ -1212,14 +1297,14 @@ def main():
             with open(os.path.join(work, f"check-{w.short}.json"), "w") as f:
                 json.dump(res, f, indent=1)
             log("check", f"{w.short}: {json.dumps({k: v for k, v in res.items() if not k.startswith(('examples', 'words_'))})}")
-        exits = [e for e in EVENTS if e[1] == "self-exit"]
+        exits = [e for e in EVENTS if e[1] in ("self-exit", "unclean-stop")]
         if exits:
             ok = False
         verdict = []
         verdict.append("loss found" if any_loss else "no loss")
         verdict.append("forbidden duplicates found" if any_dup else "no forbidden duplicate")
         if exits:
-            verdict.append(f"{len(exits)} unexpected process exits")
+            verdict.append(f"{len(exits)} unexpected exits or unclean stops")
         if not all(r["ok"] for _, r in results):
             verdict.append("a checker is not ok (see below)")
         os.makedirs(args.results, exist_ok=True)
