@@ -841,7 +841,15 @@ def metric_sums(inst, names):
 STUCK_S = 60
 
 
-def sample(workloads, samples, stop, every, feeding, work):
+def sample(*a):
+    try:
+        sample_loop(*a)
+    except Exception as e:  # a dead sampler would leave the chart silently short
+        log("note", f"the sampler failed: {type(e).__name__}: {e}")
+        raise
+
+
+def sample_loop(workloads, samples, stop, every, feeding, work):
     """Every `every` s: records in/out, each instance's RSS, fds and counters. An instance whose
     range commits stay still for STUCK_S s while input flows (and it is not SIGSTOPped) is logged,
     with its thread stacks, once per process: idle (no partition) or stuck, the stacks tell."""
