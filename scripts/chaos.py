@@ -764,7 +764,7 @@ class Chaos:
                 if r.status == 200:
                     self.factor_of[inst.name] = to
                 log("recover", f"{inst.name}: factor change to {to}: HTTP {r.status} after "
-                               f"{time.time() - t:.1f}s: {text[:300]}")
+                               f"{time.time() - t:.1f}s: {text.strip()[:300]}")
             except Exception as e:
                 log("recover", f"{inst.name}: factor change to {to}: no answer ({type(e).__name__}: {e}) "
                                f"after {time.time() - t:.1f}s (the endpoint cuts connections; see the log)")
