@@ -1030,7 +1030,7 @@ def write_report(path, ctx):
         st = res.get("stall")
         if st:
             L.append(f"- longest stall of output progress while input flowed: **{st['seconds']} s** "
-                     f"({st['start']} to {st['end']}); faults in the minute before it: "
+                     f"({st['start']} to {st['end']}); faults from a minute before its start to 5 s after it: "
                      + ("; ".join(st["preceding_faults"]) or "none"))
         else:
             L.append("- longest stall of output progress: none over 3 s")
