@@ -778,9 +778,14 @@ class Chaos:
 
 # ---- Supervision and sampling --------------------------------------------------------------------
 
-def dump_stacks(inst, work):
-    """Every thread's stack of a hung instance (gdb, when installed) and its threads' kernel
-    states, into the work dir; returns the file's path."""
+GDB_LOCK = threading.Lock()
+
+
+def dump_stacks(inst, work, gdb=False):
+    """The threads' kernel states of an instance (from /proc: no pause) and, with `gdb`, every
+    thread's stack (gdb attaches and so stops the process, for a minute or more with a debug
+    build: only for an instance that is about to be killed anyway), into the work dir; returns
+    the file's path."""
     path = os.path.join(work, f"{inst.name}-stacks-{time.strftime('%H%M%S', time.gmtime())}.txt")
     pid = inst.pid()
     with open(path, "w") as f:
@@ -794,14 +799,21 @@ def dump_stacks(inst, work):
                 f.write(f"thread {tid} {comm} state {state} wchan {wchan}\n")
         except OSError as e:
             f.write(f"/proc read failed: {e}\n")
-        if shutil.which("gdb"):
-            try:
-                r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
-                                   capture_output=True, text=True, timeout=120)
-                f.write(r.stdout + r.stderr)
-            except subprocess.TimeoutExpired:
-                f.write("gdb timed out\n")
-    log("note", f"{inst.name}: thread stacks written to {path}")
+        if gdb and shutil.which("gdb"):
+            with GDB_LOCK:   # one at a time: each takes a core and ~0.5 GiB
+                try:
+                    r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+                                       capture_output=True, text=True, timeout=300)
+                    f.write(r.stdout + r.stderr)
+                except subprocess.TimeoutExpired:
+                    f.write("gdb timed out after 300 s\n")
+                finally:
+                    # A gdb killed while attached can leave its tracee stopped.
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except OSError:
+                        pass
+    log("note", f"{inst.name}: thread {'stacks' if gdb else 'states'} written to {path}")
     return path
 
 
@@ -852,7 +864,7 @@ def sample(*a):
 def sample_loop(workloads, samples, stop, every, feeding, work):
     """Every `every` s: records in/out, each instance's RSS, fds and counters. An instance whose
     range commits stay still for STUCK_S s while input flows (and it is not SIGSTOPped) is logged,
-    with its thread stacks, once per process: idle (no partition) or stuck, the stacks tell."""
+    with its threads' kernel states (no gdb: it would stop the process), once per process."""
     last_change = {}
     reported = set()
     names = ["rill_commits_total", "rill_records_processed_total"]
@@ -1277,7 +1289,7 @@ def main():
             try:
                 rc = i.proc.wait(max(1, sigterm_at + 90 - time.time()))
             except subprocess.TimeoutExpired:
-                dump = dump_stacks(i, work)
+                dump = dump_stacks(i, work, gdb=True)
                 i.sigkill()
                 rc = f"killed after 90 s; thread stacks in {dump}"
             log("note", f"{i.name} stopped by SIGTERM: exit {rc}")
