@@ -1026,7 +1026,7 @@ def write_report(path, ctx):
              ("".join(f"\n- {utc(t)} {d}" for t, _, d in unclean)))
     still = [e for e in EVENTS if e[1] == "no-commit"]
     L.append(f"\nInstances with no range commit for {STUCK_S} s while input flowed (idle or stuck; "
-             f"thread stacks in the evidence dir): {len(still)}" +
+             f"threads' kernel states in the evidence dir): {len(still)}" +
              ("".join(f"\n- {utc(t)} {d}" for t, _, d in still)))
     L.append("\nNot injected (issue 48 lists them):\n")
     for k, why in NOT_INJECTED:
