@@ -218,27 +218,28 @@ struct Run {
     cut_answers: usize,
     /// Every factor some range layout had during the run.
     factors: Vec<usize>,
+    /// The application id (names the kept log).
+    app: String,
 }
 
 impl Drop for Run {
     /// A panic anywhere keeps the whole log outside the temporary dir that is about to go.
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let app = self
-                .service
-                .env
-                .iter()
-                .find(|(k, _)| k == "RILL_APPLICATION_ID")
-                .map_or("rill-test-windows", |(_, v)| v.as_str());
-            let kept = std::env::temp_dir().join(format!("{app}.log"));
-            if std::fs::copy(&self.service.log, &kept).is_ok() {
-                eprintln!("the service's whole log: {}", kept.display());
-            }
+            self.keep_log();
         }
     }
 }
 
 impl Run {
+    /// Copies the service's whole log to `<temp dir>/<application>.log` and says where.
+    fn keep_log(&self) {
+        let kept = std::env::temp_dir().join(format!("{}.log", self.app));
+        if std::fs::copy(&self.service.log, &kept).is_ok() {
+            eprintln!("the service's whole log: {}", kept.display());
+        }
+    }
+
     /// Lets it process for 1.5 to 3.5 s.
     fn pause(&mut self) {
         std::thread::sleep(Duration::from_millis(1500 + self.rng.next() % 2000));
@@ -478,6 +479,10 @@ fn compact_now(topics: &[String]) {
 fn explain(input: &str, missing: &[(String, i64, Option<i64>)], log: &str) {
     let logs = read_logs(&[input.to_string()]);
     let log = strip_ansi(log);
+    let late_drops: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("late record was dropped"))
+        .collect();
     for (window, want, got) in missing.iter().take(10) {
         let Some((user, start)) = window.split_once('@') else {
             continue;
@@ -493,9 +498,8 @@ fn explain(input: &str, missing: &[(String, i64, Option<i64>)], log: &str) {
                 }
                 let drop = format!("partition={p} ");
                 let at = format!("offset=Some({offset})");
-                let drops: Vec<&str> = log
-                    .lines()
-                    .filter(|l| l.contains("late record was dropped"))
+                let drops: Vec<&&str> = late_drops
+                    .iter()
                     .filter(|l| l.contains(&drop) && l.contains(&at))
                     .collect();
                 println!(
@@ -630,6 +634,7 @@ fn crash_run(eos: bool) {
         kills: 0,
         cut_answers: 0,
         factors: vec![FACTOR],
+        app: app.clone(),
     };
     run.wait_ready();
     let changelogs = changelog_topics(&app);
@@ -731,9 +736,7 @@ fn crash_run(eos: bool) {
                 .collect();
             println!("{name} was emitted with {counts:?}");
         }
-        let kept = std::env::temp_dir().join(format!("{app}.log"));
-        let _ = std::fs::copy(&run.service.log, &kept);
-        println!("the service's whole log: {}", kept.display());
+        run.keep_log();
         if !missing.is_empty() {
             explain(&input, &missing, &run.service.log_text());
         }
