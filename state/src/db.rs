@@ -1,6 +1,6 @@
 //! The process-wide RocksDB: opening, the FORMAT file, column families and the memory budget.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -138,13 +138,34 @@ impl MemoryPlan {
     }
 }
 
+/// The entries of a column family kept on the heap: RocksDB's keys and values (progress and
+/// data), in key order.
+pub(crate) type MemoryTable = BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// A heap column family. The lock is only ever taken by the one `SubTaskState` that owns the
+/// column family (see [`Registry`]), or by the re-split that owns it instead: it is never
+/// contended, and is a `Mutex` only so that the table is `Send + Sync`.
+pub(crate) type SharedTable = Arc<Mutex<MemoryTable>>;
+
 /// Which column families exist and which are owned by a live `SubTaskState`.
 #[derive(Default)]
 struct Registry {
-    /// Names of every column family of the database (rill's and others, `default` included).
+    /// Names of every column family of the database (rill's and others, `default` included),
+    /// and of every heap column family.
     existing: BTreeSet<String>,
     /// Names owned by a live `SubTaskState`.
     claimed: HashSet<String>,
+    /// Stores kept on the heap ([`StateDb::keep_in_memory`]).
+    memory_stores: BTreeSet<String>,
+    /// The heap column families by name (gone with the process).
+    tables: BTreeMap<String, SharedTable>,
+}
+
+impl Registry {
+    /// Whether column family `name` belongs to a store kept on the heap.
+    fn in_memory(&self, name: &str) -> bool {
+        ColumnFamilyId::parse(name).is_some_and(|id| self.memory_stores.contains(&id.store))
+    }
 }
 
 /// The process-wide RocksDB under `state.dir`, shared by every sub-task through an `Arc`.
@@ -299,7 +320,7 @@ impl StateDb {
             plan,
             registry: Mutex::new(Registry {
                 existing: names.into_iter().collect(),
-                claimed: HashSet::new(),
+                ..Registry::default()
             }),
         }))
     }
@@ -428,11 +449,7 @@ impl StateDb {
             return Err(StateError::InUse { cf: cf.clone() });
         }
         for name in victims {
-            self.db
-                .drop_cf(&name)
-                .map_err(|e| StateError::backend(format!("drop column family `{name}`"), e))?;
-            registry.existing.remove(&name);
-            tracing::info!(cf = %name, "dropped column family");
+            self.drop_cf(&mut registry, &name)?;
         }
         Ok(())
     }
@@ -451,13 +468,49 @@ impl StateDb {
             return Err(StateError::InUse { cf: name });
         }
         if registry.existing.contains(&name) {
-            self.db
-                .drop_cf(&name)
-                .map_err(|e| StateError::backend(format!("drop column family `{name}`"), e))?;
-            registry.existing.remove(&name);
-            tracing::info!(cf = %name, "dropped column family");
+            self.drop_cf(&mut registry, &name)?;
         }
         Ok(())
+    }
+
+    /// Drops column family `name`, on disk or on the heap (the registry is locked by the caller).
+    fn drop_cf(&self, registry: &mut Registry, name: &str) -> Result<(), StateError> {
+        if registry.tables.remove(name).is_none() {
+            self.db
+                .drop_cf(name)
+                .map_err(|e| StateError::backend(format!("drop column family `{name}`"), e))?;
+        }
+        registry.existing.remove(name);
+        tracing::info!(cf = %name, "dropped column family");
+        Ok(())
+    }
+
+    /// Keeps the column families of `stores` on the heap from now on (Kafka Streams' in-memory
+    /// stores): they are gone with the process, and a task restores them from their changelogs
+    /// (see [`SubTaskState::lost_in_memory`](crate::SubTaskState::lost_in_memory)). Column
+    /// families of these stores left on disk by an earlier run (when they were persistent) are
+    /// dropped. Call it before any sub-task opens a state.
+    pub fn keep_in_memory(&self, stores: &[String]) -> Result<(), StateError> {
+        let mut registry = self.registry.lock();
+        registry.memory_stores.extend(stores.iter().cloned());
+        let on_disk: Vec<String> = registry
+            .existing
+            .iter()
+            .filter(|name| registry.in_memory(name) && !registry.tables.contains_key(*name))
+            .cloned()
+            .collect();
+        if let Some(cf) = on_disk.iter().find(|n| registry.claimed.contains(*n)) {
+            return Err(StateError::InUse { cf: cf.clone() });
+        }
+        for name in on_disk {
+            self.drop_cf(&mut registry, &name)?;
+        }
+        Ok(())
+    }
+
+    /// The heap table of column family `name`, when its store is kept in memory.
+    pub(crate) fn memory_table(&self, name: &str) -> Option<SharedTable> {
+        self.registry.lock().tables.get(name).cloned()
     }
 
     /// Memory currently charged to the budget, from the shared cache and write-buffer manager.
@@ -492,7 +545,12 @@ impl StateDb {
             return Err(StateError::InUse { cf: cf.clone() });
         }
         for name in names {
-            if !registry.existing.contains(name) {
+            if registry.in_memory(name) {
+                if !registry.tables.contains_key(name) {
+                    registry.tables.insert(name.clone(), SharedTable::default());
+                    registry.existing.insert(name.clone());
+                }
+            } else if !registry.existing.contains(name) {
                 // Under the registry lock: no other thread creates or drops concurrently.
                 self.db
                     .create_cf(name, &cf_options(&self.plan, &self.cache))

@@ -118,8 +118,12 @@ pub fn resplit(
         })
         .collect();
     let from: Vec<KeyRange> = moved.iter().map(|s| s.range()).collect();
+    let lost: BTreeSet<String> = moved
+        .iter()
+        .flat_map(|s| s.lost_in_memory().iter().cloned())
+        .collect();
     let mut old_states = old_states;
-    swap_progress(&mut new_states, progress, &mut old_states)?;
+    swap_progress(&mut new_states, progress, &mut old_states, &lost)?;
     drop(old_states);
     drop(new_states);
     drop_ranges(db, stores, partition, &old)?;

@@ -2,7 +2,7 @@
 
 use std::cell::RefCell;
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::iter::Peekable;
 use std::ops::Bound;
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use rill_topology::store::{Entries, KeyValueBytes, StoreError};
 use rocksdb::{BoundColumnFamily, Direction, IteratorMode, ReadOptions, WriteBatch, WriteOptions};
 
 use crate::cf::{sub_task_column_families, ColumnFamilyId};
-use crate::db::StateDb;
+use crate::db::{SharedTable, StateDb};
 use crate::error::StateError;
 use crate::progress::{Progress, PROGRESS_VERSION};
 use crate::read_cache::ReadCache;
@@ -72,11 +72,83 @@ fn cf_handle<'a>(db: &'a StateDb, name: &str) -> Result<Arc<BoundColumnFamily<'a
         .ok_or_else(|| format!("column family `{name}` does not exist (was it dropped?)"))
 }
 
+/// Where a store's column family lives: in RocksDB, or on the heap (an in-memory store).
+enum Target<'a> {
+    Disk(Arc<BoundColumnFamily<'a>>),
+    Heap(SharedTable),
+}
+
+/// A write to a heap table, applied after the RocksDB part of its batch succeeded.
+enum HeapWrite {
+    Put(Vec<u8>, Vec<u8>),
+    Delete(Vec<u8>),
+    /// Every progress and data key (a `clear`).
+    Clear,
+}
+
+/// One atomic write over column families on disk and on the heap. The heap part is applied once
+/// the RocksDB WriteBatch is written, so a failed write changes neither; a crash loses the heap
+/// tables whole, so they cannot be left half-written either.
+#[derive(Default)]
+struct Batch {
+    disk: WriteBatch,
+    heap: Vec<(SharedTable, HeapWrite)>,
+}
+
+impl Batch {
+    fn put(&mut self, target: &Target<'_>, key: &[u8], value: &[u8]) {
+        match target {
+            Target::Disk(cf) => self.disk.put_cf(cf, key, value),
+            Target::Heap(t) => self
+                .heap
+                .push((t.clone(), HeapWrite::Put(key.to_vec(), value.to_vec()))),
+        }
+    }
+
+    fn delete(&mut self, target: &Target<'_>, key: &[u8]) {
+        match target {
+            Target::Disk(cf) => self.disk.delete_cf(cf, key),
+            Target::Heap(t) => self.heap.push((t.clone(), HeapWrite::Delete(key.to_vec()))),
+        }
+    }
+
+    /// Deletes the progress record and every data key.
+    fn clear(&mut self, target: &Target<'_>) {
+        match target {
+            // Progress (0x00 ..) and data (0x01 ..) keys both sort below 0x02.
+            Target::Disk(cf) => {
+                self.disk
+                    .delete_range_cf(cf, [0x00u8].as_slice(), [DATA_PREFIX + 1].as_slice())
+            }
+            Target::Heap(t) => self.heap.push((t.clone(), HeapWrite::Clear)),
+        }
+    }
+
+    fn write(self, db: &StateDb) -> Result<(), rocksdb::Error> {
+        db.db().write_opt(self.disk, &WriteOptions::default())?;
+        for (table, write) in self.heap {
+            let mut table = table.lock();
+            match write {
+                HeapWrite::Put(k, v) => {
+                    table.insert(k, v);
+                }
+                HeapWrite::Delete(k) => {
+                    table.remove(&k);
+                }
+                HeapWrite::Clear => table.clear(),
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One store of a sub-task: its column family, its write cache and its sealed writes.
 struct StoreHandle {
     name: String,
     cf: String,
     db: Arc<StateDb>,
+    /// The heap table of an in-memory store (`None`: the column family is in RocksDB).
+    memory: Option<SharedTable>,
     /// Writes since the last seal.
     cache: WriteCache,
     /// Writes of the sealed commit, waiting to be written (read below the cache).
@@ -118,6 +190,27 @@ impl StoreHandle {
         ))
     }
 
+    /// Where the store's writes go.
+    fn target<'a>(&self, db: &'a StateDb) -> Result<Target<'a>, String> {
+        match &self.memory {
+            Some(table) => Ok(Target::Heap(table.clone())),
+            None => cf_handle(db, &self.cf).map(Target::Disk),
+        }
+    }
+
+    /// The stored bytes of RocksDB key `key` (a progress or data key).
+    fn get_raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        if let Some(table) = &self.memory {
+            return Ok(table.lock().get(key).cloned());
+        }
+        let cf = cf_handle(&self.db, &self.cf)?;
+        self.db
+            .db()
+            .get_pinned_cf(&cf, key)
+            .map(|v| v.map(|v| v.to_vec()))
+            .map_err(|e| format!("get from `{}`: {e}", self.cf))
+    }
+
     /// The committed (key, routing hash, value) entries between `from` and `to` in RocksDB,
     /// without the write caches.
     fn scan_stored(
@@ -125,7 +218,6 @@ impl StoreHandle {
         from: Bound<&[u8]>,
         to: Bound<&[u8]>,
     ) -> Result<StoreEntries, StoreError> {
-        let cf = cf_handle(&self.db, &self.cf).map_err(|e| self.backend(e))?;
         // Iterator bounds on the prefixed RocksDB keys: lower inclusive, upper exclusive.
         let lower = match from {
             Bound::Included(k) => data_key(k),
@@ -148,6 +240,23 @@ impl StoreHandle {
         if lower >= upper {
             return Ok(Vec::new());
         }
+        let decode = |k: &[u8], v: &[u8]| {
+            let (hash, value) = split_stored(v).ok_or_else(|| self.corrupt_value(k))?;
+            Ok(StoreWrite {
+                key: k.to_vec(),
+                value: Some(value.to_vec()),
+                hash,
+            })
+        };
+        if let Some(table) = &self.memory {
+            return table
+                .lock()
+                .range(lower..upper)
+                .filter_map(|(k, v)| Some((k.strip_prefix(&[DATA_PREFIX])?, v)))
+                .map(|(k, v)| decode(k, v))
+                .collect();
+        }
+        let cf = cf_handle(&self.db, &self.cf).map_err(|e| self.backend(e))?;
         let mut opts = ReadOptions::default();
         opts.set_iterate_lower_bound(lower.clone());
         opts.set_iterate_upper_bound(upper);
@@ -160,12 +269,7 @@ impl StoreHandle {
             let (k, v) = item.map_err(|e| self.backend(format!("scan `{}`: {e}", self.cf)))?;
             // The bounds keep the scan on data keys; skip anything else defensively.
             if let Some(k) = k.strip_prefix(&[DATA_PREFIX]) {
-                let (hash, value) = split_stored(&v).ok_or_else(|| self.corrupt_value(k))?;
-                stored.push(StoreWrite {
-                    key: k.to_vec(),
-                    value: Some(value.to_vec()),
-                    hash,
-                });
+                stored.push(decode(k, &v)?);
             }
         }
         Ok(stored)
@@ -200,12 +304,7 @@ impl StoreHandle {
 
     /// The committed (routing hash, value) of `key`, without the write caches.
     fn get_stored(&self, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
-        let cf = cf_handle(&self.db, &self.cf).map_err(|e| self.backend(e))?;
-        let stored = self
-            .db
-            .db()
-            .get_pinned_cf(&cf, data_key(key))
-            .map_err(|e| self.backend(format!("get from `{}`: {e}", self.cf)))?;
+        let stored = self.get_raw(&data_key(key)).map_err(|e| self.backend(e))?;
         match stored {
             None => Ok(None),
             Some(v) => {
@@ -330,6 +429,8 @@ pub struct SubTaskState {
     committed: Option<Progress>,
     /// Whether the stores' `sealed` writes wait for `write_sealed`.
     has_sealed: bool,
+    /// In-memory stores that had no progress record at open next to stores that had one.
+    lost: Vec<String>,
 }
 
 impl std::fmt::Debug for SubTaskState {
@@ -363,6 +464,7 @@ impl SubTaskState {
                 .map(|(id, cf)| StoreHandle {
                     name: id.store.clone(),
                     cf: cf.clone(),
+                    memory: db.memory_table(cf),
                     db: db.clone(),
                     cache: WriteCache::new(),
                     sealed: WriteCache::new(),
@@ -377,8 +479,16 @@ impl SubTaskState {
             cf_names,
             committed: None,
             has_sealed: false,
+            lost: Vec::new(),
         };
         state.committed = state.read_progress()?;
+        if state.committed.is_some() {
+            for store in &state.stores {
+                if store.memory.is_some() && store.get_raw(PROGRESS_KEY).ok().flatten().is_none() {
+                    state.lost.push(store.name.clone());
+                }
+            }
+        }
         Ok(state)
     }
 
@@ -390,11 +500,8 @@ impl SubTaskState {
                 dir: self.db.dir().to_path_buf(),
                 detail: format!("column family `{}`: {detail}", store.cf),
             };
-            let cf = cf_handle(&self.db, &store.cf).map_err(corrupt)?;
-            let bytes = self
-                .db
-                .db()
-                .get_pinned_cf(&cf, PROGRESS_KEY)
+            let bytes = store
+                .get_raw(PROGRESS_KEY)
                 .map_err(|e| corrupt(format!("reading the progress record: {e}")))?;
             let Some(bytes) = bytes else { continue };
             let progress = Progress::from_bytes(&bytes).map_err(corrupt)?;
@@ -432,6 +539,13 @@ impl SubTaskState {
     /// The key range.
     pub fn range(&self) -> KeyRange {
         self.range
+    }
+
+    /// The in-memory stores whose entries were lost with the process that held them: they had no
+    /// progress record when this state was opened, while its other stores had one. The task
+    /// must restore them from their changelogs before it trusts the other stores' progress.
+    pub fn lost_in_memory(&self) -> &[String] {
+        &self.lost
     }
 
     /// The progress record of the last commit, if any (read from disk at open, then updated by
@@ -612,24 +726,25 @@ impl SubTaskState {
         if let Some(p) = &progress {
             self.check_progress(p)?;
         }
-        let mut batch = WriteBatch::default();
+        let mut batch = Batch::default();
         for s in &self.stores {
-            let cf = cf_handle(&self.db, &s.cf).map_err(|e| StateError::backend("restore", e))?;
+            let cf = s
+                .target(&self.db)
+                .map_err(|e| StateError::backend("restore", e))?;
             if s.name == store {
                 for w in entries {
                     match &w.value {
-                        Some(v) => batch.put_cf(&cf, data_key(&w.key), stored_value(w.hash, v)),
-                        None => batch.delete_cf(&cf, data_key(&w.key)),
+                        Some(v) => batch.put(&cf, &data_key(&w.key), &stored_value(w.hash, v)),
+                        None => batch.delete(&cf, &data_key(&w.key)),
                     }
                 }
             }
             if let Some(p) = &progress {
-                batch.put_cf(&cf, PROGRESS_KEY, p.to_bytes());
+                batch.put(&cf, PROGRESS_KEY, &p.to_bytes());
             }
         }
-        self.db
-            .db()
-            .write_opt(batch, &WriteOptions::default())
+        batch
+            .write(&self.db)
             .map_err(|e| StateError::backend(format!("restore into `{store}`"), e))?;
         if let Some(s) = self.stores.iter_mut().find(|s| s.name == store) {
             let clean = s.clean.get_mut();
@@ -649,35 +764,33 @@ impl SubTaskState {
             return Ok(());
         }
         let encoded = progress.to_bytes();
-        let mut batch = WriteBatch::default();
+        let mut batch = Batch::default();
         for store in &self.stores {
-            let cf =
-                cf_handle(&self.db, &store.cf).map_err(|e| StateError::backend("commit", e))?;
+            let cf = store
+                .target(&self.db)
+                .map_err(|e| StateError::backend("commit", e))?;
             for (key, (hash, value)) in &store.sealed {
                 match value {
-                    Some(v) => batch.put_cf(&cf, data_key(key), stored_value(*hash, v)),
-                    None => batch.delete_cf(&cf, data_key(key)),
+                    Some(v) => batch.put(&cf, &data_key(key), &stored_value(*hash, v)),
+                    None => batch.delete(&cf, &data_key(key)),
                 }
             }
-            batch.put_cf(&cf, PROGRESS_KEY, &encoded);
+            batch.put(&cf, PROGRESS_KEY, &encoded);
         }
         // WAL on, no fsync per commit: a process crash keeps the commit (it is in the OS
         // page cache); a machine crash may lose the last commits, state and progress
         // together, and the range then catches up from its recorded position.
-        self.db
-            .db()
-            .write_opt(batch, &WriteOptions::default())
-            .map_err(|e| {
-                StateError::backend(
-                    format!(
-                        "commit partition {} range {} ({})",
-                        self.partition,
-                        self.range,
-                        self.cf_names.join(", ")
-                    ),
-                    e,
-                )
-            })
+        batch.write(&self.db).map_err(|e| {
+            StateError::backend(
+                format!(
+                    "commit partition {} range {} ({})",
+                    self.partition,
+                    self.range,
+                    self.cf_names.join(", ")
+                ),
+                e,
+            )
+        })
     }
 
     /// Checks that `progress` is a current-version record for this sub-task's range.
@@ -714,21 +827,19 @@ impl SubTaskState {
         for s in &mut self.stores {
             s.clean.get_mut().clear();
         }
-        let mut batch = WriteBatch::default();
+        let mut batch = Batch::default();
         for s in &self.stores {
-            let cf = cf_handle(&self.db, &s.cf).map_err(|e| StateError::backend("clear", e))?;
-            // Progress (0x00 ..) and data (0x01 ..) keys both sort below 0x02.
-            batch.delete_range_cf(&cf, [0x00u8].as_slice(), [DATA_PREFIX + 1].as_slice());
+            let cf = s
+                .target(&self.db)
+                .map_err(|e| StateError::backend("clear", e))?;
+            batch.clear(&cf);
         }
-        self.db
-            .db()
-            .write_opt(batch, &WriteOptions::default())
-            .map_err(|e| {
-                StateError::backend(
-                    format!("clear partition {} range {}", self.partition, self.range),
-                    e,
-                )
-            })?;
+        batch.write(&self.db).map_err(|e| {
+            StateError::backend(
+                format!("clear partition {} range {}", self.partition, self.range),
+                e,
+            )
+        })?;
         self.discard();
         self.committed = None;
         Ok(())
@@ -746,32 +857,41 @@ impl SubTaskState {
 
 /// Writes `progress[i]` as the progress of `new[i]` and deletes the progress of every `old`
 /// state, in ONE WriteBatch (the switch of a re-split; see [`crate::resplit`]).
+///
+/// The stores in `lost` (in-memory stores lost with an earlier process) get no progress record in
+/// the new ranges, so that their loss is still seen when the new ranges open
+/// ([`SubTaskState::lost_in_memory`]).
 pub(crate) fn swap_progress(
     new: &mut [SubTaskState],
     progress: Vec<Option<Progress>>,
     old: &mut [SubTaskState],
+    lost: &BTreeSet<String>,
 ) -> Result<(), StateError> {
     let Some(db) = new.first().map(|s| s.db.clone()) else {
         return Ok(());
     };
-    let mut batch = WriteBatch::default();
+    let mut batch = Batch::default();
     for (state, p) in new.iter().zip(&progress) {
         let Some(p) = p else { continue };
         state.check_progress(p)?;
         let encoded = p.to_bytes();
-        for store in &state.stores {
-            let cf = cf_handle(&db, &store.cf).map_err(|e| StateError::backend("re-split", e))?;
-            batch.put_cf(&cf, PROGRESS_KEY, &encoded);
+        for store in state.stores.iter().filter(|s| !lost.contains(&s.name)) {
+            let cf = store
+                .target(&db)
+                .map_err(|e| StateError::backend("re-split", e))?;
+            batch.put(&cf, PROGRESS_KEY, &encoded);
         }
     }
     for state in old.iter() {
         for store in &state.stores {
-            let cf = cf_handle(&db, &store.cf).map_err(|e| StateError::backend("re-split", e))?;
-            batch.delete_cf(&cf, PROGRESS_KEY);
+            let cf = store
+                .target(&db)
+                .map_err(|e| StateError::backend("re-split", e))?;
+            batch.delete(&cf, PROGRESS_KEY);
         }
     }
-    db.db()
-        .write_opt(batch, &WriteOptions::default())
+    batch
+        .write(&db)
         .map_err(|e| StateError::backend("re-split", e))?;
     for (state, p) in new.iter_mut().zip(progress) {
         state.committed = p;

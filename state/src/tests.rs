@@ -1010,9 +1010,13 @@ mod range_scans {
             from in bound(),
             to in bound(),
             prefix in key(),
+            in_memory in any::<bool>(),
         ) {
             let tmp = tempfile::tempdir().unwrap();
             let db = StateDb::open(&cfg(tmp.path())).unwrap();
+            if in_memory {
+                db.keep_in_memory(&names(&["s"])).unwrap();
+            }
             let range = KeyRange::FULL;
             let mut st = SubTaskState::open(db, &names(&["s"]), 0, range).unwrap();
             let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
@@ -1071,10 +1075,14 @@ mod range_scans {
         fn point_reads_see_every_layer_through_commits_restores_and_discards(
             ops in proptest::collection::vec((write(), 0u8..6, key(), any::<u8>()), 0..60),
             small in any::<bool>(),
+            in_memory in any::<bool>(),
         ) {
             let tmp = tempfile::tempdir().unwrap();
             let memory_bytes = if small { crate::MIN_MEMORY_BYTES } else { 16 * MIB };
             let db = StateDb::open(&StateConfig { dir: tmp.path().to_path_buf(), memory_bytes, create_column_families: Vec::new(), max_open_files: None }).unwrap();
+            if in_memory {
+                db.keep_in_memory(&names(&["s"])).unwrap();
+            }
             if small {
                 // Fill the budget from another sub-task, so this one's cache evicts or skips.
                 let other = KeyRange { start: 0, end: 1 };
@@ -1301,6 +1309,63 @@ mod resplits {
             "the old column families are gone"
         );
         assert_eq!(resplit(&db, &names(&["s", "u"]), 0, &target).unwrap(), None);
+    }
+
+    #[test]
+    fn an_in_memory_store_moves_on_the_heap_and_its_loss_outlives_a_resplit() {
+        let tmp = tempfile::tempdir().unwrap();
+        let stores = names(&["s", "u"]);
+        {
+            let db = StateDb::open(&cfg(tmp.path())).unwrap();
+            db.keep_in_memory(&names(&["u"])).unwrap();
+            written(&db, 2, 500);
+            resplit(&db, &stores, 0, &ranges(3)).unwrap().unwrap();
+            let mut moved = 0;
+            for r in ranges(3) {
+                let mut st = SubTaskState::open(db.clone(), &stores, 0, r).unwrap();
+                assert!(st.lost_in_memory().is_empty());
+                let u = all(&mut st, "u");
+                assert_eq!(u.len(), st.committed_entries("s").unwrap().len());
+                moved += u.len();
+            }
+            assert_eq!(moved, 500);
+        }
+        // The next process: `u` is gone, `s` is on disk with its progress.
+        let inspected = crate::inspect::inspect(tmp.path(), Default::default()).unwrap();
+        assert!(inspected
+            .column_families
+            .iter()
+            .all(|cf| cf.id.store == "s"));
+        let db = StateDb::open(&cfg(tmp.path())).unwrap();
+        db.keep_in_memory(&names(&["u"])).unwrap();
+        for r in ranges(3) {
+            let mut st = SubTaskState::open(db.clone(), &stores, 0, r).unwrap();
+            assert_eq!(st.lost_in_memory(), names(&["u"]).as_slice());
+            assert!(all(&mut st, "u").is_empty());
+            assert!(!st.committed_entries("s").unwrap().is_empty());
+        }
+        // A re-split does not give the empty heap tables the progress of the moved ranges.
+        resplit(&db, &stores, 0, &ranges(4)).unwrap().unwrap();
+        for r in ranges(4) {
+            let st = SubTaskState::open(db.clone(), &stores, 0, r).unwrap();
+            assert_eq!(st.lost_in_memory(), names(&["u"]).as_slice(), "{r}");
+        }
+    }
+
+    #[test]
+    fn a_store_that_was_persistent_leaves_the_disk_when_it_is_kept_in_memory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = StateDb::open(&cfg(tmp.path())).unwrap();
+        written(&db, 2, 50);
+        db.keep_in_memory(&names(&["u"])).unwrap();
+        let disk: Vec<String> = db
+            .column_families()
+            .into_iter()
+            .map(|cf| cf.store)
+            .collect();
+        assert!(disk.iter().all(|s| s == "s") && disk.len() == 2, "{disk:?}");
+        let st = SubTaskState::open(db.clone(), &names(&["s", "u"]), 0, ranges(2)[0]).unwrap();
+        assert_eq!(st.lost_in_memory(), names(&["u"]).as_slice());
     }
 
     #[test]

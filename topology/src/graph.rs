@@ -4,7 +4,7 @@
 //! `group_by` ends one sub-topology in a sink to a repartition topic and starts the next one from
 //! it, as in Kafka Streams. The engine runs one task per (sub-topology, input partition).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -124,6 +124,9 @@ pub struct SubTopology {
     pub sinks: Vec<Topic>,
     /// Names of the stores its processors use.
     pub stores: Vec<String>,
+    /// The stores of `stores` that have a changelog topic, in the same order (all but those
+    /// built `with_logging_disabled`); the last one decides a restore.
+    pub logged: Vec<String>,
     /// Its nodes, by index into [`Topology::nodes`].
     pub nodes: Vec<usize>,
 }
@@ -177,6 +180,8 @@ pub struct Topology {
     pub(crate) store_declarations: BTreeMap<String, StoreDeclaration>,
     /// Global tables: store name -> the topic that fills it (see [`crate::global`]).
     pub(crate) global_tables: BTreeMap<String, String>,
+    /// The stores kept on the heap.
+    pub(crate) in_memory: BTreeSet<String>,
 }
 
 impl Topology {
@@ -366,6 +371,11 @@ impl Topology {
             }
         }
         found
+    }
+
+    /// The stores kept on the heap (built with an `in_memory_*` supplier).
+    pub fn in_memory_stores(&self) -> Vec<String> {
+        self.in_memory.iter().cloned().collect()
     }
 
     /// Every store name.

@@ -17,19 +17,23 @@
 //! ```
 //!
 //! Where rill differs from Kafka Streams:
-//! - Every store lives in the sub-task's RocksDB column family behind its write cache, so there
-//!   are no in-memory suppliers (`inMemoryKeyValueStore` and friends): an alias would claim a
-//!   behaviour the runtime does not have.
-//! - Logging cannot be turned off. Each range commit writes a marker to every store's changelog,
-//!   in store order, and the last store's changelog decides a restore (see the runtime's
-//!   `engine::changelog`). Leaving a store out of those lists is mechanical, but the store would
-//!   have no way back after a restore from the changelogs (a lost state dir, or the task moving
-//!   to another instance): the input offsets resume from the other stores' markers, past the
-//!   records that filled it, so it would come back empty, or stale from an older local copy that
-//!   nothing repairs; and a sub-topology whose stores are all unlogged has no marker to restore
-//!   its offsets from at all. Kafka Streams accepts that loss; rill's exactness does not have an
-//!   exception for it yet. [`StoreBuilder::with_logging_enabled`] sets the changelog topic's
-//!   configs.
+//! - In-memory stores (`Stores::in_memory_key_value_store` and friends) keep their column
+//!   families on the heap instead of in RocksDB, behind the same write cache and range commits:
+//!   nothing of them is on disk, and a process start restores them from their changelogs. rill
+//!   commits a task's stores together, so that restore covers the task's persistent stores as
+//!   well (Kafka Streams restores only the in-memory ones). Their memory is outside
+//!   `rocksdb.memory.bytes`.
+//! - Logging can be turned off ([`StoreBuilder::with_logging_disabled`]), with Kafka Streams'
+//!   meaning: the store has no changelog topic and is not fault tolerant. Its entries live in
+//!   the local state dir only, committed with the range's progress in one WriteBatch, so they
+//!   survive restarts and factor changes on this instance; when the task restores from the
+//!   changelogs instead (a lost or distrusted state dir, or the task moving to another
+//!   instance) the store starts empty and the input is not replayed for it; a commit that
+//!   reached the changelogs but not the local state dir (a crash between the two) is lost for it
+//!   the same way. A commit writes its
+//!   markers to the logged stores only, and the last logged store decides a restore; a
+//!   sub-topology whose stores are all unlogged resumes from the committed offsets' metadata,
+//!   as a stateless one does.
 //! - Caching is always on: a store's writes wait in the sub-task's write cache until the range
 //!   commits (one changelog record per key and commit; reads see them), which is what Kafka
 //!   Streams' caching does for a store, and what [`StoreBuilder::with_caching_enabled`] states.
@@ -57,6 +61,7 @@ pub struct Stores;
 #[derive(Clone, Debug)]
 pub struct KeyValueStoreSupplier {
     name: String,
+    in_memory: bool,
 }
 
 /// A window store: name, retention and window size (Kafka Streams' `WindowBytesStoreSupplier`).
@@ -64,6 +69,7 @@ pub struct KeyValueStoreSupplier {
 pub struct WindowStoreSupplier {
     name: String,
     spec: WindowStoreSpec,
+    in_memory: bool,
 }
 
 /// A session store: name and retention (Kafka Streams' `SessionBytesStoreSupplier`).
@@ -71,6 +77,7 @@ pub struct WindowStoreSupplier {
 pub struct SessionStoreSupplier {
     name: String,
     spec: SessionStoreSpec,
+    in_memory: bool,
 }
 
 impl Stores {
@@ -78,6 +85,16 @@ impl Stores {
     pub fn persistent_key_value_store(name: &str) -> KeyValueStoreSupplier {
         KeyValueStoreSupplier {
             name: name.to_string(),
+            in_memory: false,
+        }
+    }
+
+    /// A key-value store kept on the heap (`Stores.inMemoryKeyValueStore`); a process start
+    /// restores it from its changelog (see the module docs).
+    pub fn in_memory_key_value_store(name: &str) -> KeyValueStoreSupplier {
+        KeyValueStoreSupplier {
+            name: name.to_string(),
+            in_memory: true,
         }
     }
 
@@ -103,6 +120,20 @@ impl Stores {
                 indexed: true,
                 timestamped: false,
             },
+            in_memory: false,
+        }
+    }
+
+    /// A window store kept on the heap (`Stores.inMemoryWindowStore`, without duplicates); a
+    /// process start restores it from its changelog.
+    pub fn in_memory_window_store(
+        name: &str,
+        retention: Duration,
+        window_size: Duration,
+    ) -> WindowStoreSupplier {
+        WindowStoreSupplier {
+            in_memory: true,
+            ..Self::persistent_window_store(name, retention, window_size)
         }
     }
 
@@ -114,6 +145,16 @@ impl Stores {
             spec: SessionStoreSpec {
                 retention_ms: millis(retention),
             },
+            in_memory: false,
+        }
+    }
+
+    /// A session store kept on the heap (`Stores.inMemorySessionStore`); a process start
+    /// restores it from its changelog.
+    pub fn in_memory_session_store(name: &str, retention: Duration) -> SessionStoreSupplier {
+        SessionStoreSupplier {
+            in_memory: true,
+            ..Self::persistent_session_store(name, retention)
         }
     }
 
@@ -124,7 +165,13 @@ impl Stores {
         key_serde: impl Serde<K>,
         value_serde: impl Serde<V>,
     ) -> StoreBuilder<K, V> {
-        StoreBuilder::new(supplier.name, StoreKind::KeyValue, key_serde, value_serde)
+        StoreBuilder::new(
+            supplier.name,
+            StoreKind::KeyValue,
+            supplier.in_memory,
+            key_serde,
+            value_serde,
+        )
     }
 
     /// A key-value store of values with a timestamp (`Stores.timestampedKeyValueStoreBuilder`);
@@ -137,6 +184,7 @@ impl Stores {
         StoreBuilder::new(
             supplier.name,
             StoreKind::KeyValue,
+            supplier.in_memory,
             key_serde,
             ValueAndTimestampSerde::new(Arc::new(value_serde)),
         )
@@ -152,6 +200,7 @@ impl Stores {
         StoreBuilder::new(
             supplier.name,
             StoreKind::Window(supplier.spec),
+            supplier.in_memory,
             key_serde,
             value_serde,
         )
@@ -167,6 +216,7 @@ impl Stores {
         StoreBuilder::new(
             supplier.name,
             StoreKind::Session(supplier.spec),
+            supplier.in_memory,
             key_serde,
             value_serde,
         )
@@ -181,12 +231,15 @@ pub struct StoreBuilder<K, V> {
     key_serde: Arc<dyn Serde<K>>,
     value_serde: Arc<dyn Serde<V>>,
     changelog_configs: BTreeMap<String, String>,
+    logging: bool,
+    in_memory: bool,
 }
 
 impl<K: 'static, V: 'static> StoreBuilder<K, V> {
     fn new(
         name: String,
         kind: StoreKind,
+        in_memory: bool,
         key_serde: impl Serde<K>,
         value_serde: impl Serde<V>,
     ) -> Self {
@@ -196,6 +249,8 @@ impl<K: 'static, V: 'static> StoreBuilder<K, V> {
             key_serde: Arc::new(key_serde),
             value_serde: Arc::new(value_serde),
             changelog_configs: BTreeMap::new(),
+            logging: true,
+            in_memory,
         }
     }
 
@@ -210,7 +265,22 @@ impl<K: 'static, V: 'static> StoreBuilder<K, V> {
     /// every start) takes none.
     pub fn with_logging_enabled(mut self, topic_configs: BTreeMap<String, String>) -> Self {
         self.changelog_configs = topic_configs;
+        self.logging = true;
         self
+    }
+
+    /// Gives the store no changelog topic (`StoreBuilder.withLoggingDisabled`): its entries are
+    /// kept in the local state dir only, and a restore from the changelogs (a lost state dir, or
+    /// the task moving to another instance) starts it empty (see the module docs).
+    pub fn with_logging_disabled(mut self) -> Self {
+        self.changelog_configs.clear();
+        self.logging = false;
+        self
+    }
+
+    /// Whether the store has a changelog topic.
+    pub fn logging_enabled(&self) -> bool {
+        self.logging
     }
 
     /// Keeps the store's writes in the sub-task's write cache until the range commits
@@ -238,6 +308,8 @@ impl<K: 'static, V: 'static> StoreBuilder<K, V> {
             key_type: type_name::<K>(),
             value_type: type_name::<V>(),
             changelog_configs: self.changelog_configs,
+            logging: self.logging,
+            in_memory: self.in_memory,
         };
         (self.name, self.kind, declaration)
     }
@@ -258,6 +330,8 @@ pub struct StoreDeclaration {
     key_type: &'static str,
     value_type: &'static str,
     changelog_configs: BTreeMap<String, String>,
+    logging: bool,
+    in_memory: bool,
 }
 
 impl StoreDeclaration {
@@ -269,6 +343,16 @@ impl StoreDeclaration {
     /// The changelog topic configs the builder asked for.
     pub fn changelog_configs(&self) -> &BTreeMap<String, String> {
         &self.changelog_configs
+    }
+
+    /// Whether the store has a changelog topic ([`StoreBuilder::with_logging_disabled`]).
+    pub fn logging_enabled(&self) -> bool {
+        self.logging
+    }
+
+    /// Whether the store is kept on the heap (an `in_memory_*` supplier).
+    pub fn in_memory(&self) -> bool {
+        self.in_memory
     }
 
     /// The declared serdes of store `store` as `K` and `V`; [`StoreError::WrongTypes`] when
@@ -295,6 +379,8 @@ impl std::fmt::Debug for StoreDeclaration {
             .field("key_type", &self.key_type)
             .field("value_type", &self.value_type)
             .field("changelog_configs", &self.changelog_configs)
+            .field("logging", &self.logging)
+            .field("in_memory", &self.in_memory)
             .finish()
     }
 }

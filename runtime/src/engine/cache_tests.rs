@@ -14,7 +14,7 @@ use rill_topology::RawRecord;
 use super::*;
 use crate::sink::{MemorySink, Sent};
 
-use super::test_topologies::counting;
+use super::test_topologies::{counting, counting_as};
 
 fn engine(
     topology: Arc<Topology>,
@@ -119,18 +119,6 @@ fn without_a_cache_every_update_is_sent() {
         .map(|(_, n)| n)
         .collect();
     assert_eq!(got, vec![1, 2, 3, 4]);
-}
-
-/// in -> group_by_key -> count, materialized as `materialized` says -> out.
-fn counting_as(materialized: Materialized<String, i64>) -> Arc<Topology> {
-    let builder = StreamsBuilder::new();
-    builder
-        .stream("in", StringSerde, StringSerde)
-        .group_by_key()
-        .count(materialized)
-        .to_stream()
-        .to_with("out", Produced::with(StringSerde, I64Serde));
-    Arc::new(builder.build().unwrap())
 }
 
 /// in -> group_by_key -> 100 ms tumbling windows -> count, materialized as `materialized` says

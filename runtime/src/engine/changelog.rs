@@ -53,7 +53,11 @@
 //! holds the key (by the restored state, not the record's hash) rewrites its current value. Every other store then applies exactly the data of the commits the last store
 //! confirmed. Each
 //! range resumes from the changelog positions in its local progress, so an intact state dir
-//! restores only the tail, and a missing (or untrusted) one restores from the start.
+//! restores only the tail, and a missing (or untrusted) one restores from the start, as does a task
+//! whose in-memory stores are gone with the process that held them.
+//!
+//! Only logged stores take part: a store built `with_logging_disabled` has no changelog, gets no
+//! data records or markers, and the last *logged* store decides.
 //!
 //! # Why compaction cannot break this
 //!

@@ -292,7 +292,8 @@ impl Core {
             progress.changelogs = last.map(|p| p.changelogs.clone()).unwrap_or_default();
             let sealed = state.seal()?;
             if shared.config.changelogs {
-                for (store, entries) in sealed {
+                let logged = &shared.topology.sub_topologies()[id.sub_topology].logged;
+                for (store, entries) in sealed.into_iter().filter(|(s, _)| logged.contains(s)) {
                     let topic = changelog_topic(&shared.config.application_id, &store);
                     for write in entries {
                         shared.metrics.produced(&topic);
@@ -362,7 +363,7 @@ impl Core {
                 return Ok(false);
             }
             let stores: &[String] = match (&self.state, shared.config.changelogs) {
-                (Some(_), true) => &shared.topology.sub_topologies()[id.sub_topology].stores,
+                (Some(_), true) => &shared.topology.sub_topologies()[id.sub_topology].logged,
                 _ => &[],
             };
             if let Some(store) = stores.get(sealed.markers.len()) {

@@ -292,6 +292,10 @@ impl Engine {
                 message: "the topology has stores, so it needs a state directory".into(),
             });
         }
+        if let Some(db) = &db {
+            // Before any sub-task opens a state: heap tables exist from the first claim on.
+            db.keep_in_memory(&topology.in_memory_stores())?;
+        }
         let nice = config.thread_nice;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(config.worker_threads)
@@ -541,7 +545,7 @@ fn output_topics(topology: &Topology, config: &EngineConfig) -> Vec<String> {
     if config.changelogs {
         for s in topology.sub_topologies() {
             out.extend(
-                s.stores
+                s.logged
                     .iter()
                     .map(|store| changelog::changelog_topic(&config.application_id, store)),
             );

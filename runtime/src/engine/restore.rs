@@ -109,13 +109,33 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name(format!("rill-restore-{partition}"))
             .spawn(move || {
-                let stores = &shared.topology.sub_topologies()[sub].stores;
+                let st = &shared.topology.sub_topologies()[sub];
+                // Every store is re-split and opened; only the logged ones have changelogs.
+                let (stores, logged) = (&st.stores, &st.logged);
                 let app = &shared.config.application_id;
                 let started = Instant::now();
                 let result = (|| {
                     resplit_local(&db, stores, partition, p)?;
                     let mut states = open_states(&db, stores, partition, p)?;
-                    if !trusted(prior, &states) {
+                    // In-memory stores gone with an earlier process: the other stores' progress
+                    // is ahead of them, so every store restores from the changelogs.
+                    let lost: BTreeSet<&String> = states
+                        .iter()
+                        .flat_map(|s| s.lost_in_memory())
+                        .filter(|store| logged.contains(store))
+                        .collect();
+                    if !lost.is_empty() {
+                        tracing::info!(
+                            sub_topology = sub,
+                            partition,
+                            stores = ?lost,
+                            "in-memory stores start empty in this process: restoring the task \
+                             from the changelogs"
+                        );
+                        for s in &mut states {
+                            s.clear()?;
+                        }
+                    } else if !trusted(prior, &states) {
                         let owners: Vec<(u64, u64)> = states
                             .iter()
                             .filter_map(SubTaskState::committed_progress)
@@ -133,7 +153,7 @@ impl Engine {
                             s.clear()?;
                         }
                     }
-                    if let Some(last) = stores.last() {
+                    if let Some(last) = logged.last() {
                         let claim = Claim {
                             lineage: lineage.id,
                             generation: lineage.generation,
@@ -149,8 +169,8 @@ impl Engine {
                         )?;
                     }
                     let summary =
-                        restore(reader.as_ref(), app, stores, partition, &mut states, &stop)?;
-                    if let Some(last) = stores.last() {
+                        restore(reader.as_ref(), app, logged, partition, &mut states, &stop)?;
+                    if let Some(last) = logged.last() {
                         let base = Base {
                             lineage: lineage.id,
                             ranges: states

@@ -186,7 +186,7 @@ impl TopologyDescription {
                         .collect(),
                     repartition_source_topics: repartitions,
                     state_changelog_topics: st
-                        .stores
+                        .logged
                         .iter()
                         .map(|s| info(changelog_topic(application_id, s), 0))
                         .collect(),

@@ -85,7 +85,7 @@ impl Runtime {
                 .filter_map(|(s, _)| partitions.get(&self.resolve(s)).copied())
                 .max()
                 .unwrap_or(1);
-            for store in &st.stores {
+            for store in &st.logged {
                 changelogs.push((changelog_topic(&self.config.application_id, store), n));
                 stores_of.push(store.clone());
             }

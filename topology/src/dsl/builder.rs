@@ -178,7 +178,7 @@ impl StreamsBuilder {
             })
         });
         let mut g = self.inner.borrow_mut();
-        let store = g.name_or_generated(materialized.name.as_deref(), "table-store");
+        let store = g.materialized_store(&materialized, "table-store");
         g.table_topics.insert(store.clone(), topic.to_string());
         let source_name = g.name_or_generated(name.as_deref(), "table-source");
         let source = g.add(
@@ -309,12 +309,30 @@ impl StreamsBuilder {
         if source_topics.is_empty() {
             return Err(TopologyError::NoSource);
         }
-        let sub_topologies = split_sub_topologies(&drafts, &nodes);
+        let declarations = self.declarations.borrow().clone();
+        let mut sub_topologies = split_sub_topologies(&drafts, &nodes);
+        for sub in &mut sub_topologies {
+            sub.logged = sub
+                .stores
+                .iter()
+                .filter(|s| {
+                    !g.unlogged.contains(*s)
+                        && declarations.get(*s).is_none_or(|d| d.logging_enabled())
+                })
+                .cloned()
+                .collect();
+        }
         Ok(Topology {
             nodes,
             sub_topologies,
             store_kinds: g.stores.clone(),
-            store_declarations: self.declarations.borrow().clone(),
+            in_memory: declarations
+                .iter()
+                .filter(|(_, d)| d.in_memory())
+                .map(|(name, _)| name.clone())
+                .chain(g.in_memory.iter().cloned())
+                .collect(),
+            store_declarations: declarations,
             global_tables: g.global_tables.clone(),
         })
     }
@@ -386,6 +404,7 @@ pub(super) fn split_sub_topologies(drafts: &[Draft], nodes: &[Node]) -> Vec<SubT
                 sources: Vec::new(),
                 sinks: Vec::new(),
                 stores: Vec::new(),
+                logged: Vec::new(),
                 nodes: members.clone(),
             };
             for &n in &members {

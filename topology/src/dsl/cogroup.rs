@@ -134,7 +134,7 @@ impl<K: Datum + Clone, A: Datum + Clone> CogroupedKStream<K, A> {
             .builder
             .inner
             .borrow_mut()
-            .name_or_generated(materialized.name.as_deref(), "cogroup-store");
+            .materialized_store(&materialized, "cogroup-store");
         let key_serde = materialized.key_serde.or(self.key_serde);
         let agg_serde = materialized.value_serde;
         let shared = match (key_serde, agg_serde.clone()) {

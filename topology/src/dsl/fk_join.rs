@@ -540,7 +540,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
         let store = builder
             .inner
             .borrow_mut()
-            .name_or_generated(materialized.name.as_deref(), op);
+            .materialized_store(&materialized, op);
         let Some((this_changes, other_changes)) = self.changes_with(other) else {
             return self.dangling(store);
         };

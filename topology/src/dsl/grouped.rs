@@ -233,24 +233,23 @@ impl<K: Datum + Clone, V: Datum + Clone> KGroupedStream<K, V> {
         agg_serde: Option<Arc<dyn Serde<A>>>,
         op: &str,
     ) -> Result<Resolved<K, A>, Unresolved<A>> {
-        let Materialized {
-            name,
-            key_serde: store_key_serde,
-            value_serde,
-            retention_ms,
-            history_ms,
-            caching_disabled,
-        } = materialized;
         let store = {
             let mut g = self.stream.builder.inner.borrow_mut();
-            let store = g.name_or_generated(name.as_deref(), op);
-            if history_ms.is_some() {
+            let store = g.materialized_store(&materialized, op);
+            if materialized.history_ms.is_some() {
                 g.error(TopologyError::VersionedNotSupported {
                     store: store.clone(),
                 });
             }
             store
         };
+        let Materialized {
+            key_serde: store_key_serde,
+            value_serde,
+            retention_ms,
+            caching_disabled,
+            ..
+        } = materialized;
         let agg_serde = match value_serde.or(agg_serde) {
             Some(s) => s,
             None => {

@@ -231,6 +231,10 @@ struct GraphBuilder {
     async_splits: BTreeMap<String, async_stage::AsyncSplit>,
     /// Tables read from topics: store name -> topic (errors name both).
     table_topics: BTreeMap<String, String>,
+    /// DSL stores materialized `with_logging_disabled`.
+    unlogged: BTreeSet<String>,
+    /// DSL stores materialized `in_memory`.
+    in_memory: BTreeSet<String>,
 }
 
 impl GraphBuilder {
@@ -253,6 +257,19 @@ impl GraphBuilder {
     /// `name` when given, else a generated `<op>-<n>`.
     fn name_or_generated(&mut self, name: Option<&str>, op: &str) -> String {
         name.map_or_else(|| self.generated_name(op), str::to_string)
+    }
+
+    /// The name of the store `materialized` describes (generated `<op>-<n>` without one), with
+    /// its logging and in-memory options noted.
+    fn materialized_store<K, V>(&mut self, materialized: &Materialized<K, V>, op: &str) -> String {
+        let store = self.name_or_generated(materialized.name.as_deref(), op);
+        if materialized.logging_disabled {
+            self.unlogged.insert(store.clone());
+        }
+        if materialized.in_memory {
+            self.in_memory.insert(store.clone());
+        }
+        store
     }
 
     fn add(&mut self, name: String, kind: NodeKind, parents: Vec<usize>) -> usize {

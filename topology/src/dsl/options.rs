@@ -142,7 +142,11 @@ named_serde_options!(
     /// A versioned store's history retention, in ms (`None`: not versioned).
     history_ms: Option<i64>;
     /// Whether the aggregation forwards every update instead of the last per key and commit.
-    caching_disabled: bool
+    caching_disabled: bool;
+    /// Whether the store has no changelog topic.
+    logging_disabled: bool;
+    /// Whether the store is kept on the heap.
+    in_memory: bool
 );
 from_name!(Materialized);
 
@@ -198,6 +202,22 @@ impl<K, V> Materialized<K, V> {
     /// [`Materialized::with_caching_disabled`].
     pub fn with_caching_enabled(mut self) -> Self {
         self.caching_disabled = false;
+        self
+    }
+
+    /// Gives the store no changelog topic (Kafka Streams' `Materialized.withLoggingDisabled`):
+    /// it is kept by the local state dir only, and a restore from the changelogs starts it
+    /// empty (see [`crate::stores`]).
+    pub fn with_logging_disabled(mut self) -> Self {
+        self.logging_disabled = true;
+        self
+    }
+
+    /// Keeps the store on the heap instead of in RocksDB (Kafka Streams'
+    /// `Materialized.as(Stores.inMemoryKeyValueStore(name))` and the window and session
+    /// equivalents): a process start restores it from its changelog (see [`crate::stores`]).
+    pub fn in_memory(mut self) -> Self {
+        self.in_memory = true;
         self
     }
 }

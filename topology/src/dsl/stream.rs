@@ -480,7 +480,7 @@ where
             .builder
             .inner
             .borrow_mut()
-            .name_or_generated(materialized.name.as_deref(), "to-table-store");
+            .materialized_store(&materialized, "to-table-store");
         let Some((k, v)) = self.serdes_or_error(
             materialized.key_serde.clone(),
             materialized.value_serde.clone(),

@@ -207,7 +207,7 @@ impl<K: Datum + Clone, V: Datum + Clone> KTable<K, V> {
         let store = builder
             .inner
             .borrow_mut()
-            .name_or_generated(materialized.name.as_deref(), op);
+            .materialized_store(&materialized, op);
         let key_serde = materialized
             .key_serde
             .clone()

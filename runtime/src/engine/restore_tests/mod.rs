@@ -542,6 +542,7 @@ fn restore_puts_entries_in_the_range_that_wrote_them() {
 mod bases;
 mod emit_final;
 mod hashes;
+mod store_options;
 mod versioned;
 mod zombies;
 
