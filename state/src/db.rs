@@ -159,6 +159,8 @@ struct Registry {
     memory_stores: BTreeSet<String>,
     /// The heap column families by name (gone with the process).
     tables: BTreeMap<String, SharedTable>,
+    /// Stores whose changelog gets every write ([`StateDb::log_every_write`]).
+    every_write: BTreeSet<String>,
 }
 
 impl Registry {
@@ -506,6 +508,21 @@ impl StateDb {
             self.drop_cf(&mut registry, &name)?;
         }
         Ok(())
+    }
+
+    /// Sends every write of `stores` to the changelog, in order, instead of the last write per
+    /// key and commit (Kafka Streams' stores without caching). Reads and commits are unchanged:
+    /// the entries and the progress of a commit are still written in one batch.
+    pub fn log_every_write(&self, stores: &[String]) {
+        self.registry
+            .lock()
+            .every_write
+            .extend(stores.iter().cloned());
+    }
+
+    /// Whether the changelog of `store` gets every write.
+    pub(crate) fn logs_every_write(&self, store: &str) -> bool {
+        self.registry.lock().every_write.contains(store)
     }
 
     /// The heap table of column family `name`, when its store is kept in memory.

@@ -149,6 +149,9 @@ struct StoreHandle {
     db: Arc<StateDb>,
     /// The heap table of an in-memory store (`None`: the column family is in RocksDB).
     memory: Option<SharedTable>,
+    /// Every write since the last seal, in order, for a store whose changelog gets each write
+    /// ([`StateDb::log_every_write`]); `None`: the changelog gets the last write per key.
+    journal: Option<StoreEntries>,
     /// Writes since the last seal.
     cache: WriteCache,
     /// Writes of the sealed commit, waiting to be written (read below the cache).
@@ -188,6 +191,44 @@ impl StoreHandle {
             key.len(),
             self.cf
         ))
+    }
+
+    /// Puts a write in the write cache (and the journal, when the store keeps one).
+    fn write(&mut self, key: &[u8], hash: u64, value: Option<Vec<u8>>) {
+        if let Some(journal) = &mut self.journal {
+            journal.push(StoreWrite {
+                key: key.to_vec(),
+                value: value.clone(),
+                hash,
+            });
+        }
+        self.cache.insert(key.to_vec(), (hash, value));
+    }
+
+    /// The writes since the last seal for the changelog: the journal when the store keeps one
+    /// (each write with its key's last hash, so that one commit never puts a key in two
+    /// ranges), else the last write per key of `sealed`.
+    fn sealed_entries(&mut self) -> StoreEntries {
+        match &mut self.journal {
+            Some(journal) => std::mem::take(journal)
+                .into_iter()
+                .map(|mut w| {
+                    if let Some((hash, _)) = self.sealed.get(&w.key) {
+                        w.hash = *hash;
+                    }
+                    w
+                })
+                .collect(),
+            None => self
+                .sealed
+                .iter()
+                .map(|(k, (hash, v))| StoreWrite {
+                    key: k.clone(),
+                    value: v.clone(),
+                    hash: *hash,
+                })
+                .collect(),
+        }
     }
 
     /// Where the store's writes go.
@@ -334,14 +375,13 @@ impl KeyValueBytes for StoreHandle {
 
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
         let hash = self.write_hash(key, false)?;
-        self.cache
-            .insert(key.to_vec(), (hash, Some(value.to_vec())));
+        self.write(key, hash, Some(value.to_vec()));
         Ok(())
     }
 
     fn delete(&mut self, key: &[u8]) -> Result<(), StoreError> {
         let hash = self.write_hash(key, true)?;
-        self.cache.insert(key.to_vec(), (hash, None));
+        self.write(key, hash, None);
         Ok(())
     }
 
@@ -465,6 +505,7 @@ impl SubTaskState {
                     name: id.store.clone(),
                     cf: cf.clone(),
                     memory: db.memory_table(cf),
+                    journal: db.logs_every_write(&id.store).then(Vec::new),
                     db: db.clone(),
                     cache: WriteCache::new(),
                     sealed: WriteCache::new(),
@@ -605,7 +646,7 @@ impl SubTaskState {
                 None => (own_hash(range, key), None),
             },
         };
-        s.cache.insert(key.to_vec(), write);
+        s.write(key, write.0, write.1);
         Ok(())
     }
 
@@ -678,16 +719,7 @@ impl SubTaskState {
             .iter_mut()
             .map(|store| {
                 store.sealed = std::mem::take(&mut store.cache);
-                let entries = store
-                    .sealed
-                    .iter()
-                    .map(|(k, (hash, v))| StoreWrite {
-                        key: k.clone(),
-                        value: v.clone(),
-                        hash: *hash,
-                    })
-                    .collect();
-                (store.name.clone(), entries)
+                (store.name.clone(), store.sealed_entries())
             })
             .collect())
     }
@@ -850,6 +882,9 @@ impl SubTaskState {
         for store in &mut self.stores {
             store.cache.clear();
             store.sealed.clear();
+            if let Some(journal) = &mut store.journal {
+                journal.clear();
+            }
         }
         self.has_sealed = false;
     }

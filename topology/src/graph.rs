@@ -378,6 +378,15 @@ impl Topology {
         self.in_memory.iter().cloned().collect()
     }
 
+    /// The stores whose changelog gets every write (built `with_caching_disabled`).
+    pub fn uncached_stores(&self) -> Vec<String> {
+        self.store_declarations
+            .iter()
+            .filter(|(_, d)| !d.caching_enabled())
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// Every store name.
     pub fn stores(&self) -> Vec<String> {
         self.sub_topologies

@@ -34,13 +34,13 @@
 //!   markers to the logged stores only, and the last logged store decides a restore; a
 //!   sub-topology whose stores are all unlogged resumes from the committed offsets' metadata,
 //!   as a stateless one does.
-//! - Caching is always on: a store's writes wait in the sub-task's write cache until the range
-//!   commits (one changelog record per key and commit; reads see them), which is what Kafka
-//!   Streams' caching does for a store, and what [`StoreBuilder::with_caching_enabled`] states.
-//!   There is no `with_caching_disabled`: Kafka Streams' uncached store writes each put through
-//!   to RocksDB and the changelog, and rill's range commit applies a store's writes in one
-//!   batch with the range's progress. The downstream record cache is the DSL's
-//!   (`statestore.cache.max.bytes`, and `Materialized::with_caching_disabled` per aggregation).
+//! - Caching is on by default (Kafka Streams' `StoreBuilder` has it off): a store's writes wait
+//!   in the sub-task's write cache until the range commits, one changelog record per key and
+//!   commit. [`StoreBuilder::with_caching_disabled`] sends every write to the changelog, in
+//!   order, as Kafka Streams' uncached store does; the writes still reach RocksDB (or the heap)
+//!   at the range commit, in one batch with the range's progress, and reads see them before.
+//!   The downstream record cache is the DSL's (`statestore.cache.max.bytes`, and
+//!   `Materialized::with_caching_disabled` per aggregation).
 //! - Window stores keep one value per key and window start (no `retainDuplicates`).
 
 use std::any::{type_name, Any};
@@ -233,6 +233,7 @@ pub struct StoreBuilder<K, V> {
     changelog_configs: BTreeMap<String, String>,
     logging: bool,
     in_memory: bool,
+    caching: bool,
 }
 
 impl<K: 'static, V: 'static> StoreBuilder<K, V> {
@@ -251,6 +252,7 @@ impl<K: 'static, V: 'static> StoreBuilder<K, V> {
             changelog_configs: BTreeMap::new(),
             logging: true,
             in_memory,
+            caching: true,
         }
     }
 
@@ -283,11 +285,17 @@ impl<K: 'static, V: 'static> StoreBuilder<K, V> {
         self.logging
     }
 
-    /// Keeps the store's writes in the sub-task's write cache until the range commits
-    /// (`StoreBuilder.withCachingEnabled`): one changelog record per key and commit, reads see
-    /// the writes. Every rill store does this, with or without the call (see the module docs
-    /// for why there is no `with_caching_disabled`).
-    pub fn with_caching_enabled(self) -> Self {
+    /// Sends one changelog record per key and commit, the key's last write
+    /// (`StoreBuilder.withCachingEnabled`; rill's default).
+    pub fn with_caching_enabled(mut self) -> Self {
+        self.caching = true;
+        self
+    }
+
+    /// Sends every write to the changelog, in order (`StoreBuilder.withCachingDisabled`); the
+    /// writes still reach the store at the range commit (see the module docs).
+    pub fn with_caching_disabled(mut self) -> Self {
+        self.caching = false;
         self
     }
 
@@ -310,6 +318,7 @@ impl<K: 'static, V: 'static> StoreBuilder<K, V> {
             changelog_configs: self.changelog_configs,
             logging: self.logging,
             in_memory: self.in_memory,
+            caching: self.caching,
         };
         (self.name, self.kind, declaration)
     }
@@ -332,6 +341,7 @@ pub struct StoreDeclaration {
     changelog_configs: BTreeMap<String, String>,
     logging: bool,
     in_memory: bool,
+    caching: bool,
 }
 
 impl StoreDeclaration {
@@ -353,6 +363,12 @@ impl StoreDeclaration {
     /// Whether the store is kept on the heap (an `in_memory_*` supplier).
     pub fn in_memory(&self) -> bool {
         self.in_memory
+    }
+
+    /// Whether the changelog gets one record per key and commit rather than every write
+    /// ([`StoreBuilder::with_caching_disabled`]).
+    pub fn caching_enabled(&self) -> bool {
+        self.caching
     }
 
     /// The declared serdes of store `store` as `K` and `V`; [`StoreError::WrongTypes`] when
@@ -381,6 +397,7 @@ impl std::fmt::Debug for StoreDeclaration {
             .field("changelog_configs", &self.changelog_configs)
             .field("logging", &self.logging)
             .field("in_memory", &self.in_memory)
+            .field("caching", &self.caching)
             .finish()
     }
 }

@@ -295,6 +295,7 @@ impl Engine {
         if let Some(db) = &db {
             // Before any sub-task opens a state: heap tables exist from the first claim on.
             db.keep_in_memory(&topology.in_memory_stores())?;
+            db.log_every_write(&topology.uncached_stores());
         }
         let nice = config.thread_nice;
         let pool = rayon::ThreadPoolBuilder::new()

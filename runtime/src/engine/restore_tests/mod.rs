@@ -10,7 +10,7 @@ use rill_state::{StateConfig, StateDb};
 use rill_topology::prelude::*;
 use rill_topology::{key_hash, range_of, RawRecord, Topology};
 
-use crate::engine::changelog::{changelog_topic, MemoryChangelog, MARKER_HEADER};
+use crate::engine::changelog::{changelog_topic, MemoryChangelog, COMMIT_HEADER, MARKER_HEADER};
 use crate::engine::test_topologies::counting;
 use crate::engine::{Engine, EngineConfig, PriorClaim, Resume, TopicPartition};
 use crate::sink::{RecordSink, SinkError, Ticket};

@@ -10,25 +10,34 @@ use std::collections::BTreeSet;
 use super::*;
 use crate::engine::test_topologies::counting_as;
 
+/// A persistent key-value store of strings.
+fn persistent(name: &str) -> StoreBuilder<String, String> {
+    Stores::key_value_store_builder(
+        Stores::persistent_key_value_store(name),
+        StringSerde,
+        StringSerde,
+    )
+}
+
+/// An in-memory key-value store of strings.
+fn in_memory(name: &str) -> StoreBuilder<String, String> {
+    Stores::key_value_store_builder(
+        Stores::in_memory_key_value_store(name),
+        StringSerde,
+        StringSerde,
+    )
+}
+
 /// [`topology`]'s processor over `kv` (logged unless `kv_unlogged`) and `by_value` (unlogged).
 fn half_logged(kv_unlogged: bool) -> Arc<Topology> {
-    let kv = Stores::key_value_store_builder(
-        Stores::persistent_key_value_store("kv"),
-        StringSerde,
-        StringSerde,
-    );
+    let kv = persistent("kv");
     with_stores(
         if kv_unlogged {
             kv.with_logging_disabled()
         } else {
             kv
         },
-        Stores::key_value_store_builder(
-            Stores::persistent_key_value_store("by_value"),
-            StringSerde,
-            StringSerde,
-        )
-        .with_logging_disabled(),
+        persistent("by_value").with_logging_disabled(),
     )
 }
 
@@ -177,18 +186,7 @@ fn a_distrusted_state_dir_clears_its_unlogged_stores() {
 
 /// `kv` in memory (logged), `by_value` persistent.
 fn kv_in_memory() -> Arc<Topology> {
-    with_stores(
-        Stores::key_value_store_builder(
-            Stores::in_memory_key_value_store("kv"),
-            StringSerde,
-            StringSerde,
-        ),
-        Stores::key_value_store_builder(
-            Stores::persistent_key_value_store("by_value"),
-            StringSerde,
-            StringSerde,
-        ),
-    )
+    with_stores(in_memory("kv"), persistent("by_value"))
 }
 
 /// What `kv` must hold after `records`: the last value per key.
@@ -240,17 +238,8 @@ fn an_in_memory_store_is_restored_at_every_process_start_and_kept_through_factor
 #[test]
 fn an_unlogged_in_memory_store_starts_empty_in_a_new_process_without_a_restore() {
     let topology = with_stores(
-        Stores::key_value_store_builder(
-            Stores::in_memory_key_value_store("kv"),
-            StringSerde,
-            StringSerde,
-        )
-        .with_logging_disabled(),
-        Stores::key_value_store_builder(
-            Stores::persistent_key_value_store("by_value"),
-            StringSerde,
-            StringSerde,
-        ),
+        in_memory("kv").with_logging_disabled(),
+        persistent("by_value"),
     );
     let log = Arc::new(MemoryChangelog::default());
     let dir = tempfile::tempdir().unwrap();
@@ -294,4 +283,73 @@ fn the_dsl_materializes_in_memory_and_unlogged_stores() {
     feed(&mut e, 0, &records);
     assert_eq!(count(&e, "a"), Some(7));
     assert_eq!(changelog_len(&log, "counts"), 0);
+}
+
+/// Every data record of `store`'s changelog as (key, value), in log order.
+fn changelog_data(log: &MemoryChangelog, store: &str) -> Vec<(String, String)> {
+    log.records(&changelog_topic("app", store), 0)
+        .into_iter()
+        .filter(|(_, r)| r.headers.last(COMMIT_HEADER).is_some())
+        .map(|(_, r)| {
+            let text = |b: Option<Vec<u8>>| String::from_utf8(b.unwrap_or_default()).unwrap();
+            (text(r.key), text(r.value))
+        })
+        .collect()
+}
+
+#[test]
+fn a_store_without_caching_sends_every_write_to_its_changelog() {
+    let topology = with_stores(
+        persistent("kv").with_caching_disabled(),
+        persistent("by_value"),
+    );
+    assert_eq!(topology.uncached_stores(), vec!["kv".to_string()]);
+    let log = Arc::new(MemoryChangelog::default());
+    let records: Vec<(String, String)> = [("a", "1"), ("a", "2"), ("b", "3"), ("a", "4")]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    {
+        // One commit: the cached store logs each key once, the uncached one every write.
+        let (_dir, mut e) = first_owner(&topology, 2, &log);
+        feed_all(&mut e, 0, &records);
+        feed_all(&mut e, 4, &[("a".to_string(), "5".to_string())]);
+    }
+    let kv = changelog_data(&log, "kv");
+    let of = |key: &str| -> Vec<String> {
+        kv.iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+            .collect()
+    };
+    assert_eq!(of("a"), vec!["1", "2", "4", "5"]);
+    assert_eq!(of("b"), vec!["3"]);
+    let by_value = changelog_data(&log, "by_value");
+    assert_eq!(by_value.len(), 5, "{by_value:?}");
+    // A restore from the changelogs ends at each key's last write.
+    let (_dir, e, _sink) = owner_from_scratch(&topology, 3, &log);
+    assert_eq!(
+        entries(&e, "kv"),
+        BTreeMap::from([("a".into(), "5".into()), ("b".into(), "3".into())])
+    );
+}
+
+#[test]
+fn a_key_written_from_two_ranges_worth_of_hashes_in_one_commit_lands_in_one_range() {
+    let topology = with_stores(
+        persistent("kv"),
+        persistent("by_value").with_caching_disabled(),
+    );
+    let (lo, hi) = (key_in_half(false), key_in_half(true));
+    let log = Arc::new(MemoryChangelog::default());
+    {
+        // At P = 1 both records are one sub-task's: `by_value["v"]` is written with `lo`'s
+        // hash, then with `hi`'s, in one commit.
+        let (_dir, mut e) = first_owner(&topology, 1, &log);
+        feed(&mut e, 0, &[(&lo, "v"), (&hi, "v")]);
+    }
+    assert_eq!(changelog_data(&log, "by_value").len(), 2);
+    let (_dir, e, _sink) = owner_from_scratch(&topology, 2, &log);
+    let stored = e.store_entries("by_value").unwrap();
+    assert_eq!(stored, vec![(b"v".to_vec(), hi.into_bytes())]);
 }
