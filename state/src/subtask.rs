@@ -239,16 +239,16 @@ impl StoreHandle {
         }
     }
 
-    /// The stored bytes of RocksDB key `key` (a progress or data key).
-    fn get_raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    /// `read` of the stored bytes of RocksDB key `key` (a progress or data key), read in place.
+    fn get_raw<T>(&self, key: &[u8], read: impl FnOnce(&[u8]) -> T) -> Result<Option<T>, String> {
         if let Some(table) = &self.memory {
-            return Ok(table.lock().get(key).cloned());
+            return Ok(table.lock().get(key).map(|v| read(v)));
         }
         let cf = cf_handle(&self.db, &self.cf)?;
         self.db
             .db()
             .get_pinned_cf(&cf, key)
-            .map(|v| v.map(|v| v.to_vec()))
+            .map(|v| v.map(|v| read(&v)))
             .map_err(|e| format!("get from `{}`: {e}", self.cf))
     }
 
@@ -345,13 +345,11 @@ impl StoreHandle {
 
     /// The committed (routing hash, value) of `key`, without the write caches.
     fn get_stored(&self, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
-        let stored = self.get_raw(&data_key(key)).map_err(|e| self.backend(e))?;
-        match stored {
-            None => Ok(None),
-            Some(v) => {
-                let (hash, value) = split_stored(&v).ok_or_else(|| self.corrupt_value(key))?;
-                Ok(Some((hash, value.to_vec())))
-            }
+        let decode = |v: &[u8]| split_stored(v).map(|(hash, value)| (hash, value.to_vec()));
+        match self.get_raw(&data_key(key), decode) {
+            Err(e) => Err(self.backend(e)),
+            Ok(None) => Ok(None),
+            Ok(Some(decoded)) => decoded.map(Some).ok_or_else(|| self.corrupt_value(key)),
         }
     }
 }
@@ -525,7 +523,9 @@ impl SubTaskState {
         state.committed = state.read_progress()?;
         if state.committed.is_some() {
             for store in &state.stores {
-                if store.memory.is_some() && store.get_raw(PROGRESS_KEY).ok().flatten().is_none() {
+                if store.memory.is_some()
+                    && store.get_raw(PROGRESS_KEY, |_| ()).ok().flatten().is_none()
+                {
                     state.lost.push(store.name.clone());
                 }
             }
@@ -541,11 +541,11 @@ impl SubTaskState {
                 dir: self.db.dir().to_path_buf(),
                 detail: format!("column family `{}`: {detail}", store.cf),
             };
-            let bytes = store
-                .get_raw(PROGRESS_KEY)
+            let read = store
+                .get_raw(PROGRESS_KEY, Progress::from_bytes)
                 .map_err(|e| corrupt(format!("reading the progress record: {e}")))?;
-            let Some(bytes) = bytes else { continue };
-            let progress = Progress::from_bytes(&bytes).map_err(corrupt)?;
+            let Some(read) = read else { continue };
+            let progress = read.map_err(corrupt)?;
             if progress.range() != self.range {
                 return Err(corrupt(format!(
                     "its progress record is for range {}",
