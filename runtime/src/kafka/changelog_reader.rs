@@ -18,10 +18,22 @@ use rill_topology::RawRecord;
 /// How long restore waits for the broker before it gives up on a changelog partition.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long a `read_committed` read waits for an open transaction that holds the partition's
+/// last stable offset below its end: Kafka Streams' `task.timeout.ms` default. The coordinator
+/// aborts a transaction after `transaction.timeout.ms` (60 s for rill's producers) at the latest.
+const OPEN_TRANSACTION_WAIT: Duration = Duration::from_secs(300);
+
 /// Reads changelog partitions with group-less consumers of its own (Kafka Streams' restore
 /// consumer), so the group consumer keeps its assignment and offsets untouched.
 pub struct KafkaChangelogReader {
+    /// The reading consumers' config: `read_committed` under `exactly_once_v2`.
     config: ClientConfig,
+    /// The watermark consumer's config: always `read_uncommitted`, so a read ends at the log's
+    /// end and not at the last stable offset. Another instance's open transaction (a zombie's,
+    /// still running after its partitions moved) holds that offset below the transactions the
+    /// partition's new owners committed after it; a restore that stopped there would miss them
+    /// while the committed input offsets count them (Kafka Streams does the same: KAFKA-10167).
+    probe_config: ClientConfig,
     /// The consumer every restore thread asks for watermarks (librdkafka clients are
     /// thread-safe), so an empty changelog costs no client of its own, and how many reads run.
     /// Invariants: the consumer is replaced, never reused, after a transient error, because a
@@ -80,8 +92,11 @@ impl KafkaChangelogReader {
                 config.set(key, value);
             }
         }
+        let mut probe_config = config.clone();
+        probe_config.set("isolation.level", "read_uncommitted");
         KafkaChangelogReader {
             config,
+            probe_config,
             probe: Mutex::default(),
         }
     }
@@ -93,7 +108,7 @@ impl KafkaChangelogReader {
             return Ok(Arc::clone(consumer));
         }
         // Created under the lock: one client, not one per thread that found none.
-        let consumer = Arc::new(self.config.create::<BaseConsumer>()?);
+        let consumer = Arc::new(self.probe_config.create::<BaseConsumer>()?);
         probe.consumer = Some(Arc::clone(&consumer));
         Ok(consumer)
     }
@@ -156,7 +171,10 @@ impl KafkaChangelogReader {
         consumer.assign(&tpl)?;
         let mut seen = 0u64;
         let mut last_progress = Instant::now();
+        let mut last_position = start;
+        let mut waiting_logged = false;
         // Compaction leaves gaps, so stop at the first record at or past the end, or at the end.
+        // Under `read_committed` the position also passes transaction markers and aborted data.
         let mut next = start;
         while next < high {
             if cancel.load(Ordering::SeqCst) {
@@ -185,14 +203,46 @@ impl KafkaChangelogReader {
                     if position.is_some_and(|p| p >= high) {
                         break;
                     }
-                    if last_progress.elapsed() > READ_TIMEOUT {
-                        return Err(ReadError::Stalled(next, high));
+                    if let Some(p) = position.filter(|p| *p > last_position) {
+                        last_position = p;
+                        last_progress = Instant::now();
+                    }
+                    let stalled = last_progress.elapsed();
+                    if stalled > READ_TIMEOUT {
+                        let open = stalled < OPEN_TRANSACTION_WAIT
+                            && held_by_open_transaction(&consumer, topic, partition, high);
+                        if !open {
+                            return Err(ReadError::Stalled(next, high));
+                        }
+                        if !waiting_logged {
+                            waiting_logged = true;
+                            tracing::info!(
+                                topic,
+                                partition,
+                                end = high,
+                                "restore waits for an open transaction on the changelog to end (another instance's, committed or aborted within transaction.timeout.ms)"
+                            );
+                        }
                     }
                 }
             }
         }
         Ok(seen)
     }
+}
+
+/// Whether the `read_committed` `consumer` sees `(topic, partition)` end below `end` (the log's
+/// end): an open transaction holds its last stable offset. Asked at most once a second.
+fn held_by_open_transaction(
+    consumer: &BaseConsumer,
+    topic: &str,
+    partition: u32,
+    end: i64,
+) -> bool {
+    std::thread::sleep(Duration::from_millis(900));
+    consumer
+        .fetch_watermarks(topic, partition as i32, Duration::from_secs(5))
+        .is_ok_and(|(_, stable)| stable < end)
 }
 
 /// Whether a restore read may succeed when retried: the broker is away, or a partition's
@@ -297,6 +347,80 @@ mod tests {
         assert!(
             !has_probe(&reader),
             "dropped after a read with nothing to read too"
+        );
+    }
+
+    /// Chaos run of 2026-12-07 (issue 48): an instance still in a transaction after its
+    /// partitions moved (a zombie) holds the changelog's last stable offset; the transactions
+    /// the partition's new owner committed after it must be restored all the same, once the
+    /// zombie's transaction ends.
+    #[test]
+    #[ignore = "needs the broker of scripts/kafka (RILL_TEST_BOOTSTRAP); scripts/test runs it"]
+    fn a_read_committed_restore_waits_for_an_open_transaction_and_reads_what_committed_after_it() {
+        use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+        let bootstrap = std::env::var("RILL_TEST_BOOTSTRAP").expect("RILL_TEST_BOOTSTRAP");
+        let config = crate::kafka::admin::client_config(&bootstrap, &BTreeMap::new());
+        let topic = format!("zombie-changelog-{}", std::process::id());
+        crate::kafka::admin::create_topics(&config, &[(topic.clone(), 1)], Duration::from_secs(30))
+            .expect("topic");
+        let transactional =
+            |id: &str| -> ThreadedProducer<rdkafka::producer::DefaultProducerContext> {
+                let mut c = config.clone();
+                c.set("transactional.id", format!("{id}-{}", std::process::id()));
+                let p: ThreadedProducer<_> = c.create().expect("producer");
+                p.init_transactions(Duration::from_secs(30)).expect("init");
+                p.begin_transaction().expect("begin");
+                p
+            };
+        let send = |p: &ThreadedProducer<_>, values: &[&str]| {
+            for v in values {
+                p.send(
+                    BaseRecord::<[u8], [u8]>::to(&topic)
+                        .key(b"k")
+                        .payload(v.as_bytes()),
+                )
+                .map_err(|(e, _)| e)
+                .expect("send");
+            }
+            p.flush(Duration::from_secs(30)).expect("flush");
+        };
+        let zombie = transactional("zombie");
+        send(&zombie, &["zombie-1", "zombie-2"]);
+        let owner = transactional("owner");
+        send(&owner, &["owner-1", "owner-2", "owner-3"]);
+        owner
+            .commit_transaction(Duration::from_secs(30))
+            .expect("commit");
+
+        let aborter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(2));
+            zombie
+                .abort_transaction(Duration::from_secs(30))
+                .expect("abort");
+        });
+        let mut committed = config.clone();
+        committed.set("isolation.level", "read_committed");
+        let reader = KafkaChangelogReader::new(committed);
+        let cancel = AtomicBool::new(false);
+        let started = Instant::now();
+        let mut values = Vec::new();
+        let read = reader
+            .read(&topic, 0, 0, &cancel, &mut |_, r| {
+                values.push(String::from_utf8(r.value.unwrap_or_default()).expect("utf-8"));
+                Ok(())
+            })
+            .expect("read");
+        aborter.join().expect("aborter");
+        assert_eq!(
+            values,
+            ["owner-1", "owner-2", "owner-3"],
+            "what committed after the open transaction"
+        );
+        assert_eq!(read, 3);
+        assert!(
+            started.elapsed() >= Duration::from_millis(1500),
+            "the read waited for the open transaction: {:?}",
+            started.elapsed()
         );
     }
 }
