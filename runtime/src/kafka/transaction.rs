@@ -39,6 +39,35 @@ const SLOW_COMMIT: Duration = Duration::from_secs(2);
 /// How long an abort waits for the key ranges to stop sending.
 const HALT_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long past [`REQUEST_TIMEOUT`] sending the offsets may take before the producer is given
+/// up. librdkafka does not always bound `send_offsets_to_transaction` by its timeout: after a
+/// kill of the group coordinator it waited for minutes in the chaos run (librdkafka issues
+/// #5456 and #5511), with every task parked and nothing committed.
+const HUNG_CALL_MARGIN: Duration = Duration::from_secs(15);
+
+/// Runs `call` on a thread of its own and waits at most `limit` for its result. On a timeout
+/// the call goes on running, and what it holds (the old producer) is released when it returns.
+fn bounded<T: Send + 'static>(
+    what: &str,
+    limit: Duration,
+    call: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    std::thread::Builder::new()
+        .name("rill-txn-call".into())
+        .spawn(move || {
+            // The receiver is gone when the caller gave up waiting: nothing to tell.
+            let _ = tx.send(call());
+        })
+        .map_err(|e| format!("{what}: could not start its thread: {e}"))?;
+    rx.recv_timeout(limit).map_err(|_| {
+        format!(
+            "{what} did not return within {limit:?} (librdkafka did not bound it by its \
+             timeout); the transactional producer is replaced"
+        )
+    })
+}
+
 /// Why a transaction did not commit.
 #[derive(Debug, thiserror::Error)]
 pub enum TransactionError {
@@ -49,6 +78,10 @@ pub enum TransactionError {
     /// The producer cannot go on (fenced by another producer with its transactional id).
     #[error("the transactional producer failed for good ({0}): if two instances share a state directory or kafka.group.instance.id, give each its own")]
     Fatal(String),
+    /// A transactional call did not return in time: the producer is replaced (which fences the
+    /// stuck one and aborts its transaction), as after [`TransactionError::Fatal`].
+    #[error("the transactional producer stopped answering ({0}); it is replaced and every task resumes from the last committed transaction")]
+    Stuck(String),
     /// Processing failed, or the state could not be written.
     #[error(transparent)]
     Engine(#[from] EngineError),
@@ -214,9 +247,14 @@ impl Transactions {
         let mut progress = engine.lock().prepare_transaction();
         committer.past_unreturned(consumer, &mut progress);
         let offsets = offsets(&progress)?;
+        let limit = REQUEST_TIMEOUT + HUNG_CALL_MARGIN;
         if let (true, Some(member)) = (offsets.count() > 0, committer.streams_identity()) {
-            let producer = self.sink.producer();
-            if let Err(refusal) = send_offsets_as_member(&*producer, &offsets, &member) {
+            let (producer, list) = (self.sink.producer(), offsets.clone());
+            let sent = bounded("sending the offsets", limit, move || {
+                send_offsets_as_member(&*producer, &list, &member)
+            })
+            .map_err(TransactionError::Stuck)?;
+            if let Err(refusal) = sent {
                 let what = format!("sending the offsets as streams group member: {}", refusal.0);
                 return Err(if refusal.1 {
                     TransactionError::Fatal(what)
@@ -234,10 +272,12 @@ impl Transactions {
                 )
             });
             let sent = group.and_then(|g| {
-                self.sink
-                    .producer()
-                    .send_offsets_to_transaction(&offsets, &g, REQUEST_TIMEOUT)
-                    .map_err(|e| aborted(&self.sink, engine, "sending the offsets", Some(e)))
+                let (producer, list) = (self.sink.producer(), offsets.clone());
+                bounded("sending the offsets", limit, move || {
+                    producer.send_offsets_to_transaction(&list, &g, REQUEST_TIMEOUT)
+                })
+                .map_err(TransactionError::Stuck)?
+                .map_err(|e| aborted(&self.sink, engine, "sending the offsets", Some(e)))
             });
             sent?;
         }
@@ -289,7 +329,7 @@ impl Transactions {
     }
 
     /// After [`TransactionError::Fatal`] (the producer was fenced, or the coordinator bumped
-    /// its epoch): a new producer with the same transactional id, registered, with a
+    /// its epoch) or [`TransactionError::Stuck`]: a new producer with the same transactional id, registered, with a
     /// transaction begun. The tasks must have been closed first.
     pub fn renew(&self) -> Result<(), KafkaError> {
         let _one = self.commit.lock();
@@ -339,4 +379,30 @@ fn offsets(progress: &[PartitionProgress]) -> Result<TopicPartitionList, Transac
         elem.set_metadata(text);
     }
     Ok(tpl)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_that_does_not_return_in_time_is_given_up_and_one_that_does_is_answered() {
+        assert_eq!(
+            bounded("a quick call", Duration::from_secs(10), || 7),
+            Ok(7)
+        );
+        let started = Instant::now();
+        let (release, hold) = crossbeam_channel::bounded::<()>(0);
+        let hung = bounded("a hung call", Duration::from_millis(100), move || {
+            let _ = hold.recv();
+        });
+        let why = hung.unwrap_err();
+        assert!(
+            why.starts_with("a hung call did not return within 100ms"),
+            "{why}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // The abandoned call ends once what it waits for comes.
+        drop(release);
+    }
 }

@@ -739,7 +739,9 @@ impl Runtime {
                         Err(
                             e @ (SourceError::Fatal { .. }
                             | SourceError::Transaction(
-                                TransactionError::Aborted(_) | TransactionError::Fatal(_),
+                                TransactionError::Aborted(_)
+                                | TransactionError::Fatal(_)
+                                | TransactionError::Stuck(_),
                             )),
                         ) => e,
                         Err(e) if !stop2.load(Ordering::SeqCst) => {
@@ -771,7 +773,17 @@ impl Runtime {
                         }
                     };
                     consumer.context().lose_assignment();
-                    if stop2.load(Ordering::SeqCst) || !rejoins.allow() {
+                    // A rolled-back or stuck transaction is routine under faults (Kafka Streams
+                    // rejoins after each TaskMigratedException, without a bound); what repeats
+                    // for a reason that rejoining cannot cure (two instances with one
+                    // group.instance.id or transactional id, a poison record) is bounded.
+                    let routine = matches!(
+                        r,
+                        Err(SourceError::Transaction(
+                            TransactionError::Aborted(_) | TransactionError::Stuck(_)
+                        ))
+                    );
+                    if stop2.load(Ordering::SeqCst) || !(routine || rejoins.allow()) {
                         break r;
                     }
                     if !matches!(r, Err(SourceError::Fatal { .. })) {
@@ -780,8 +792,12 @@ impl Runtime {
                         // handler's) is behind us; the record runs again from the last commit.
                         consumer.context().engine.lock().clear_failure();
                     }
-                    if let (Err(SourceError::Transaction(TransactionError::Fatal(_))), Some(tx)) =
-                        (&r, &renewable)
+                    if let (
+                        Err(SourceError::Transaction(
+                            TransactionError::Fatal(_) | TransactionError::Stuck(_),
+                        )),
+                        Some(tx),
+                    ) = (&r, &renewable)
                     {
                         if let Err(e) = tx.renew() {
                             tracing::error!(error = %e, "could not replace the transactional producer");
