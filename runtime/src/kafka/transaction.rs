@@ -137,6 +137,17 @@ fn aborted(
     }
 }
 
+/// A transactional call hung: fences every task, so nothing of the work the stuck transaction
+/// holds commits anywhere (the producer's replacement aborts the transaction itself).
+fn stuck(engine: &Mutex<Engine>, why: String) -> TransactionError {
+    if !engine.lock().halt(HALT_TIMEOUT) {
+        return TransactionError::Fatal(format!(
+            "{why}; then the key ranges did not stop within {HALT_TIMEOUT:?}"
+        ));
+    }
+    TransactionError::Stuck(why)
+}
+
 /// Sends `offsets` to `producer`'s open transaction as `member` of a streams group (group,
 /// member id, member epoch). librdkafka builds group metadata only for groups it is a member of,
 /// and in a streams group rill is the member (`kafka::streams_member`); the coordinator fences a
@@ -253,7 +264,7 @@ impl Transactions {
             let sent = bounded("sending the offsets", limit, move || {
                 send_offsets_as_member(&*producer, &list, &member)
             })
-            .map_err(TransactionError::Stuck)?;
+            .map_err(|why| stuck(engine, why))?;
             if let Err(refusal) = sent {
                 let what = format!("sending the offsets as streams group member: {}", refusal.0);
                 return Err(if refusal.1 {
@@ -276,7 +287,7 @@ impl Transactions {
                 bounded("sending the offsets", limit, move || {
                     producer.send_offsets_to_transaction(&list, &g, REQUEST_TIMEOUT)
                 })
-                .map_err(TransactionError::Stuck)?
+                .map_err(|why| stuck(engine, why))?
                 .map_err(|e| aborted(&self.sink, engine, "sending the offsets", Some(e)))
             });
             sent?;
