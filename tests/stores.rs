@@ -189,6 +189,12 @@ fn processors_open_stores_declared_once_and_scan_them_with_iterators() {
     let topology = b.build().unwrap();
     let declared = topology.store_declaration("totals").unwrap();
     assert_eq!(declared.changelog_configs()["segment.ms"], "3600000");
+    assert_eq!(
+        topology.changelog_configs("totals"),
+        Some(declared.changelog_configs()),
+        "the runtime creates the changelog with them"
+    );
+    assert_eq!(topology.changelog_configs("stamped"), None);
     // One sub-task, so that one record sees every key in its scans.
     let driver = TestDriver::builder(topology)
         .parallelising_factor(1)
@@ -300,4 +306,36 @@ fn opening_a_store_with_other_types_or_as_another_kind_fails_clearly() {
         let got = failure_of(open, store);
         assert!(got.contains(want), "{store}: {got}");
     }
+}
+
+/// `Materialized::with_logging_enabled(configs)` gives a DSL store's changelog topic configs, as
+/// the Stores builders do; `with_logging_disabled` afterwards drops them with the changelog.
+#[test]
+fn materialized_with_logging_enabled_gives_the_changelog_its_topic_configs() {
+    let configs: BTreeMap<String, String> =
+        [("segment.bytes".to_string(), "104857600".to_string())].into();
+    let b = StreamsBuilder::new();
+    let grouped = b.stream("in", StringSerde, I64Serde).group_by_key();
+    grouped
+        .count(Materialized::named("logged").with_logging_enabled(configs.clone()))
+        .to_stream()
+        .to_with("counts", Produced::with(StringSerde, I64Serde));
+    grouped
+        .count(
+            Materialized::named("unlogged")
+                .with_logging_enabled(configs.clone())
+                .with_logging_disabled(),
+        )
+        .to_stream()
+        .to_with("other-counts", Produced::with(StringSerde, I64Serde));
+    let topology = b.build().unwrap();
+    assert_eq!(topology.changelog_configs("logged"), Some(&configs));
+    assert_eq!(topology.changelog_configs("unlogged"), None);
+    let logged: Vec<&String> = topology
+        .sub_topologies()
+        .iter()
+        .flat_map(|s| &s.logged)
+        .collect();
+    assert!(logged.contains(&&"logged".to_string()), "{logged:?}");
+    assert!(!logged.contains(&&"unlogged".to_string()), "{logged:?}");
 }

@@ -182,6 +182,8 @@ pub struct Topology {
     pub(crate) global_tables: BTreeMap<String, String>,
     /// The stores kept on the heap.
     pub(crate) in_memory: BTreeSet<String>,
+    /// Changelog topic configs asked for by a store's builder or `Materialized`.
+    pub(crate) changelog_configs: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl Topology {
@@ -371,6 +373,12 @@ impl Topology {
             }
         }
         found
+    }
+
+    /// The topic configs store `store`'s changelog is created with over rill's own
+    /// (`StoreBuilder::with_logging_enabled`, `Materialized::with_logging_enabled`).
+    pub fn changelog_configs(&self, store: &str) -> Option<&BTreeMap<String, String>> {
+        self.changelog_configs.get(store)
     }
 
     /// The stores kept on the heap (built with an `in_memory_*` supplier).

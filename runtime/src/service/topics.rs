@@ -171,10 +171,7 @@ impl Runtime {
                 // One request per distinct set of configs (most changelogs share rill's own).
                 let mut by_configs: BTreeMap<Configs, Vec<(String, u32)>> = BTreeMap::new();
                 for (changelog, store) in changelogs.iter().zip(&stores_of) {
-                    let declared = self
-                        .topology
-                        .store_declaration(store)
-                        .map(|d| d.changelog_configs());
+                    let declared = self.topology.changelog_configs(store);
                     let configs = changelog_configs(declared, &lag).map_err(|problem| {
                         RuntimeError::InternalTopic {
                             topic: changelog.0.clone(),

@@ -332,6 +332,12 @@ impl StreamsBuilder {
                 .map(|(name, _)| name.clone())
                 .chain(g.in_memory.iter().cloned())
                 .collect(),
+            changelog_configs: declarations
+                .iter()
+                .map(|(name, d)| (name.clone(), d.changelog_configs().clone()))
+                .chain(g.changelog_configs.clone())
+                .filter(|(_, configs)| !configs.is_empty())
+                .collect(),
             store_declarations: declarations,
             global_tables: g.global_tables.clone(),
         })

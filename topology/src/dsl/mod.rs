@@ -235,6 +235,8 @@ struct GraphBuilder {
     unlogged: BTreeSet<String>,
     /// DSL stores materialized `in_memory`.
     in_memory: BTreeSet<String>,
+    /// Changelog topic configs of DSL stores materialized `with_logging_enabled(configs)`.
+    changelog_configs: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl GraphBuilder {
@@ -268,6 +270,10 @@ impl GraphBuilder {
         }
         if materialized.in_memory {
             self.in_memory.insert(store.clone());
+        }
+        if !materialized.changelog_configs.is_empty() {
+            self.changelog_configs
+                .insert(store.clone(), materialized.changelog_configs.clone());
         }
         store
     }

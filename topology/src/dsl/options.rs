@@ -145,6 +145,8 @@ named_serde_options!(
     caching_disabled: bool;
     /// Whether the store has no changelog topic.
     logging_disabled: bool;
+    /// Topic configs of the store's changelog, over rill's own.
+    changelog_configs: std::collections::BTreeMap<String, String>;
     /// Whether the store is kept on the heap.
     in_memory: bool
 );
@@ -210,6 +212,33 @@ impl<K, V> Materialized<K, V> {
     /// empty (see [`crate::stores`]).
     pub fn with_logging_disabled(mut self) -> Self {
         self.logging_disabled = true;
+        self.changelog_configs.clear();
+        self
+    }
+
+    /// Gives the store a changelog topic (the default) created with `topic_configs` over rill's
+    /// own (`cleanup.policy=compact`, `min.compaction.lag.ms`), as Kafka Streams'
+    /// `Materialized.withLoggingEnabled(config)`; a `cleanup.policy` without `compact` is refused
+    /// at start. Applies when the runtime creates the topic, not to one that exists.
+    ///
+    /// ```
+    /// # use rill_topology::prelude::*;
+    /// let builder = StreamsBuilder::new();
+    /// builder
+    ///     .stream("clicks", StringSerde, StringSerde)
+    ///     .group_by_key()
+    ///     .count(Materialized::named("clicks-per-user").with_logging_enabled(
+    ///         [("segment.bytes".to_string(), "104857600".to_string())].into(),
+    ///     ));
+    /// builder.build()?;
+    /// # Ok::<(), TopologyError>(())
+    /// ```
+    pub fn with_logging_enabled(
+        mut self,
+        topic_configs: std::collections::BTreeMap<String, String>,
+    ) -> Self {
+        self.logging_disabled = false;
+        self.changelog_configs = topic_configs;
         self
     }
 
