@@ -7,7 +7,9 @@
 //! are dropped and counted in `rill_discarded_records_total{reason="unmatched_join"}`. Both topics
 //! must have the same number of partitions (the join is co-partitioned; startup checks it);
 //! with `--global` the customers are a global table instead: every instance reads all of them
-//! and any partition counts do.
+//! and any partition counts do. With `--versioned-history-ms N` the customers table is versioned
+//! (`Materialized::versioned`): each order meets its customer's tier as of the order's timestamp,
+//! whatever order the two topics' records arrive in (the chaos run's join workload uses it).
 //!
 //! ```sh
 //! cargo run --release --example enrich_orders                  # embedded cluster, generated data, Ctrl-C stops
@@ -46,6 +48,7 @@ fn topology(
     orders: &str,
     output: &str,
     global: bool,
+    versioned: Option<Duration>,
 ) -> Result<Topology, TopologyError> {
     let builder = StreamsBuilder::new();
     let stream = builder.stream(orders, StringSerde, StringSerde);
@@ -60,7 +63,13 @@ fn topology(
             joiner,
         )
     } else {
-        let customers = builder.table(customers, StringSerde, StringSerde, "customers-store");
+        let store = Materialized::named("customers-store");
+        let store = match versioned {
+            // Each order meets its customer's tier as of the order's timestamp.
+            Some(history) => store.versioned(history),
+            None => store,
+        };
+        let customers = builder.table(customers, StringSerde, StringSerde, store);
         stream.join(&customers, joiner)
     };
     enriched.to_with(output, Produced::with(StringSerde, StringSerde));
@@ -159,6 +168,10 @@ struct Cli {
     /// not be co-partitioned)
     #[arg(long)]
     global: bool,
+    /// Keep each customer's tiers of the last this many ms (a versioned table): an order
+    /// meets the tier as of its timestamp, not the latest one
+    #[arg(long, conflicts_with = "global")]
+    versioned_history_ms: Option<u64>,
     #[command(flatten)]
     service: common::ServiceArgs,
 }
@@ -173,7 +186,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let kafka = config.kafka.clone();
     let runtime = Runtime::new(
-        topology(&cli.customers, &cli.orders, &cli.output, cli.global)?,
+        topology(
+            &cli.customers,
+            &cli.orders,
+            &cli.output,
+            cli.global,
+            cli.versioned_history_ms.map(Duration::from_millis),
+        )?,
         config,
     )?;
     let topics = [&cli.customers, &cli.orders, &cli.output];

@@ -41,6 +41,13 @@ GRACE_MS = 300
 USERS = 60
 MARGIN_MS = 50
 
+# Join workload: orders joined with a versioned customers table (examples/enrich_orders.rs).
+CUSTOMERS = 30
+# A tier change is produced this long before its timestamp comes, so the orders it applies to
+# are produced long after it (broker faults delay a send by seconds, not half a minute).
+LEAD_MS = 30_000
+HISTORY_MS = 3_600_000
+
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
          "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon"]
 
@@ -205,6 +212,7 @@ class Workload:
         self.output = f"{run_id}-{short}-out"
         self.sent = []           # what was sent, in order (the oracle's input)
         self.acked = 0
+        self.acked_at = {}       # index -> when the broker acknowledged it
         self.failed = []         # (index, error) of sends the broker never acknowledged
         self.out_records = []    # live reader: (arrival time, partition, offset, key, value)
         self.stop_feed = threading.Event()
@@ -225,6 +233,7 @@ class Workload:
             with LOCK:
                 if err is None:
                     self.acked += 1
+                    self.acked_at[index] = time.time()
                 else:
                     self.failed.append((index, str(err)))
         return cb
@@ -259,6 +268,10 @@ class Workload:
 
     def closing(self, p):
         pass
+
+    def topics(self):
+        """The topics the run creates for it."""
+        return [self.input, self.output]
 
     # -- reader --
     def reader_config(self, group):
@@ -518,6 +531,120 @@ class Windows(Workload):
         if late == 0:
             res["ok"] = False
             res["note"] = "no late click: the run could not see one counted"
+        return res
+
+
+class Join(Workload):
+    """Orders (stream) joined with customers' tiers (a versioned table), co-partitioned by
+    customer: each order must come out once (under exactly_once_v2) with the tier its customer
+    had at the order's timestamp. A tier change is sent LEAD_MS before its timestamp, so every
+    order it applies to is sent half a minute after it; an order sent before the broker
+    acknowledged the change it needs is ambiguous (reported, not judged)."""
+
+    def __init__(self, *a):
+        super().__init__("join", *a)
+        self.input = f"{self.app_id}-orders"
+        self.customers = f"{self.app_id}-customers"
+        self.binary = os.path.join(self.bin_dir_, "enrich_orders")
+        self.bin_args = ["--customers", self.customers, "--orders", self.input,
+                         "--output", self.output, "--versioned-history-ms", str(HISTORY_MS)]
+        self.rng = random.Random(self.args.seed ^ 0x7ab1e)
+        # Event time an hour back, as the windows workload's.
+        self.offset_ms = 3_600_000
+        self.started = False
+
+    def topics(self):
+        return [self.customers, self.input, self.output]
+
+    def now_ms(self):
+        return int(time.time() * 1000) - self.offset_ms
+
+    def send_next(self, p):
+        now = self.now_ms()
+        if not self.started:
+            self.started = True
+            for c in range(CUSTOMERS):
+                self.update(p, c, now - 60_000)
+        if self.rng.randrange(10) == 0:
+            self.update(p, self.rng.randrange(CUSTOMERS), now + LEAD_MS)
+        else:
+            c = self.rng.randrange(CUSTOMERS)
+            oid = f"o{len(self.sent)}"
+            self.sent.append(("order", c, now, oid, time.time()))
+            self.send(p, self.input, f"cust-{c}".encode(), oid.encode(), partition=c % PARTITIONS, ts=now)
+
+    def update(self, p, c, ts):
+        tier = f"tier-{len(self.sent)}"
+        self.sent.append(("tier", c, ts, tier, time.time()))
+        self.send(p, self.customers, f"cust-{c}".encode(), tier.encode(), partition=c % PARTITIONS, ts=ts)
+
+    def oracle(self):
+        """Per order id: (customer, the tier as of its timestamp, whether it is ambiguous)."""
+        failed = {i for i, _ in self.failed}
+        tiers = {}
+        for i, (kind, c, ts, tier, _) in enumerate(self.sent):
+            if kind == "tier" and i not in failed:
+                tiers.setdefault(c, []).append((ts, i, tier))
+        for h in tiers.values():
+            h.sort()
+        want = {}
+        for i, (kind, c, ts, oid, sent_at) in enumerate(self.sent):
+            if kind != "order" or i in failed:
+                continue
+            applies = [u for u in tiers.get(c, []) if u[0] <= ts]
+            if not applies:
+                continue
+            _, idx, tier = applies[-1]
+            ambiguous = self.acked_at.get(idx, float("inf")) > sent_at - 1.0
+            want[oid] = (c, tier, ambiguous)
+        return want
+
+    def satisfied(self, records):
+        got = {v.decode(errors="replace").partition("|")[0] for _, v in records if v is not None}
+        return all(oid in got for oid in self.oracle())
+
+    def check(self, records):
+        """Every order present, each with the tier as of its timestamp; none the oracle lacks;
+        under exactly_once_v2 (read_committed) none twice."""
+        want = self.oracle()
+        emitted, wrong, unknown, bad = {}, [], [], 0
+        for part, off, k, v in records:
+            if v is None or b"|" not in v:
+                bad += 1
+                continue
+            oid, _, tier = v.decode(errors="replace").partition("|")
+            emitted.setdefault(oid, []).append(tier)
+            if oid not in want:
+                unknown.append((oid, tier, part, off))
+            elif tier != want[oid][1] and not want[oid][2]:
+                wrong.append((oid, want[oid][1], tier, part, off))
+        missing = sorted(o for o in want if o not in emitted)
+        repeated = {o: len(t) for o, t in emitted.items() if len(t) > 1}
+        ambiguous = sum(1 for w in want.values() if w[2])
+        eos = self.args.guarantee == "exactly_once_v2"
+        res = {
+            "workload": "join",
+            "input_records": len(self.sent) - len(self.failed),
+            "orders_expected": len(want),
+            "tier_changes": sum(1 for s in self.sent if s[0] == "tier"),
+            "generator_ambiguous_orders": ambiguous,
+            "output_records": len(records),
+            "orders_missing": len(missing),
+            "records_wrong_tier": len(wrong),
+            "records_not_in_oracle": len(unknown),
+            "undecodable_values": bad,
+            "orders_emitted_more_than_once": len(repeated),
+            "extra_emissions": sum(n - 1 for n in repeated.values()),
+            "examples_missing": missing[:10],
+            "examples_wrong": [{"order": o, "want": a, "got": b, "partition": p, "offset": f}
+                               for o, a, b, p, f in wrong[:10]],
+            "examples_not_in_oracle": [{"order": o, "got": t, "partition": p, "offset": f}
+                                       for o, t, p, f in unknown[:10]],
+            "examples_repeated": dict(list(repeated.items())[:10]),
+        }
+        res["loss"] = bool(missing)
+        res["forbidden_duplicate"] = bool(eos and repeated)
+        res["ok"] = not (missing or wrong or unknown or bad) and not (eos and repeated)
         return res
 
 
@@ -1001,7 +1128,8 @@ def write_report(path, ctx):
              f"{SESSION_TIMEOUT_MS} ms, commit interval 500 ms, static membership, binaries: `{ctx['bin_dir']}`")
     L.append(f"- evidence (instance logs, fault log, samples, checker output): `{ctx['work']}`")
     for w in ctx["workloads"]:
-        L.append(f"- {w.short}: application `{w.app_id}`, input `{w.input}`, output `{w.output}`")
+        inputs = ", ".join(f"`{t}`" for t in w.topics() if t != w.output)
+        L.append(f"- {w.short}: application `{w.app_id}`, input {inputs}, output `{w.output}`")
     L.append("")
     L.append("## Verdict\n")
     L.append(f"**{'PASS' if ctx['ok'] else 'FAIL'}**: " + ctx["verdict"] + "\n")
@@ -1052,6 +1180,19 @@ def write_report(path, ctx):
                      f"undecodable values {res['undecodable_values']}")
             if res["words_lost"] or res["words_over"]:
                 L.append(f"- words short: {json.dumps(res['words_lost'])}; words over: {json.dumps(res['words_over'])}")
+        elif res["workload"] == "join":
+            L.append(f"- orders expected {res['orders_expected']} (tier changes {res['tier_changes']}, "
+                     f"generator ambiguities {res['generator_ambiguous_orders']})")
+            L.append(f"- **lost**: {res['orders_missing']} orders missing")
+            L.append(f"- **wrong**: {res['records_wrong_tier']} records with another tier than the one "
+                     f"as of the order's timestamp, {res['records_not_in_oracle']} orders the oracle lacks, "
+                     f"{res['undecodable_values']} undecodable")
+            L.append(f"- **duplicated**: {res['orders_emitted_more_than_once']} orders emitted more than once "
+                     f"({res['extra_emissions']} extra records; "
+                     f"{'forbidden' if a.guarantee == 'exactly_once_v2' else 'allowed (same tier) under at_least_once'})")
+            for key in ("examples_missing", "examples_wrong", "examples_not_in_oracle", "examples_repeated"):
+                if res[key]:
+                    L.append(f"- {key.replace('_', ' ')}: `{json.dumps(res[key])[:800]}`")
         else:
             L.append(f"- windows expected {res['windows_expected']} (late clicks {res['late_clicks']}, "
                      f"generator ambiguities {res['generator_ambiguous_clicks']})")
@@ -1092,7 +1233,6 @@ NOT_INJECTED = [
     ("slow disk", "no device-mapper delay target or FUSE layer available in this container; a tmpfs cannot be slowed"),
     ("clock jump", "no libfaketime on this machine and no clock override in rill; changing the system clock "
      "would jump the brokers' and the other developer's clocks too"),
-    ("stream-table join workload", "not built yet: wordcount and the windowed count only"),
 ]
 
 
@@ -1154,6 +1294,36 @@ def self_test(bin_dir):
         else:
             expect("at_least_once windows: a window twice with its count is allowed",
                    r["ok"] and r["windows_emitted_more_than_once"] == 1)
+
+        jn = _mk(Join, "selftest", args, bin_dir)
+        jn.sent = [("tier", 0, 0, "tier-0", 0.0), ("tier", 1, 0, "tier-1", 0.0),
+                   ("tier", 0, 1000, "tier-2", 0.0), ("order", 0, 500, "o3", 10.0),
+                   ("order", 0, 1500, "o4", 10.0), ("order", 1, 1300, "o5", 10.0),
+                   ("tier", 1, 1400, "tier-6", 20.0), ("order", 1, 1600, "o7", 15.0)]
+        jn.acked_at = {0: 1.0, 1: 1.0, 2: 1.0, 3: 11.0, 4: 11.0, 5: 11.0, 6: 21.0, 7: 16.0}
+        want = jn.oracle()
+        expect(f"{guarantee} join: the oracle takes the tier as of each order's timestamp",
+               {o: t for o, (_, t, _) in want.items()} == {"o3": "tier-0", "o4": "tier-2", "o5": "tier-1", "o7": "tier-6"})
+        expect(f"{guarantee} join: an order sent before its tier change was acknowledged is ambiguous",
+               want["o7"][2] and not any(want[o][2] for o in ("o3", "o4", "o5")))
+        good = [(c % PARTITIONS, i, f"cust-{c}".encode(), f"{o}|{t}".encode())
+                for i, (o, (c, t, _)) in enumerate(sorted(want.items()))]
+        expect(f"{guarantee} join: exact orders pass", jn.check(good)["ok"])
+        r = jn.check(good[1:])
+        expect(f"{guarantee} join: a missing order is a loss", r["loss"] and not r["ok"])
+        wrong = [(0, 99, b"cust-0", b"o4|tier-0")]
+        r = jn.check(good[:1] + wrong + good[2:])
+        expect(f"{guarantee} join: an order with the tier before its timestamp's is wrong",
+               r["records_wrong_tier"] == 1 and not r["ok"])
+        r = jn.check([x for x in good if not x[3].startswith(b"o7")] + [(1, 98, b"cust-1", b"o7|tier-1")])
+        expect(f"{guarantee} join: an ambiguous order is not judged", r["ok"])
+        r = jn.check(good + [good[0]])
+        if guarantee == "exactly_once_v2":
+            expect("exactly_once_v2 join: an order twice is a forbidden duplicate",
+                   r["forbidden_duplicate"] and not r["ok"])
+        else:
+            expect("at_least_once join: an order twice with its tier is allowed",
+                   r["ok"] and r["orders_emitted_more_than_once"] == 1)
     keys = closing_keys()
     cover = {(f, range_of(xxhash.xxh3_64_intdigest(k.encode()), f)) for k in keys for f in range(1, MAX_FACTOR + 1)}
     expect(f"closing keys ({len(keys)}) cover every range of factors 1..{MAX_FACTOR}",
@@ -1172,7 +1342,7 @@ def main():
     ap = argparse.ArgumentParser(description="chaos run on the 3-broker cluster (issue 48)")
     ap.add_argument("--minutes", type=float, default=60)
     ap.add_argument("--guarantee", choices=["at_least_once", "exactly_once_v2"])
-    ap.add_argument("--workload", choices=["wordcount", "windows", "all"], default="all")
+    ap.add_argument("--workload", choices=["wordcount", "windows", "join", "all"], default="all")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--rate", type=int, default=100, help="input records/s per workload")
     ap.add_argument("--gap-min", type=float, default=10, help="seconds between faults, least")
@@ -1217,8 +1387,10 @@ def main():
         workloads.append(_mk(Wordcount, run_id, args, args.bin_dir))
     if args.workload in ("windows", "all"):
         workloads.append(_mk(Windows, run_id, args, args.bin_dir))
+    if args.workload in ("join", "all"):
+        workloads.append(_mk(Join, run_id, args, args.bin_dir))
     admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
-    topics = [t for w in workloads for t in (w.input, w.output)]
+    topics = [t for w in workloads for t in w.topics()]
     fs = admin.create_topics([NewTopic(t, PARTITIONS, 3, config={"min.insync.replicas": "2"}) for t in topics])
     for t, f in fs.items():
         f.result(30)
