@@ -212,7 +212,12 @@ impl KafkaChangelogReader {
                         let open = stalled < OPEN_TRANSACTION_WAIT
                             && held_by_open_transaction(&consumer, topic, partition, high);
                         if !open {
-                            return Err(ReadError::Stalled(next, high));
+                            return Err(ReadError::Stalled {
+                                at: next,
+                                end: high,
+                                waited: stalled,
+                                open_transaction: stalled >= OPEN_TRANSACTION_WAIT,
+                            });
                         }
                         if !waiting_logged {
                             waiting_logged = true;
@@ -269,8 +274,17 @@ enum ReadError {
     Kafka(#[from] KafkaError),
     #[error(transparent)]
     Engine(#[from] EngineError),
-    #[error("no progress at offset {0} of {1} for a minute")]
-    Stalled(i64, i64),
+    #[error("no progress at offset {at} of {end} for {waited:.0?}{}", if *.open_transaction { " while an open transaction held the partition's last stable offset below its end (a hanging transaction: abort it with kafka-transactions.sh)" } else { "" })]
+    Stalled {
+        /// The next offset to read.
+        at: i64,
+        /// The end the read must reach.
+        end: i64,
+        /// How long nothing moved.
+        waited: Duration,
+        /// Whether an open transaction held the read back all along.
+        open_transaction: bool,
+    },
 }
 
 impl ChangelogReader for KafkaChangelogReader {
