@@ -11,91 +11,12 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::eos::{check_each_count_once, Watcher};
 use common::service::{feed, lines, terminate, Rng, Service};
-use common::{create_topic, long, unique, Cluster};
+use common::{create_topic, unique, Cluster};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::Message;
-
-/// Reads `topic` with `read_committed` on a thread, from the start, keeping every (word, count)
-/// in the order it is read (one word lives in one partition, so that is the order written).
-struct Watcher {
-    seen: Arc<Mutex<Vec<(String, i64)>>>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Watcher {
-    fn start(topic: &str) -> Self {
-        let consumer: BaseConsumer = Cluster::test()
-            .client()
-            .set("group.id", unique("eos-reader"))
-            .set("auto.offset.reset", "earliest")
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
-            .create()
-            .expect("consumer");
-        consumer.subscribe(&[topic]).expect("subscribe");
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (s, st) = (seen.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            while !st.load(Ordering::SeqCst) {
-                if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-                    let word = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
-                    let count = long(m.payload().unwrap_or_default());
-                    s.lock().expect("seen").push((word, count));
-                }
-            }
-        });
-        Watcher {
-            seen,
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    /// The latest count per word.
-    fn latest(&self) -> HashMap<String, i64> {
-        self.seen.lock().expect("seen").iter().cloned().collect()
-    }
-
-    /// Waits until the latest counts equal `truth` (or `timeout`); returns them.
-    fn wait_for(&self, truth: &HashMap<String, i64>, timeout: Duration) -> HashMap<String, i64> {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline && self.latest() != *truth {
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        self.latest()
-    }
-
-    /// Stops reading; returns every (word, count) read.
-    fn finish(mut self) -> Vec<(String, i64)> {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            t.join().expect("reader");
-        }
-        std::mem::take(&mut *self.seen.lock().expect("seen"))
-    }
-}
-
-/// Every word's counts in the order read: strictly increasing, or the message names the first
-/// word that repeats or goes back.
-fn check_each_count_once(seen: &[(String, i64)]) {
-    let mut last: HashMap<&str, i64> = HashMap::new();
-    for (word, count) in seen {
-        if let Some(prev) = last.insert(word, *count) {
-            assert!(
-                *count > prev,
-                "`{word}` read with count {count} after {prev}: an output was committed twice, \
-                 or one of rolled-back work became visible"
-            );
-        }
-    }
-}
 
 fn eos_service(app: &str, name: &str, input: &str, output: &str, dir: &std::path::Path) -> Service {
     let mut s = Service::new(app, name, input, output, dir);
@@ -112,7 +33,7 @@ fn read_committed_sees_each_count_once_across_repeated_sigkills() {
     create_topic(&output, 4);
     let dir = tempfile::tempdir().expect("tempdir");
     let service = eos_service(&app, "0", &input, &output, dir.path());
-    let watcher = Watcher::start(&output);
+    let watcher = Watcher::start(&Cluster::test(), &output);
     let mut rng = Rng::from_clock("eos crash test");
     let (batches, truth) = lines(30, 200);
     let producer = feed(&input, batches, Duration::from_millis(300));
@@ -158,7 +79,7 @@ fn read_committed_sees_each_count_once_on_the_streams_protocol_across_sigkills()
     service.set("group.protocol", "streams");
     service.unset("kafka.group.instance.id");
     service.unset("kafka.session.timeout.ms");
-    let watcher = Watcher::start(&output);
+    let watcher = Watcher::start(&Cluster::test(), &output);
     let mut rng = Rng::from_clock("eos streams protocol crash test");
     let (batches, truth) = lines(30, 200);
     let producer = feed(&input, batches, Duration::from_millis(300));
@@ -227,7 +148,7 @@ fn a_zombie_commits_nothing_and_recovers_without_exiting() {
     let dir = tempfile::tempdir().expect("tempdir");
     let a = eos_service(&app, "a", &input, &output, dir.path());
     let b = eos_service(&app, "b", &input, &output, dir.path());
-    let watcher = Watcher::start(&output);
+    let watcher = Watcher::start(&Cluster::test(), &output);
     let (batches, truth) = lines(40, 200);
     let producer = feed(&input, batches, Duration::from_millis(250));
     let mut za = a.spawn();
@@ -303,7 +224,7 @@ fn a_regrouped_table_join_counts_exactly_across_sigkills_under_exactly_once_v2()
     .map(String::from)
     .to_vec();
     service.set("processing.guarantee", "exactly_once_v2");
-    let watcher = Watcher::start(&output);
+    let watcher = Watcher::start(&Cluster::test(), &output);
     let mut rng = Rng::from_clock("regrouped table join");
     // (plans topic?, user, value or deletion, timestamp), in the order written.
     let t0 = std::time::SystemTime::now()

@@ -28,6 +28,16 @@ pub struct OwnBroker {
     pub cluster: Cluster,
 }
 
+/// The port of the broker the other tests share ([`bootstrap`]).
+fn shared_port() -> u16 {
+    let shared = bootstrap();
+    shared
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("RILL_TEST_BOOTSTRAP={shared}: expected host:port"))
+}
+
 /// `scripts/kafka` of this checkout.
 fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/kafka")
@@ -42,12 +52,7 @@ impl OwnBroker {
     /// [`OwnBroker::start`], advertising `advertise` (a proxy's port) to clients when `Some`:
     /// the cluster's bootstrap address is then the proxy's too.
     pub fn start_with(slot: u16, security: Security, advertise: Option<u16>) -> Self {
-        let shared = bootstrap();
-        let shared_port: u16 = shared
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.trim().parse().ok())
-            .unwrap_or_else(|| panic!("RILL_TEST_BOOTSTRAP={shared}: expected host:port"));
+        let shared_port = shared_port();
         let port = shared_port + 2 * slot;
         let mut broker = OwnBroker {
             port,
@@ -119,5 +124,88 @@ impl OwnBroker {
 impl Drop for OwnBroker {
     fn drop(&mut self) {
         let _ = self.run(&["stop"]);
+    }
+}
+
+/// The three-node cluster of `scripts/kafka start --brokers 3` on ports of a test binary's own
+/// (`RILL_CLUSTER_PORT` = the shared broker's port + 20000, so 29092-29094 and 29192-29194 beside
+/// a shared 9092): for faults only replication has (leader and coordinator moves, an ISR below
+/// `min.insync.replicas`). Stopped, data deleted, on drop.
+pub struct ThreeNodes {
+    port: u16,
+    /// The cluster as a client reaches it (all three nodes as bootstrap servers).
+    pub cluster: Cluster,
+}
+
+impl ThreeNodes {
+    /// Starts the cluster (a cluster left by an aborted earlier run on these ports goes first).
+    pub fn start() -> Self {
+        let shared_port = shared_port();
+        let port = shared_port + 20000;
+        let nodes = ThreeNodes {
+            port,
+            cluster: Cluster {
+                bootstrap: (0..3)
+                    .map(|i| format!("127.0.0.1:{}", port + i))
+                    .collect::<Vec<_>>()
+                    .join(","),
+                kafka: BTreeMap::new(),
+            },
+        };
+        nodes.run(&["stop", "--brokers", "3"]);
+        nodes.expect(&["start", "--brokers", "3"]);
+        nodes
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(script())
+            .args(args)
+            .env("RILL_CLUSTER_PORT", self.port.to_string())
+            .output()
+            .expect("run scripts/kafka")
+    }
+
+    /// Runs `scripts/kafka ARGS`; panics with its stderr unless it succeeds; its stdout.
+    fn expect(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "scripts/kafka {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    fn node(&self, args: &[&str]) -> u32 {
+        let out = self.expect(args);
+        out.parse()
+            .unwrap_or_else(|_| panic!("scripts/kafka {}: not a node id: {out}", args.join(" ")))
+    }
+
+    /// The node leading `partition` of `topic`.
+    pub fn leader(&self, topic: &str, partition: u32) -> u32 {
+        self.node(&["leader", "--brokers", "3", topic, &partition.to_string()])
+    }
+
+    /// The node coordinating `id`: `kind` is `group`, `streams` or `transaction`.
+    pub fn coordinator(&self, kind: &str, id: &str) -> u32 {
+        self.node(&["coordinator", "--brokers", "3", kind, id])
+    }
+
+    /// SIGKILLs node `n` (its data kept).
+    pub fn kill_node(&self, n: u32) {
+        self.expect(&["stop-node", &n.to_string(), "--kill"]);
+    }
+
+    /// Starts node `n` again on its data; returns once it answers.
+    pub fn start_node(&self, n: u32) {
+        self.expect(&["start-node", &n.to_string()]);
+    }
+}
+
+impl Drop for ThreeNodes {
+    fn drop(&mut self) {
+        let _ = self.run(&["stop", "--brokers", "3"]);
     }
 }

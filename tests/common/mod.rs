@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod broker;
+pub mod eos;
 pub mod http;
 pub mod producer;
 pub mod proxy;
