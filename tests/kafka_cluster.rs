@@ -97,7 +97,10 @@ fn exactly_once_v2_stays_exact_through_leader_and_coordinator_moves_and_an_isr_b
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    println!("first output {:.1?} after the instances started", spawned.elapsed());
+    println!(
+        "first output {:.1?} after the instances started",
+        spawned.elapsed()
+    );
     std::thread::sleep(Duration::from_secs(5));
     let tid = transactional_id(&services[0].state_dir);
 
