@@ -94,12 +94,93 @@ def be_long(v):
     return int.from_bytes(v, "big", signed=True) if v is not None and len(v) == 8 else None
 
 
+# ---- Network path of an instance ----------------------------------------------------------------
+
+class NetPath:
+    """An instance's own TCP path to the brokers: one listener per broker, forwarding both ways,
+    which `partition()` blackholes (bytes stop flowing, connections stay open, as a cut cable or a
+    dropped route: clients see timeouts, not resets) until `heal()`. The shim (chaos_faults.c)
+    redirects the instance's connect() to a broker port to its listener here."""
+
+    CHUNK = 65536
+
+    def __init__(self, name, upstreams):
+        self.name = name
+        self.open_ = threading.Event()   # set: traffic flows; clear: partitioned
+        self.open_.set()
+        self.ports = {}                  # broker port -> listener port
+        self.conns = []
+        for upstream in upstreams:
+            ls = socket.socket()
+            ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            ls.bind(("127.0.0.1", 0))
+            ls.listen(128)
+            self.ports[upstream] = ls.getsockname()[1]
+            threading.Thread(target=self.accept, args=(ls, upstream), daemon=True).start()
+
+    def redirect(self):
+        return ",".join(f"{b}={p}" for b, p in self.ports.items())
+
+    def accept(self, ls, upstream):
+        while True:
+            c, _ = ls.accept()
+            try:
+                u = socket.create_connection(("127.0.0.1", upstream), timeout=10)
+                u.settimeout(None)
+            except OSError:
+                c.close()   # the broker is down: the client sees a refused connection, as without us
+                continue
+            for s_ in (c, u):
+                s_.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with LOCK:
+                self.conns.append((c, u))
+            threading.Thread(target=self.pump, args=(c, u), daemon=True).start()
+            threading.Thread(target=self.pump, args=(u, c), daemon=True).start()
+
+    def pump(self, src, dst):
+        try:
+            while True:
+                self.open_.wait()
+                data = src.recv(self.CHUNK)
+                if not data:
+                    break
+                self.open_.wait()   # read during a partition: held until it heals
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s_ in (src, dst):
+            try:
+                s_.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s_.close()
+        with LOCK:
+            self.conns = [(a, b) for a, b in self.conns if a is not src and b is not src]
+
+    def partition(self):
+        self.open_.clear()
+
+    def heal(self):
+        self.open_.set()
+
+
+def build_shim(work):
+    """Compiles scripts/chaos_faults.c into the work dir; returns its path, or None (logged)."""
+    out = os.path.join(work, "chaos_faults.so")
+    r = subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", out, os.path.join(HERE, "chaos_faults.c"),
+                        "-ldl", "-lpthread"], capture_output=True, text=True)
+    if r.returncode != 0:
+        log("note", f"the fault shim did not build (no network partition, slow disk or clock jump): {r.stderr[-500:]}")
+        return None
+    return out
+
+
 # ---- Instances -----------------------------------------------------------------------------------
 
 class Instance:
     """One process of an application: its env, tmpfs state dir, log, HTTP port."""
 
-    def __init__(self, app, idx, args, work):
+    def __init__(self, app, idx, args, work, shim):
         self.app, self.idx, self.args = app, idx, args
         self.name = f"{app.short}-{idx}"
         self.port = free_port()
@@ -129,6 +210,14 @@ class Instance:
             "RILL_COMMIT_INTERVAL_MS": "500",
             "RILL_LOG": "info,rill_runtime::kafka::rebalance=debug,rill_runtime::engine::restore=debug",
         })
+        # The shim's faults: its own path to the brokers, a control dir for its clock and disk.
+        self.net = None
+        self.ctl_dir = os.path.join(work, f"{self.name}-ctl")
+        if shim:
+            os.makedirs(self.ctl_dir, exist_ok=True)
+            self.net = NetPath(self.name, [CLUSTER_PORT + i for i in range(3)])
+            self.env.update({"LD_PRELOAD": shim, "CHAOS_REDIRECT": self.net.redirect(),
+                             "CHAOS_CTL_DIR": self.ctl_dir, "CHAOS_SLOW_PREFIX": self.state_dir})
         self.proc = None
         self.busy = False          # a fault holds it (killed, stopped, disk full)
         self.expect_down = False   # exits now are the fault's, not by itself
@@ -188,6 +277,13 @@ class Instance:
                     with open(os.path.join(root, "TRANSACTIONAL_ID")) as f:
                         return f.read().strip() or None
         return None
+
+    def control(self, name, value):
+        """Sets one of the shim's control files (clock-offset-ms, slow-disk-ms)."""
+        tmp = os.path.join(self.ctl_dir, f".{name}")
+        with open(tmp, "w") as f:
+            f.write(str(value))
+        os.replace(tmp, os.path.join(self.ctl_dir, name))
 
     def umount(self):
         if self.tmpfs:
@@ -671,6 +767,8 @@ class Chaos:
     def run(self, end):
         kinds = [("instance-sigkill", 3), ("instance-sigstop", 3), ("broker-sigkill", 3),
                  ("disk-full", 1)]
+        if any(i.net for i in self.instances):
+            kinds += [("network-partition", 2), ("slow-disk", 1), ("clock-jump", 1)]
         if self.args.guarantee == "at_least_once":
             kinds.append(("factor-change", 2))
         if self.args.faults != "all":
@@ -896,6 +994,69 @@ class Chaos:
                 log("recover", f"{inst.name}: factor change to {to}: no answer ({type(e).__name__}: {e}) "
                                f"after {time.time() - t:.1f}s (the endpoint cuts connections; see the log)")
         finally:
+            inst.busy = False
+
+    def pick_shimmed(self, kind):
+        inst = self.pick_instance()
+        if inst is not None and inst.net is None:
+            inst.busy = False
+            inst = None
+        if inst is None:
+            self.skipped(kind, "no free instance runs with the fault shim")
+        return inst
+
+    def network_partition(self, kind):
+        inst = self.pick_shimmed(kind)
+        if inst is None:
+            return
+        try:
+            long_cut = self.rng.random() < 0.5
+            secs = (self.rng.uniform(SESSION_TIMEOUT_MS / 1000 + 5, 45) if long_cut else self.rng.uniform(2, 8))
+            inst.net.partition()
+            self.count(kind)
+            log(kind, f"{inst.name} cut from every broker (blackhole, connections kept) for {secs:.1f}s "
+                      f"({'longer' if long_cut else 'shorter'} than the {SESSION_TIMEOUT_MS} ms session timeout)")
+            time.sleep(secs)
+            inst.net.heal()
+            log("recover", f"{inst.name} network healed")
+        finally:
+            inst.net.heal()
+            inst.busy = False
+
+    def slow_disk(self, kind):
+        inst = self.pick_shimmed(kind)
+        if inst is None:
+            return
+        try:
+            ms = self.rng.choice([50, 200, 1000])
+            secs = self.rng.uniform(10, 40)
+            inst.control("slow-disk-ms", ms)
+            self.count(kind)
+            log(kind, f"{inst.name} state dir slow for {secs:.1f}s: each fsync/fdatasync {ms} ms, "
+                      f"each write {ms / 10:.0f} ms")
+            time.sleep(secs)
+            inst.control("slow-disk-ms", 0)
+            log("recover", f"{inst.name} state dir at full speed")
+        finally:
+            inst.control("slow-disk-ms", 0)
+            inst.busy = False
+
+    def clock_jump(self, kind):
+        inst = self.pick_shimmed(kind)
+        if inst is None:
+            return
+        try:
+            offset = self.rng.choice([-1, 1]) * int(self.rng.uniform(60, 3600) * 1000)
+            secs = self.rng.uniform(10, 60)
+            inst.control("clock-offset-ms", offset)
+            self.count(kind)
+            log(kind, f"{inst.name} wall clock jumps {offset / 1000:+.0f} s (CLOCK_REALTIME only) for "
+                      f"{secs:.1f}s, then back")
+            time.sleep(secs)
+            inst.control("clock-offset-ms", 0)
+            log("recover", f"{inst.name} wall clock back")
+        finally:
+            inst.control("clock-offset-ms", 0)
             inst.busy = False
 
     def wait(self):
@@ -1156,9 +1317,13 @@ def write_report(path, ctx):
     L.append(f"\nInstances with no range commit for {STUCK_S} s while input flowed (idle or stuck; "
              f"threads' kernel states in the evidence dir): {len(still)}" +
              ("".join(f"\n- {utc(t)} {d}" for t, _, d in still)))
-    L.append("\nNot injected (issue 48 lists them):\n")
-    for k, why in NOT_INJECTED:
-        L.append(f"- **{k}**: {why}")
+    if ctx["shim"]:
+        L.append("\nHow the faults without a tool on this machine are made:\n")
+        for k, how in SHIM_FAULTS:
+            L.append(f"- **{k}**: {how}")
+    else:
+        L.append("\nNot injected: " + ", ".join(k for k, _ in SHIM_FAULTS) +
+                 " (the fault shim scripts/chaos_faults.c did not build; see the fault log)")
     L.append("\n## Records and checkers\n")
     for w, res in ctx["results"]:
         L.append(f"### {res['workload']}\n")
@@ -1226,17 +1391,128 @@ def write_report(path, ctx):
         f.write("\n".join(L) + "\n")
 
 
-NOT_INJECTED = [
-    ("network partition of one instance", "no iptables/nftables on this machine, and the existing proxy "
-     "(tests/common/proxy.rs) is Rust test code, while the cluster cannot advertise a proxy port "
-     "(scripts/kafka: no --advertise-port with --brokers 3); tc on lo would cut the brokers from each other too"),
-    ("slow disk", "no device-mapper delay target or FUSE layer available in this container; a tmpfs cannot be slowed"),
-    ("clock jump", "no libfaketime on this machine and no clock override in rill; changing the system clock "
-     "would jump the brokers' and the other developer's clocks too"),
+SHIM_FAULTS = [
+    ("network partition of one instance", "no iptables/nftables on this machine, so scripts/chaos_faults.c "
+     "(LD_PRELOAD) redirects the instance's connections to the brokers through a proxy of its own, "
+     "which the fault blackholes"),
+    ("slow disk", "no device-mapper delay target or FUSE here, so the shim sleeps in fsync, fdatasync, "
+     "sync_file_range and writes of files under the instance's state dir"),
+    ("clock jump", "the shim offsets CLOCK_REALTIME (clock_gettime, gettimeofday, time) of the instance "
+     "only, where rill and librdkafka read the wall clock; monotonic clocks do not move, as on a real "
+     "machine whose clock is stepped"),
 ]
 
 
 # ---- Checker self-test ----------------------------------------------------------------------------
+
+WAITER_C = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/time.h>
+#include <threads.h>
+#include <time.h>
+static long long mono_ms(void) {
+    struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000LL + t.tv_nsec / 1000000;
+}
+static struct timespec deadline(int ms) {   /* as librdkafka's cnd_timedwait_ms */
+    struct timeval tv; gettimeofday(&tv, NULL);
+    struct timespec ts = {tv.tv_sec, tv.tv_usec * 1000L + ms * 1000000L};
+    ts.tv_sec += ts.tv_nsec / 1000000000L; ts.tv_nsec %= 1000000000L; return ts;
+}
+int main(void) {
+    cnd_t c; mtx_t m; cnd_init(&c); mtx_init(&m, mtx_plain); mtx_lock(&m);
+    long long t = mono_ms(); struct timespec ts = deadline(300);
+    cnd_timedwait(&c, &m, &ts); printf("%lld ", mono_ms() - t);
+    pthread_cond_t pc = PTHREAD_COND_INITIALIZER; pthread_mutex_t pm = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&pm); t = mono_ms(); ts = deadline(300);
+    pthread_cond_timedwait(&pc, &pm, &ts); printf("%lld\n", mono_ms() - t);
+    return 0;
+}
+"""
+
+
+def shim_self_test(expect):
+    """The fault shim and the instance's network path do what the faults claim."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        shim = build_shim(d)
+        expect("the fault shim builds", shim is not None)
+        if shim is None:
+            return
+        ctl, slowdir = os.path.join(d, "ctl"), os.path.join(d, "state")
+        os.makedirs(ctl)
+        os.makedirs(slowdir)
+        env = dict(os.environ, LD_PRELOAD=shim, CHAOS_CTL_DIR=ctl, CHAOS_SLOW_PREFIX=slowdir)
+        with open(os.path.join(ctl, "clock-offset-ms"), "w") as f:
+            f.write("-3600000")
+        probe = "import time; print(time.time(), time.monotonic())"
+        shifted = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True).stdout.split()
+        plain = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.split()
+        jump = float(plain[0]) - float(shifted[0])
+        expect(f"clock jump: the wall clock moves back an hour ({jump:.1f} s) and the monotonic clock "
+               f"does not ({float(plain[1]) - float(shifted[1]):.1f} s)",
+               3590 < jump < 3610 and abs(float(plain[1]) - float(shifted[1])) < 10)
+        # librdkafka's timed waits (tinycthread's cnd_timedwait_ms) take a deadline on the wall
+        # clock: under a shifted clock they must still last their timeout, not the shift.
+        for offset in ("3600000", "-3600000"):
+            with open(os.path.join(ctl, "clock-offset-ms"), "w") as f:
+                f.write(offset)
+            waiter = os.path.join(d, "waiter")
+            with open(waiter + ".c", "w") as f:
+                f.write(WAITER_C)
+            subprocess.run(["gcc", "-O1", "-o", waiter, waiter + ".c", "-lpthread"], check=True)
+            try:
+                out = subprocess.run([waiter], env=env, capture_output=True, text=True, timeout=10).stdout.split()
+            except subprocess.TimeoutExpired:
+                out = ["over 10000"]
+            expect(f"clock jump {int(offset) // 1000:+d} s: a 300 ms cnd_timedwait and pthread_cond_timedwait "
+                   f"on a wall-clock deadline last {out} ms", len(out) == 2 and all(x.isdigit() and 250 <= int(x) < 2000 for x in out))
+        os.remove(os.path.join(ctl, "clock-offset-ms"))
+        with open(os.path.join(ctl, "slow-disk-ms"), "w") as f:
+            f.write("200")
+        writer = ("import os, sys, time\nfd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)\nt = time.monotonic()\n"
+                  "for _ in range(3):\n    os.write(fd, b'x'); os.fsync(fd)\nprint(time.monotonic() - t)")
+        slow_s = float(subprocess.run([sys.executable, "-c", writer, os.path.join(slowdir, "f")], env=env,
+                                      capture_output=True, text=True).stdout)
+        fast_s = float(subprocess.run([sys.executable, "-c", writer, os.path.join(d, "f")], env=env,
+                                      capture_output=True, text=True).stdout)
+        expect(f"slow disk: 3 writes and fsyncs in the state dir take >= 0.6 s ({slow_s:.2f} s), "
+               f"elsewhere < 0.3 s ({fast_s:.2f} s)", slow_s >= 0.6 and fast_s < 0.3)
+    # The network path: an echo server behind a NetPath, reached through the shim's redirect.
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    echo_port = srv.getsockname()[1]
+
+    def echo():
+        while True:
+            c, _ = srv.accept()
+            threading.Thread(target=lambda c=c: [c.sendall(b) for b in iter(lambda: c.recv(100), b"")],
+                             daemon=True).start()
+    threading.Thread(target=echo, daemon=True).start()
+    net = NetPath("self-test", [echo_port])
+    unused = free_port()
+    client = ("import socket, sys\ns = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n"
+              "s.settimeout(1.5)\nout = []\nfor m in (b'one', b'two'):\n    s.sendall(m)\n"
+              "    try:\n        out.append(s.recv(100).decode())\n    except socket.timeout:\n"
+              "        out.append('timeout')\n    sys.stdin.readline()\nprint(' '.join(out))")
+    with tempfile.TemporaryDirectory() as d:
+        shim = build_shim(d)
+        env = dict(os.environ, LD_PRELOAD=shim, CHAOS_REDIRECT=f"{unused}={net.ports[echo_port]}")
+        p = subprocess.Popen([sys.executable, "-c", client, str(unused)], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+        time.sleep(1)
+        net.partition()        # after 'one' went through, before 'two'
+        p.stdin.write("\n")
+        p.stdin.flush()
+        time.sleep(2)
+        net.heal()
+        p.stdin.write("\n")
+        p.stdin.flush()
+        out = p.communicate(timeout=10)[0].strip()
+    expect(f"network partition: a redirected connection echoes, then times out while cut ({out!r})",
+           out == "one timeout")
+
 
 def self_test(bin_dir):
     """Feeds the checkers synthetic outputs with a loss, a double count, a wrong count, a window
@@ -1324,6 +1600,7 @@ def self_test(bin_dir):
         else:
             expect("at_least_once join: an order twice with its tier is allowed",
                    r["ok"] and r["orders_emitted_more_than_once"] == 1)
+    shim_self_test(expect)
     keys = closing_keys()
     cover = {(f, range_of(xxhash.xxh3_64_intdigest(k.encode()), f)) for k in keys for f in range(1, MAX_FACTOR + 1)}
     expect(f"closing keys ({len(keys)}) cover every range of factors 1..{MAX_FACTOR}",
@@ -1349,7 +1626,8 @@ def main():
     ap.add_argument("--gap-max", type=float, default=30, help="seconds between faults, most")
     ap.add_argument("--faults", default="all",
                     help="comma-separated kinds to inject (instance-sigkill, instance-sigstop, "
-                         "broker-sigkill, disk-full, factor-change), default all")
+                         "broker-sigkill, disk-full, factor-change, network-partition, slow-disk, "
+                         "clock-jump), default all")
     ap.add_argument("--sample-every", type=float, default=3)
     ap.add_argument("--drain-timeout", type=float, default=420)
     ap.add_argument("--disk-mb", type=int, default=512)
@@ -1396,9 +1674,10 @@ def main():
         f.result(30)
     log("note", f"created topics {', '.join(topics)} ({PARTITIONS} partitions, RF 3)")
 
+    shim = build_shim(work)
     all_instances = []
     for w in workloads:
-        w.instances = [Instance(w, i, args, work) for i in range(INSTANCES)]
+        w.instances = [Instance(w, i, args, work, shim) for i in range(INSTANCES)]
         all_instances += w.instances
     stop_all = threading.Event()
     feeding = threading.Event()
@@ -1429,6 +1708,8 @@ def main():
         for i in all_instances:
             if i.stopped:
                 i.signal(signal.SIGCONT)
+            if i.net:
+                i.net.heal()
         log("note", "stopping the input (then the closing records)")
         feeding.clear()
         for w in workloads:
@@ -1508,7 +1789,7 @@ def main():
                   f"chaos {args.guarantee}: records/s in and out, RSS per instance, faults (dashed)")
         write_report(md, {"args": args, "command": command, "start": utc(feed_start), "feed_end": utc(feed_end),
                           "end": utc(), "bin_dir": args.bin_dir, "work": work, "workloads": workloads,
-                          "ok": ok, "verdict": "; ".join(verdict), "counts": chaos.counts,
+                          "ok": ok, "verdict": "; ".join(verdict), "counts": chaos.counts, "shim": shim,
                           "results": results, "samples": samples, "svg": svg})
         log("note", f"report {md}, chart {svg}")
         exit_code = 1 if (any_loss or any_dup) else (0 if ok else 3)

@@ -74,9 +74,18 @@ const REJOIN_WINDOW: Duration = Duration::from_secs(600);
 struct Rejoins(std::collections::VecDeque<std::time::Instant>);
 
 impl Rejoins {
-    /// Whether one more replacement fits in the window (recorded when it does).
-    fn allow(&mut self) -> bool {
-        self.allow_at(std::time::Instant::now())
+    /// Whether the source may rejoin after `r` stopped it: a rolled-back or stuck transaction is
+    /// routine under faults (Kafka Streams rejoins after each TaskMigratedException, without a
+    /// bound); what repeats for a reason that rejoining cannot cure (two instances with one
+    /// group.instance.id or transactional id, a poison record) is bounded.
+    fn allow_after(&mut self, r: &Result<(), SourceError>, now: std::time::Instant) -> bool {
+        let routine = matches!(
+            r,
+            Err(SourceError::Transaction(
+                TransactionError::Aborted(_) | TransactionError::Stuck(_)
+            ))
+        );
+        routine || self.allow_at(now)
     }
 
     fn allow_at(&mut self, now: std::time::Instant) -> bool {
@@ -773,17 +782,9 @@ impl Runtime {
                         }
                     };
                     consumer.context().lose_assignment();
-                    // A rolled-back or stuck transaction is routine under faults (Kafka Streams
-                    // rejoins after each TaskMigratedException, without a bound); what repeats
-                    // for a reason that rejoining cannot cure (two instances with one
-                    // group.instance.id or transactional id, a poison record) is bounded.
-                    let routine = matches!(
-                        r,
-                        Err(SourceError::Transaction(
-                            TransactionError::Aborted(_) | TransactionError::Stuck(_)
-                        ))
-                    );
-                    if stop2.load(Ordering::SeqCst) || !(routine || rejoins.allow()) {
+                    if stop2.load(Ordering::SeqCst)
+                        || !rejoins.allow_after(&r, std::time::Instant::now())
+                    {
                         break r;
                     }
                     if !matches!(r, Err(SourceError::Fatal { .. })) {
@@ -1025,6 +1026,31 @@ mod tests {
         assert!((0..MAX_REJOINS).all(|_| rejoins.allow_at(start)));
         assert!(!rejoins.allow_at(start + REJOIN_WINDOW / 2));
         assert!(rejoins.allow_at(start + REJOIN_WINDOW + Duration::from_secs(1)));
+    }
+
+    /// The chaos run's exactly_once_v2 instance that exited on its fourth aborted transaction in
+    /// ten minutes: aborted and stuck transactions rejoin without a bound, fatal errors stay
+    /// bounded, and the routine rejoins do not use up the bound.
+    #[test]
+    fn aborted_and_stuck_transactions_rejoin_without_the_bound_fatal_errors_within_it() {
+        let now = std::time::Instant::now();
+        let mut rejoins = Rejoins::default();
+        let aborted = Err(SourceError::Transaction(TransactionError::Aborted(
+            "fenced".into(),
+        )));
+        let stuck = Err(SourceError::Transaction(TransactionError::Stuck(
+            "send_offsets".into(),
+        )));
+        let fatal = Err(SourceError::Transaction(TransactionError::Fatal(
+            "fenced by another producer".into(),
+        )));
+        for i in 0..20 {
+            let r = if i % 2 == 0 { &aborted } else { &stuck };
+            assert!(rejoins.allow_after(r, now), "routine rejoin {i} refused");
+        }
+        assert!((0..MAX_REJOINS).all(|_| rejoins.allow_after(&fatal, now)));
+        assert!(!rejoins.allow_after(&fatal, now));
+        assert!(rejoins.allow_after(&aborted, now));
     }
 
     /// The pre-created column families are exactly those the engine's sub-tasks open: a name
