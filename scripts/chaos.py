@@ -1023,41 +1023,33 @@ class Chaos:
             inst.net.heal()
             inst.busy = False
 
-    def slow_disk(self, kind):
+    def shim_fault(self, kind, control, value, secs, what, back):
+        """Sets one of the shim's controls on a free instance for `secs`, then resets it."""
         inst = self.pick_shimmed(kind)
         if inst is None:
             return
         try:
-            ms = self.rng.choice([50, 200, 1000])
-            secs = self.rng.uniform(10, 40)
-            inst.control("slow-disk-ms", ms)
+            inst.control(control, value)
             self.count(kind)
-            log(kind, f"{inst.name} state dir slow for {secs:.1f}s: each fsync/fdatasync {ms} ms, "
-                      f"each write {ms / 10:.0f} ms")
+            log(kind, f"{inst.name} {what} for {secs:.1f}s")
             time.sleep(secs)
-            inst.control("slow-disk-ms", 0)
-            log("recover", f"{inst.name} state dir at full speed")
+            inst.control(control, 0)
+            log("recover", f"{inst.name} {back}")
         finally:
-            inst.control("slow-disk-ms", 0)
+            inst.control(control, 0)
             inst.busy = False
 
+    def slow_disk(self, kind):
+        ms = self.rng.choice([50, 200, 1000])
+        self.shim_fault(kind, "slow-disk-ms", ms, self.rng.uniform(10, 40),
+                        f"state dir slow (each fsync/fdatasync {ms} ms, each write {ms / 10:.0f} ms)",
+                        "state dir at full speed")
+
     def clock_jump(self, kind):
-        inst = self.pick_shimmed(kind)
-        if inst is None:
-            return
-        try:
-            offset = self.rng.choice([-1, 1]) * int(self.rng.uniform(60, 3600) * 1000)
-            secs = self.rng.uniform(10, 60)
-            inst.control("clock-offset-ms", offset)
-            self.count(kind)
-            log(kind, f"{inst.name} wall clock jumps {offset / 1000:+.0f} s (CLOCK_REALTIME only) for "
-                      f"{secs:.1f}s, then back")
-            time.sleep(secs)
-            inst.control("clock-offset-ms", 0)
-            log("recover", f"{inst.name} wall clock back")
-        finally:
-            inst.control("clock-offset-ms", 0)
-            inst.busy = False
+        offset = self.rng.choice([-1, 1]) * int(self.rng.uniform(60, 3600) * 1000)
+        self.shim_fault(kind, "clock-offset-ms", offset, self.rng.uniform(10, 60),
+                        f"wall clock jumps {offset / 1000:+.0f} s (CLOCK_REALTIME only), then back",
+                        "wall clock back")
 
     def wait(self):
         for t in self.threads:
