@@ -234,6 +234,23 @@ pub fn is_transient(e: &KafkaError) -> bool {
     )
 }
 
+/// Whether a partition request failed because the partition's leadership is moving (a broker
+/// died or came back): it succeeds once a leader serves the partition again; a new leader answers
+/// `OFFSET_NOT_AVAILABLE` to offset queries until its high watermark has caught up.
+pub fn is_leadership_moving(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::LeaderNotAvailable
+                | RDKafkaErrorCode::NotLeaderForPartition
+                | RDKafkaErrorCode::OffsetNotAvailable
+                | RDKafkaErrorCode::FencedLeaderEpoch
+                | RDKafkaErrorCode::UnknownLeaderEpoch
+                | RDKafkaErrorCode::ReplicaNotAvailable
+        )
+    )
+}
+
 /// The id of the Kafka cluster `cfg` points at; `None` when the brokers do not say.
 pub fn cluster_id(cfg: &ClientConfig, timeout: Duration) -> Result<Option<String>, KafkaError> {
     let consumer: BaseConsumer = cfg.create()?;

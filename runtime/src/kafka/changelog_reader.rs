@@ -9,7 +9,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
-use super::admin::is_transient;
+use super::admin::{is_leadership_moving, is_transient};
 use super::source::raw_record;
 use crate::engine::changelog::{cancelled, ChangelogReader};
 use crate::engine::EngineError;
@@ -251,19 +251,15 @@ fn held_by_open_transaction(
 }
 
 /// Whether a restore read may succeed when retried: the broker is away, or a partition's
-/// leadership is not known yet. Changelog topics exist before restore starts, so an unknown
-/// partition is one whose metadata the broker has not served yet.
+/// leadership is moving or not known yet. Changelog topics exist before restore starts, so an
+/// unknown partition is one whose metadata the broker has not served yet.
 fn is_restore_transient(e: &KafkaError) -> bool {
     use rdkafka::types::RDKafkaErrorCode as Code;
     is_transient(e)
+        || is_leadership_moving(e)
         || matches!(
             e.rdkafka_error_code(),
-            Some(
-                Code::UnknownPartition
-                    | Code::UnknownTopicOrPartition
-                    | Code::LeaderNotAvailable
-                    | Code::NotLeaderForPartition
-            )
+            Some(Code::UnknownPartition | Code::UnknownTopicOrPartition)
         )
 }
 
@@ -319,6 +315,31 @@ mod tests {
     }
 
     /// The shared watermark consumer lives while reads run and is gone when the last one ends.
+    /// The chaos run's restore that stopped its instance on a new leader's
+    /// `OFFSET_NOT_AVAILABLE` ("Leader high watermark is not caught up") after a broker kill:
+    /// that and the other answers of a moving leadership are retried; a refusal is not.
+    #[test]
+    fn a_restore_retries_while_a_partitions_leadership_moves() {
+        use rdkafka::types::RDKafkaErrorCode as Code;
+        for code in [
+            Code::OffsetNotAvailable,
+            Code::LeaderNotAvailable,
+            Code::NotLeaderForPartition,
+            Code::FencedLeaderEpoch,
+            Code::UnknownLeaderEpoch,
+            Code::UnknownTopicOrPartition,
+            Code::AllBrokersDown,
+        ] {
+            assert!(
+                is_restore_transient(&KafkaError::MetadataFetch(code)),
+                "{code:?} is not retried"
+            );
+        }
+        assert!(!is_restore_transient(&KafkaError::MetadataFetch(
+            Code::TopicAuthorizationFailed
+        )));
+    }
+
     #[test]
     #[ignore = "needs the broker of scripts/kafka (RILL_TEST_BOOTSTRAP); scripts/test runs it"]
     fn the_watermark_consumer_lives_only_while_reads_run() {

@@ -18,6 +18,8 @@ use rdkafka::message::Message;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use rill_topology::global::GlobalStores;
 
+use super::admin::{is_leadership_moving, is_transient};
+
 /// The reader's client context: partition ends are how the bootstrap knows it is done, not
 /// errors to log (librdkafka's default context logs every one).
 struct Quiet {
@@ -155,6 +157,10 @@ pub fn start(mut config: ClientConfig, stores: &Arc<GlobalStores>) -> Result<(),
     Ok(())
 }
 
+/// How long a global table's load waits for a partition's watermarks while its brokers are away
+/// or its leadership moves.
+const LEADERSHIP_WAIT: Duration = Duration::from_secs(60);
+
 /// Whether the consumer's position in `(topic, partition)` is at its high watermark (or the
 /// partition is empty).
 fn at_end(consumer: &BaseConsumer<Quiet>, (topic, p): &(String, i32)) -> Result<bool, KafkaError> {
@@ -163,7 +169,19 @@ fn at_end(consumer: &BaseConsumer<Quiet>, (topic, p): &(String, i32)) -> Result<
         .find_partition(topic, *p)
         .and_then(|e| e.offset().to_raw())
         .unwrap_or(-1);
-    let (low, high) = consumer.fetch_watermarks(topic, *p, Duration::from_secs(10))?;
+    let start = Instant::now();
+    let (low, high) = loop {
+        match consumer.fetch_watermarks(topic, *p, Duration::from_secs(10)) {
+            Err(e)
+                if (is_transient(&e) || is_leadership_moving(&e))
+                    && start.elapsed() < LEADERSHIP_WAIT =>
+            {
+                tracing::debug!(topic, partition = p, error = %e, "global table watermarks retry");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            r => break r?,
+        }
+    };
     Ok(at >= high || low == high)
 }
 
