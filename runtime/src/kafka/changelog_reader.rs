@@ -314,7 +314,6 @@ mod tests {
         reader.probe.lock().unwrap().consumer.is_some()
     }
 
-    /// The shared watermark consumer lives while reads run and is gone when the last one ends.
     /// The chaos run's restore that stopped its instance on a new leader's
     /// `OFFSET_NOT_AVAILABLE` ("Leader high watermark is not caught up") after a broker kill:
     /// that and the other answers of a moving leadership are retried; a refusal is not.
@@ -340,6 +339,7 @@ mod tests {
         )));
     }
 
+    /// The shared watermark consumer lives while reads run and is gone when the last one ends.
     #[test]
     #[ignore = "needs the broker of scripts/kafka (RILL_TEST_BOOTSTRAP); scripts/test runs it"]
     fn the_watermark_consumer_lives_only_while_reads_run() {
